@@ -1,0 +1,3 @@
+from hpctf.cli import main
+
+main()

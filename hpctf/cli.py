@@ -1,0 +1,240 @@
+"""The command line. User mistakes (UserError) are caught here and only here: one line per
+problem on stderr, exit code 2, no traceback.
+
+Login-node commands (render, submit, status, logs, resubmit, cancel) never import TensorFlow;
+``worker`` is the compute-node entry that srun starts on every task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctf import slurm
+from hpctf.config import ResolvedConfig, load_experiment, resolve
+from hpctf.errors import UserError
+from hpctf.render import render
+from hpctf.rundir import RunDir, create_run_dir, job_history, plan_run_dir, write_atomic
+from hpctf.sites import available, load_named_site
+
+
+class _Group(click.Group):
+    """Turns UserError into click's error display with exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            error = click.ClickException(str(exc))
+            error.exit_code = exc.exit_code
+            raise error from None
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="hpctf")
+def cli() -> None:
+    """From one experiment.yaml to multi-node TensorFlow training on Slurm."""
+
+
+_site_option = click.option(
+    "--site", "site_name", metavar="NAME", help="Site config name or path (default: the experiment's site)."
+)
+_set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+    help="Override an experiment key, e.g. --set resources.nodes=4 (repeatable).",
+)
+_experiment_arg = click.argument(
+    "experiment", type=click.Path(path_type=Path, dir_okay=False)
+)
+
+
+def load_config(experiment_file: Path, site_name: str | None, overrides: Sequence[str]) -> ResolvedConfig:
+    """Validate the experiment and its site and resolve them; writes nothing."""
+    experiment = load_experiment(experiment_file, overrides)
+    name = site_name or experiment.site
+    if not name:
+        raise UserError(
+            f"{experiment_file}: site: no site given; add `site:` or pass --site, one of: "
+            f"{', '.join(sorted(available(os.environ)))}"
+        )
+    site = load_named_site(name, os.environ)
+    if os.environ.get("HPCTF_RUNS_ROOT"):
+        site = site.model_copy(update={"runs_root": os.environ["HPCTF_RUNS_ROOT"]})
+    return resolve(experiment_file, site, experiment)
+
+
+def _run_dir(path: Path) -> RunDir:
+    run = RunDir(path.resolve())
+    run.load_config()  # fails with a clear message if this is not a run directory
+    return run
+
+
+@cli.command("render")
+@_experiment_arg
+@_site_option
+@_set_option
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+    help="Also create the run directory and write the script here, ready for `sbatch` by hand.",
+)
+def render_command(experiment: Path, site_name: str | None, overrides: tuple[str, ...], output: Path | None) -> None:
+    """Print the sbatch script for EXPERIMENT. Without -o nothing is written."""
+    config = load_config(experiment, site_name, overrides)
+    run = plan_run_dir(config)
+    script = render(config, run.path)
+    if output is None:
+        click.echo(script, nl=False)
+        return
+    create_run_dir(run, config, script)
+    write_atomic(output, script)
+    output.chmod(0o755)
+    click.echo(f"wrote {output} (run directory {run.path}); submit it with: sbatch {output}")
+
+
+@cli.command()
+@_experiment_arg
+@_site_option
+@_set_option
+@click.option("--dry-run", is_flag=True, help="Validate and render; write and submit nothing.")
+def submit(experiment: Path, site_name: str | None, overrides: tuple[str, ...], dry_run: bool) -> None:
+    """Create a run directory for EXPERIMENT and start it (sbatch, or local processes)."""
+    config = load_config(experiment, site_name, overrides)
+    run = plan_run_dir(config)
+    script = render(config, run.path)
+    if dry_run:
+        click.echo(script, nl=False)
+        click.echo(f"# dry run: nothing written, nothing submitted (run directory would be {run.path})", err=True)
+        return
+    create_run_dir(run, config, script)
+    sys.exit(_start(run, config))
+
+
+def _start(run: RunDir, config: ResolvedConfig) -> int:
+    """Start one job on ``run``: sbatch for Slurm sites, local processes for local ones."""
+    if config.site.scheduler == "local":
+        from hpctf import local
+
+        click.echo(f"run directory: {run.path}")
+        click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
+        status = local.launch(config, run, os.environ, sys.stdout)
+        click.echo(f"{'done' if status == 0 else f'failed (exit {status})'}; run directory: {run.path}")
+        return status
+    job_id = slurm.sbatch(run.script)
+    run.record("submitted", job_id=job_id)
+    click.echo(f"submitted job {job_id}")
+    click.echo(f"run directory: {run.path}")
+    return 0
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def resubmit(run_dir: Path) -> None:
+    """Start a new job on RUN_DIR; it resumes from the latest checkpoint."""
+    run = _run_dir(run_dir)
+    sys.exit(_start(run, run.load_config()))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def status(run_dir: Path) -> None:
+    """Show the job history of RUN_DIR: job ids, states, restarts, last step."""
+    run = _run_dir(run_dir)
+    config = run.load_config()
+    for job in job_history(run.events()):
+        state = "ENDED" if "ended" in job else "PENDING/RUNNING"
+        if config.site.scheduler == "slurm" and "ended" not in job:
+            info = slurm.job_info(job["job_id"])
+            state = info.get("JobState", "?") if info else "UNKNOWN (gone from Slurm)"
+        exit_text = f" exit {job['exit_code']}" if "exit_code" in job else ""
+        click.echo(f"job {job['job_id']}: {state}{exit_text} starts {job['starts']} nodes {job.get('nodes') or '-'}")
+    last = _last_metrics(run)
+    click.echo(f"last logged step: {last.get('step', '-')}")
+    click.echo(f"done: {run.done.read_text().strip() if run.done.exists() else 'no'}")
+
+
+def _last_metrics(run: RunDir) -> dict[str, Any]:
+    if not run.metrics.exists():
+        return {}
+    lines = run.metrics.read_text(encoding="utf-8").splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--rank", type=int, default=0, show_default=True, help="Which task's log.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
+def logs(run_dir: Path, rank: int, follow: bool) -> None:
+    """Print the log of one rank of RUN_DIR."""
+    run = _run_dir(run_dir)
+    path = run.rank_log(rank)
+    if not path.exists():
+        ranks = sorted(p.stem.split("-")[1] for p in run.logs.glob("rank-*.log"))
+        raise UserError(f"{path}: no log for rank {rank}; ranks with logs: {', '.join(ranks) or 'none yet'}")
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        while True:
+            chunk = handle.read()
+            if chunk:
+                click.echo(chunk, nl=False)
+            elif not follow or run.done.exists():
+                return
+            else:
+                time.sleep(1)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def cancel(run_dir: Path) -> None:
+    """Cancel the jobs of RUN_DIR that have not ended."""
+    run = _run_dir(run_dir)
+    open_jobs = [j["job_id"] for j in job_history(run.events()) if "ended" not in j and j["job_id"].isdigit()]
+    slurm.cancel(open_jobs)
+    run.record("cancelled", jobs=open_jobs)
+    click.echo(f"cancelled: {' '.join(open_jobs) or 'nothing (no open jobs)'}")
+
+
+# --- compute node -----------------------------------------------------------------------------
+
+
+@cli.command(hidden=True)
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def worker(run_dir: Path) -> None:
+    """Train one task of RUN_DIR (started by srun on every task)."""
+    from hpctf.runtime import run_worker
+
+    sys.exit(run_worker(run_dir, os.environ))
+
+
+@cli.command("job-start", hidden=True)
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def job_start(run_dir: Path) -> None:
+    """Record the start of a batch job in RUN_DIR (called by the batch script)."""
+    run = _run_dir(run_dir)
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise UserError("SLURM_JOB_ID is not set: job-start runs inside a Slurm batch job")
+    run.record(
+        "started",
+        job_id=job_id,
+        nodes=os.environ.get("SLURM_JOB_NODELIST"),
+        restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+    )
+
+
+@cli.command("job-end", hidden=True)
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--exit-code", type=int, required=True)
+def job_end(run_dir: Path, exit_code: int) -> None:
+    """Record the end of a batch job's training step in RUN_DIR."""
+    run = _run_dir(run_dir)
+    run.record("ended", job_id=os.environ.get("SLURM_JOB_ID", "?"), exit_code=exit_code)
+
+
+def main() -> None:
+    cli(prog_name="hpctf")

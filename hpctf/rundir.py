@@ -1,0 +1,176 @@
+"""The run directory: the unit a user holds on to.
+
+Layout (every later command works from this alone)::
+
+    RUN_DIR/
+      config.json        the resolved config, frozen at submit
+      job.sbatch         the rendered batch script (the latest; older ones as job-<n>.sbatch)
+      journal/           the state journal: one small JSON file per event, each written
+                         atomically. One file per event (not one shared file rewritten by
+                         read-modify-write) because the login node and the batch script both
+                         record events, and flock is unreliable on parallel filesystems.
+      logs/              slurm-<jobid>.out and rank-<n>.log
+      checkpoints/       the chief's checkpoints
+      metrics.jsonl      one JSON object per logged step (chief only)
+      DONE               written by the chief when training completes
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from hpctf.config import ResolvedConfig
+from hpctf.errors import UserError
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old content or the new, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def script(self) -> Path:
+        return self.path / "job.sbatch"
+
+    @property
+    def journal(self) -> Path:
+        return self.path / "journal"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def done(self) -> Path:
+        return self.path / "DONE"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.log"
+
+    def load_config(self) -> ResolvedConfig:
+        try:
+            text = self.config_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UserError(
+                f"{self.path}: not a run directory (no config.json); "
+                "pass the directory that `hpctf submit` printed"
+            ) from None
+        try:
+            return ResolvedConfig.model_validate_json(text)
+        except ValidationError as exc:
+            raise UserError(f"{self.config_file}: damaged run config: {exc.errors()[0]['msg']}") from None
+
+    def record(self, event: str, **fields: Any) -> None:
+        """Append one event to the journal (atomic, safe from several writers at once)."""
+        self.journal.mkdir(parents=True, exist_ok=True)
+        stamp = time.time_ns()
+        entry = {
+            "event": event,
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **fields,
+        }
+        write_atomic(self.journal / f"{stamp:020d}-{os.getpid()}-{event}.json", json.dumps(entry))
+
+    def events(self) -> list[dict[str, Any]]:
+        """All journal events, oldest first."""
+        if not self.journal.is_dir():
+            return []
+        events = []
+        for file in sorted(self.journal.glob("*.json")):
+            try:
+                events.append(json.loads(file.read_text(encoding="utf-8")))
+            except (OSError, json.JSONDecodeError):
+                continue  # a file from a crashed writer cannot exist (os.replace); skip foreign ones
+        return events
+
+
+def runs_root(config: ResolvedConfig) -> Path:
+    """The site's runs_root with ~ and $VARS expanded."""
+    root = Path(os.path.expandvars(config.site.runs_root)).expanduser()
+    if "$" in str(root):
+        raise UserError(
+            f"site {config.site.name}: runs_root {config.site.runs_root!r} names an unset variable"
+        )
+    return root.resolve()
+
+
+def plan_run_dir(config: ResolvedConfig) -> RunDir:
+    """Choose a new run directory's path (``<runs_root>/<name>-<timestamp>``); creates nothing."""
+    root = runs_root(config)
+    base = f"{config.experiment.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    for attempt in range(1000):
+        path = root / (base if attempt == 0 else f"{base}-{attempt}")
+        if not path.exists():
+            return RunDir(path)
+    raise UserError(f"cannot find a free run directory name under {root}")
+
+
+def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> None:
+    """Create the planned run directory holding the frozen config and the batch script."""
+    try:
+        run.path.parent.mkdir(parents=True, exist_ok=True)
+        run.path.mkdir()
+    except FileExistsError:
+        raise UserError(f"{run.path} already exists; submit again for a new run directory") from None
+    except OSError as exc:
+        raise UserError(f"cannot create run directory {run.path}: {exc.strerror}") from None
+    run.logs.mkdir()
+    run.checkpoints.mkdir()
+    write_atomic(run.config_file, config.model_dump_json(indent=2))
+    write_atomic(run.script, script)
+    run.script.chmod(0o755)
+    run.record("created", experiment=config.experiment_file, site=config.site.name)
+
+
+def job_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fold journal events into one row per job: id, states seen, exit, last step."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for event in events:
+        job_id = event.get("job_id")
+        if job_id is None:
+            continue
+        row = jobs.setdefault(str(job_id), {"job_id": str(job_id), "starts": 0})
+        if event["event"] == "submitted":
+            row["submitted"] = event["time"]
+        elif event["event"] == "started":
+            row["starts"] += 1
+            row["started"] = event["time"]
+            row["nodes"] = event.get("nodes")
+        elif event["event"] == "ended":
+            row["ended"] = event["time"]
+            row["exit_code"] = event.get("exit_code")
+    return list(jobs.values())

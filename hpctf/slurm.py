@@ -1,0 +1,82 @@
+"""The only place hpctf runs Slurm commands.
+
+Every call goes through :func:`run_command`: an argv list (never ``shell=True``), a timeout, and
+on failure a :class:`SlurmError` carrying the command, exit code, stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from hpctf.errors import UserError
+
+
+class SlurmError(UserError):
+    """A Slurm command failed; the message keeps Slurm's own words."""
+
+    def __init__(self, argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        said = " ".join((stderr.strip() or stdout.strip() or "no output").split())
+        super().__init__(f"{argv[0]} failed (exit {returncode}): {said}")
+
+
+def run_command(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> str:
+    """Run one Slurm command; return its stdout or raise SlurmError."""
+    if shutil.which(argv[0], path=(env or {}).get("PATH")) is None:
+        raise UserError(
+            f"{argv[0]} not found on PATH: run this on a Slurm login node, or use --site local"
+        )
+    try:
+        proc = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            env=dict(env) if env is not None else None,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmError(argv, -1, "", f"timed out after {timeout:.0f} s") from exc
+    if proc.returncode != 0:
+        raise SlurmError(argv, proc.returncode, proc.stdout, proc.stderr)
+    return proc.stdout
+
+
+def sbatch(script: Path, env: Mapping[str, str] | None = None) -> str:
+    """Submit ``script``; return the job id (``sbatch --parsable`` prints ``id[;cluster]``)."""
+    out = run_command(["sbatch", "--parsable", str(script)], env=env)
+    job_id = out.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(["sbatch"], 0, out, "sbatch --parsable printed no job id")
+    return job_id
+
+
+def job_info(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """``scontrol show job -o`` as a dict, or None once Slurm has forgotten the job."""
+    try:
+        out = run_command(["scontrol", "show", "job", "-o", job_id], env=env)
+    except SlurmError as exc:
+        if "Invalid job id" in exc.stderr:
+            return None
+        raise
+    info: dict[str, str] = {}
+    for field in out.split():
+        key, sep, value = field.partition("=")
+        if sep:
+            info.setdefault(key, value)
+    return info
+
+
+def cancel(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    if job_ids:
+        run_command(["scancel", *job_ids], env=env)

@@ -1,0 +1,483 @@
+#!/usr/bin/env bash
+# Start/stop a real multi-node Slurm test cluster on this one machine.
+#
+#   tests/slurm/cluster.sh start   # idempotent: returns quickly if healthy
+#   tests/slurm/cluster.sh stop    # kills only what this script started
+#   tests/slurm/cluster.sh status  # exit 0 if running and healthy
+#   eval "$(tests/slurm/cluster.sh env)"   # export SLURM_CONF=...
+#
+# Needs root and Debian's slurm-wlm + munge (installed if missing).
+#
+# Layout: one slurmctld plus HPCTF_SLURM_NODES slurmd daemons (node1..nodeN),
+# on loopback addresses 127.0.10.I with distinct ports (multiple-slurmd build). Each slurmd runs
+# in its own UTS + mount namespace, so the job steps it starts see
+# `hostname` == their node name, and a private /etc/hosts (bind-mounted) that
+# resolves node1..nodeN to 127.0.0.1. No cgroups, no accounting database.
+# Each node declares fake GPUs (gres gpu, character devices like /dev/null).
+#
+# Environment knobs:
+#   HPCTF_SLURM_DIR        state dir              (default /tmp/hpctf-slurm)
+#   HPCTF_SLURM_NODES      number of nodes        (default 2)
+#   HPCTF_SLURM_CPUS       CPUs per node          (default 2)
+#   HPCTF_SLURM_GPUS       fake GPUs per node     (default 2, 0 = no gres)
+#   HPCTF_SLURM_PORT       slurmctld port         (default 16817; slurmd i
+#                                                  listens on PORT+i)
+#   HPCTF_SLURM_TIMEOUT    seconds to wait for nodes idle (default 60)
+#
+# Known Slurm quirks (not worked around here):
+#   * `sbatch --export=NONE` leaks SLURM_EXPORT_ENV=NONE into `srun` inside
+#     the batch script (so srun there also exports nothing).
+#   * A requeued job waits 120 s for its BeginTime unless released with
+#     `scontrol update JobId=X StartTime=now`.
+#   * `sbatch --wait` polls slowly; poll `scontrol show job -o ID` instead.
+#   * No accounting: `sacct` does not work; completed jobs stay visible to
+#     `scontrol show job` for MinJobAge seconds.
+set -euo pipefail
+
+DIR=${HPCTF_SLURM_DIR:-/tmp/hpctf-slurm}
+NODES=${HPCTF_SLURM_NODES:-2}
+CPUS=${HPCTF_SLURM_CPUS:-2}
+GPUS=${HPCTF_SLURM_GPUS:-2}
+CTLD_PORT=${HPCTF_SLURM_PORT:-16817}
+TIMEOUT=${HPCTF_SLURM_TIMEOUT:-60}
+
+ETC=$DIR/etc
+RUN=$DIR/run
+LOG=$DIR/log
+SPOOL=$DIR/spool
+CONF=$ETC/slurm.conf
+MUNGE_DIR=$DIR/munge
+MUNGE_PID=$MUNGE_DIR/munged.pid
+MUNGE_KEY=/etc/munge/munge.key
+MUNGE_SOCKET_DIR=/run/munge
+
+log() { echo "cluster.sh: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[[ $DIR == /* && $DIR != / ]] || die "HPCTF_SLURM_DIR must be an absolute path other than /"
+for v in NODES CPUS GPUS CTLD_PORT TIMEOUT; do
+    [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
+done
+((NODES >= 1 && NODES <= 254)) || die "HPCTF_SLURM_NODES must be 1..254"
+((CPUS >= 1)) || die "HPCTF_SLURM_CPUS must be >= 1"
+
+node_names() {
+    local i
+    for ((i = 1; i <= NODES; i++)); do echo "node$i"; done
+}
+
+# node_addr I: loopback address of node I. Distinct per node so that forward
+# and reverse lookups agree (`hostname -f` on node2 says node2, not node1).
+node_addr() { echo "127.0.10.$1"; }
+
+node_list() {
+    if ((NODES == 1)); then echo node1; else echo "node[1-$NODES]"; fi
+}
+
+# ---------------------------------------------------------------- packages
+
+ensure_packages() {
+    local i
+    # Another process may be installing them right now: give it a while.
+    for ((i = 0; i < 60; i++)); do
+        if dpkg -s slurm-wlm munge >/dev/null 2>&1 && command -v slurmd >/dev/null; then
+            return 0
+        fi
+        if ((i % 6 == 0)); then
+            log "installing slurm-wlm munge (attempt $((i / 6 + 1)))"
+            if apt-get update -q >&2 &&
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+                    -o DPkg::Lock::Timeout=120 slurm-wlm munge >&2; then
+                continue
+            fi
+        fi
+        sleep 5
+    done
+    dpkg -s slurm-wlm munge >/dev/null 2>&1 || die "could not install slurm-wlm munge"
+}
+
+# ---------------------------------------------------------------- pid helpers
+
+# pid_alive PIDFILE NAME: pid in file is alive and is NAME (guards against
+# pid reuse). Debian's slurmd is an alternatives link to slurmd-wlm, so match
+# the process name (comm) or the executable's basename with a -wlm suffix.
+pid_alive() {
+    local file=$1 name=$2 pid comm exe
+    [[ -s $file ]] || return 1
+    pid=$(tr -dc '0-9' <"$file")
+    [[ -n $pid && -e /proc/$pid ]] || return 1
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+    [[ $comm == "$name" ]] && return 0
+    exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+    exe=${exe##*/}
+    [[ $exe == "$name" || $exe == "$name-wlm" ]]
+}
+
+# kill_pidfile PIDFILE NAME: TERM, wait up to 15 s, then KILL; remove file.
+kill_pidfile() {
+    local file=$1 name=$2 pid i
+    if pid_alive "$file" "$name"; then
+        pid=$(tr -dc '0-9' <"$file")
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < 150; i++)); do
+            [[ -e /proc/$pid ]] || break
+            sleep 0.1
+        done
+        if [[ -e /proc/$pid ]]; then
+            log "$name (pid $pid) ignored SIGTERM, sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            for ((i = 0; i < 50; i++)); do
+                [[ -e /proc/$pid ]] || break
+                sleep 0.1
+            done
+        fi
+    fi
+    rm -f "$file"
+}
+
+# kill_namespace NSFILE: kill every process living in the UTS namespace
+# recorded in NSFILE (a node's slurmd, slurmstepd and leftover job processes).
+kill_namespace() {
+    local file=$1 ns host_ns sig p pids i
+    [[ -s $file ]] || return 0
+    ns=$(<"$file")
+    host_ns=$(readlink /proc/self/ns/uts)
+    if [[ -z $ns || $ns == "$host_ns" ]]; then
+        rm -f "$file"
+        return 0
+    fi
+    for sig in TERM KILL; do
+        for ((i = 0; i < 50; i++)); do
+            pids=()
+            for p in /proc/[0-9]*; do
+                [[ $(readlink "$p/ns/uts" 2>/dev/null) == "$ns" ]] && pids+=("${p#/proc/}")
+            done
+            ((${#pids[@]})) || break
+            # First pass of each signal: send it; then just wait.
+            if ((i == 0)); then kill "-$sig" "${pids[@]}" 2>/dev/null || true; fi
+            sleep 0.1
+        done
+        ((${#pids[@]})) || break
+    done
+    rm -f "$file"
+}
+
+# ---------------------------------------------------------------- munge
+
+munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+ensure_munge() {
+    if [[ ! -s $MUNGE_KEY ]]; then
+        log "creating munge key $MUNGE_KEY"
+        mkdir -p "${MUNGE_KEY%/*}"
+        if command -v mungekey >/dev/null; then
+            mungekey --create --force --keyfile="$MUNGE_KEY"
+        else
+            dd if=/dev/urandom of="$MUNGE_KEY" bs=1 count=1024 status=none
+        fi
+    fi
+    chown munge:munge "${MUNGE_KEY%/*}" "$MUNGE_KEY"
+    chmod 0700 "${MUNGE_KEY%/*}"
+    chmod 0400 "$MUNGE_KEY"
+
+    if munge_ok; then
+        return 0 # a munged (ours or the system's) is already serving
+    fi
+    if pid_alive "$MUNGE_PID" munged; then
+        log "our munged is running but not answering; restarting it"
+        kill_pidfile "$MUNGE_PID" munged
+    fi
+    log "starting munged"
+    mkdir -p "$MUNGE_DIR" "$MUNGE_SOCKET_DIR"
+    chown munge:munge "$MUNGE_DIR" "$MUNGE_SOCKET_DIR"
+    chmod 0700 "$MUNGE_DIR"
+    chmod 0755 "$MUNGE_SOCKET_DIR"
+    runuser -u munge -- munged \
+        --pid-file="$MUNGE_PID" \
+        --log-file="$MUNGE_DIR/munged.log" \
+        --seed-file="$MUNGE_DIR/munged.seed"
+    local i
+    for ((i = 0; i < 50; i++)); do
+        munge_ok && return 0
+        sleep 0.1
+    done
+    cat "$MUNGE_DIR/munged.log" >&2 || true
+    die "munged does not answer (munge -n | unmunge failed)"
+}
+
+# ---------------------------------------------------------------- config
+
+write_config() { # write_config OUTDIR
+    local out=$1 nodes i gres_line="" gpu_files
+    nodes=$(node_list)
+    mkdir -p "$out"
+
+    if ((GPUS > 0)); then
+        gres_line=" Gres=gpu:$GPUS"
+    fi
+
+    {
+        cat <<EOF
+# Generated by tests/slurm/cluster.sh -- do not edit.
+ClusterName=hpctf
+SlurmctldHost=localhost
+SlurmctldPort=$CTLD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/backfill
+# Schedule batch jobs at once instead of batching them up to 3 s (default).
+SchedulerParameters=batch_sched_delay=0
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+PropagateResourceLimits=NONE
+ReturnToService=2
+KillWait=5
+MinJobAge=120
+InactiveLimit=0
+SlurmctldTimeout=30
+SlurmdTimeout=60
+MessageTimeout=10
+StateSaveLocation=$SPOOL/ctld
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+SlurmctldDebug=info
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmdSpoolDir=$SPOOL/%n
+SlurmdLogFile=$LOG/slurmd-%n.log
+SlurmdDebug=info
+EOF
+        if ((GPUS > 0)); then
+            echo "GresTypes=gpu"
+        fi
+        for ((i = 1; i <= NODES; i++)); do
+            echo "NodeName=node$i NodeAddr=$(node_addr "$i") NodeHostname=node$i Port=$((CTLD_PORT + i)) CPUs=$CPUS RealMemory=2000${gres_line} State=UNKNOWN"
+        done
+        echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP"
+    } >"$out/slurm.conf"
+
+    # Present so slurmd never falls back to anything cgroup-ish; no cgroup
+    # plugin is configured (proctrack/pgid, task/none).
+    echo "# Generated by tests/slurm/cluster.sh: cgroups are not used." >"$out/cgroup.conf"
+
+    {
+        echo "# Generated by tests/slurm/cluster.sh -- fake GPUs (copies of /dev/null)."
+        echo "AutoDetect=off"
+        if ((GPUS > 0)); then
+            if ((GPUS == 1)); then
+                gpu_files="$DIR/dev/nvidia0"
+            else
+                gpu_files="$DIR/dev/nvidia[0-$((GPUS - 1))]"
+            fi
+            echo "NodeName=$nodes Name=gpu File=$gpu_files"
+        fi
+    } >"$out/gres.conf"
+
+    # /etc/hosts seen by the job steps: the machine's own entries (so its
+    # real hostname stays resolvable) plus the emulated node names.
+    {
+        echo "# Generated by tests/slurm/cluster.sh"
+        grep -v '^# Generated by tests/slurm/cluster.sh' /etc/hosts || true
+        if ! getent hosts "$(hostname)" >/dev/null 2>&1; then
+            echo "127.0.0.1 $(hostname)"
+        fi
+        for ((i = 1; i <= NODES; i++)); do
+            echo "$(node_addr "$i") node$i"
+        done
+    } >"$out/hosts"
+}
+
+make_devices() {
+    local i
+    mkdir -p "$DIR/dev"
+    for ((i = 0; i < GPUS; i++)); do
+        [[ -c $DIR/dev/nvidia$i ]] || mknod -m 0666 "$DIR/dev/nvidia$i" c 1 3
+    done
+}
+
+# ---------------------------------------------------------------- reaper
+
+# Child subreaper that runs "$@" (slurmd, which daemonizes) and reaps every
+# orphan below it until none is left. Without it, orphans (the intermediate
+# slurmstepd fork, srun's helper child) go to PID 1; where PID 1 is not a real
+# init (containers, microVMs) their zombies linger, keep the job's process
+# group alive, and proctrack/pgid then delays every batch job's completion
+# by 3-6 s (1 s + 2 s + ... back-off).
+REAPER='
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+child = os.fork()
+if child == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+'
+
+# ---------------------------------------------------------------- status
+
+export SLURM_CONF=$CONF
+
+# healthy: every daemon alive and every node in a usable state.
+healthy() {
+    local n states
+    [[ -s $CONF ]] || return 1
+    pid_alive "$RUN/slurmctld.pid" slurmctld || return 1
+    for n in $(node_names); do
+        pid_alive "$RUN/slurmd-$n.pid" slurmd || return 1
+    done
+    munge_ok || return 1
+    states=$(timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+    [[ $(wc -l <<<"$states") -eq $NODES ]] || return 1
+    ! grep -Evq ' (idle|mixed|allocated|completing)$' <<<"$states"
+}
+
+all_idle() {
+    local states
+    states=$(timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+    [[ $(wc -l <<<"$states") -eq $NODES ]] || return 1
+    ! grep -vq ' idle$' <<<"$states"
+}
+
+dump_logs() {
+    local f
+    timeout 10 sinfo -N -l >&2 2>&1 || true
+    for f in "$LOG"/*.log "$MUNGE_DIR/munged.log"; do
+        [[ -f $f ]] || continue
+        echo "===== $f (last 40 lines)" >&2
+        tail -n 40 "$f" >&2 || true
+    done
+}
+
+# ---------------------------------------------------------------- start/stop
+
+cmd_stop() {
+    local n f
+    if [[ -s $CONF ]] && pid_alive "$RUN/slurmctld.pid" slurmctld; then
+        # Cancel leftover jobs so their steps end cleanly.
+        timeout 10 scancel --quiet --full --partition=debug >/dev/null 2>&1 || true
+    fi
+    # Nodes: slurmd plus anything left in its namespace (slurmstepd, jobs).
+    for f in "$RUN"/slurmd-*.pid; do
+        [[ -e $f ]] || continue
+        n=${f##*/slurmd-}
+        n=${n%.pid}
+        kill_pidfile "$f" slurmd
+        kill_namespace "$RUN/slurmd-$n.utsns"
+    done
+    for f in "$RUN"/*.utsns; do
+        [[ -e $f ]] && kill_namespace "$f"
+    done
+    kill_pidfile "$RUN/slurmctld.pid" slurmctld
+    # Only a munged this script started (its pid file lives in our dir).
+    kill_pidfile "$MUNGE_PID" munged
+    # Keep logs for post-mortems; everything else is regenerated by start.
+    rm -rf "$ETC" "$RUN" "$SPOOL" "${DIR:?}/dev" "$MUNGE_DIR"
+    log "stopped (logs kept in $LOG)"
+}
+
+cmd_start() {
+    local t0 tmp n i port python
+    t0=$(date +%s%N)
+    [[ $(id -u) -eq 0 ]] || die "must run as root"
+    ensure_packages
+
+    # Already running with the same configuration and healthy? Done.
+    if [[ -s $CONF ]]; then
+        tmp=$(mktemp -d)
+        write_config "$tmp"
+        if cmp -s "$tmp/slurm.conf" "$CONF" && cmp -s "$tmp/gres.conf" "$ETC/gres.conf" && healthy; then
+            rm -rf "$tmp"
+            log "already running and healthy"
+            return 0
+        fi
+        rm -rf "$tmp"
+        log "stale or changed cluster found; restarting"
+    fi
+    cmd_stop
+
+    for ((i = 0; i <= NODES; i++)); do
+        port=$((CTLD_PORT + i))
+        if command -v ss >/dev/null && ss -Htln "sport = :$port" 2>/dev/null | grep -q .; then
+            die "TCP port $port is already in use (set HPCTF_SLURM_PORT)"
+        fi
+    done
+
+    rm -rf "$LOG"
+    mkdir -p "$ETC" "$RUN" "$LOG" "$SPOOL/ctld"
+    for n in $(node_names); do mkdir -p "$SPOOL/$n"; done
+    write_config "$ETC"
+    make_devices
+    ensure_munge
+
+    slurmctld -f "$CONF" || { dump_logs; die "slurmctld failed to start"; }
+
+    python=$(command -v /usr/bin/python3 python3 | head -n 1) || true
+    [[ -n $python ]] || log "WARNING: no python3: slurmd runs without a subreaper (zombies may slow job completion)"
+    for n in $(node_names); do
+        # New UTS + mount namespace (private propagation): own hostname and
+        # own /etc/hosts for this node and every job step it launches. Inside,
+        # a child subreaper (see REAPER) parents the daemonized slurmd.
+        # shellcheck disable=SC2016  # expanded by the inner sh, not here
+        setsid unshare --uts --mount --propagation private -- /bin/sh -c '
+            set -e
+            hostname "$1"
+            mount --bind "$2" /etc/hosts
+            if [ -n "$4" ]; then
+                exec "$4" -c "$5" slurmd -f "$3" -N "$1"
+            fi
+            exec slurmd -f "$3" -N "$1"
+        ' slurmd-ns "$n" "$ETC/hosts" "$CONF" "$python" "$REAPER" \
+            </dev/null >>"$LOG/reaper-$n.log" 2>&1 &
+        for ((i = 0; i < 100; i++)); do
+            pid_alive "$RUN/slurmd-$n.pid" slurmd && break
+            sleep 0.1
+        done
+        pid_alive "$RUN/slurmd-$n.pid" slurmd || { dump_logs; die "slurmd $n did not start (no live pid in $RUN/slurmd-$n.pid)"; }
+        readlink "/proc/$(tr -dc '0-9' <"$RUN/slurmd-$n.pid")/ns/uts" >"$RUN/slurmd-$n.utsns"
+    done
+
+    for ((i = 0; i < TIMEOUT * 4; i++)); do
+        if all_idle; then
+            log "cluster up: $NODES node(s) idle after $((($(date +%s%N) - t0) / 1000000)) ms"
+            log "use: export SLURM_CONF=$CONF"
+            return 0
+        fi
+        sleep 0.25
+    done
+    dump_logs
+    die "nodes not idle after ${TIMEOUT}s"
+}
+
+case ${1:-} in
+start) cmd_start ;;
+stop) cmd_stop ;;
+restart)
+    cmd_stop
+    cmd_start
+    ;;
+status)
+    if healthy; then
+        timeout 10 sinfo -N
+    else
+        log "not running or unhealthy"
+        exit 1
+    fi
+    ;;
+env) echo "export SLURM_CONF=$CONF" ;;
+*)
+    echo "usage: $0 {start|stop|restart|status|env}" >&2
+    exit 2
+    ;;
+esac
