@@ -46,6 +46,10 @@ def _pump(source: IO[bytes], sink: IO[str]) -> None:
         sink.flush()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO[str]) -> int:
     """Run every task to the end; echo rank 0's log; return the job's exit code."""
     job_id = os.getpid()
@@ -65,6 +69,7 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
                 )
             )
     status = 0
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     with run.rank_log(0).open("rb") as chief_log:
         chief_log.seek(0, os.SEEK_END)
         try:
@@ -78,12 +83,15 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
         except KeyboardInterrupt:
             status = 130
         finally:
+            # SIGKILL, as srun does after KillWait: once the strategy exists TensorFlow's own
+            # handler swallows SIGTERM, so a polite signal may never end a worker.
             for proc in procs:
                 if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM if status == 130 else signal.SIGKILL)
+                    os.killpg(proc.pid, signal.SIGKILL)
             for proc in procs:
                 proc.wait()
             _pump(chief_log, echo)
+            signal.signal(signal.SIGTERM, previous)
     status = status or next((p.returncode for p in procs if p.returncode), 0)
     run.record("ended", job_id=f"local-{job_id}", exit_code=status)
     return status

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -40,8 +41,10 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     hpctf_logger.handlers[:] = [handler]
     hpctf_logger.setLevel(logging.INFO)
     log.info(
-        "host %s, worker %s of %d, TF_CONFIG workers %s",
-        env.get("SLURMD_NODENAME", "?"),
+        "host %s (SLURMD_NODENAME %s) SLURM_PROCID %s: worker %d of %d; workers %s",
+        socket.gethostname(),
+        env.get("SLURMD_NODENAME", "-"),
+        env.get("SLURM_PROCID"),
         spec.task_index,
         len(spec.workers),
         ",".join(spec.workers),

@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
@@ -105,31 +104,31 @@ class Checkpointer:
     def __init__(self, checkpoint: tf.train.Checkpoint, run: RunDir, spec: ClusterSpec, keep: int):
         self._checkpoint = checkpoint
         self._chief = spec.is_chief
-        self._real_dir = run.checkpoints
-        if self._chief:
-            self._dir = run.checkpoints
-        else:
-            self._dir = Path(tempfile.mkdtemp(prefix=f"hpctf-worker{spec.task_index}-ckpt-"))
-        self._manager = tf.train.CheckpointManager(checkpoint, str(self._dir), max_to_keep=keep)
+        self._task_index = spec.task_index
+        self._dir = run.checkpoints
+        self._manager = (
+            tf.train.CheckpointManager(checkpoint, str(run.checkpoints), max_to_keep=keep)
+            if self._chief
+            else None
+        )
 
     def restore_latest(self) -> str | None:
         """Restore every worker from the chief's latest checkpoint; return its path."""
-        latest: str | None = tf.train.latest_checkpoint(str(self._real_dir))
+        latest: str | None = tf.train.latest_checkpoint(str(self._dir))
         if latest:
             self._checkpoint.restore(latest).assert_existing_objects_matched()
         return latest
 
     def save(self, step: int) -> None:
-        self._dir.mkdir(parents=True, exist_ok=True)
-        path = self._manager.save(checkpoint_number=step)
-        if self._chief:
-            log.info("checkpoint %s", path)
-        else:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-    def close(self) -> None:
-        if not self._chief:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        if self._manager is not None:
+            log.info("checkpoint %s", self._manager.save(checkpoint_number=step))
+            return
+        throwaway = tempfile.mkdtemp(prefix=f"hpctf-worker{self._task_index}-ckpt-")
+        try:
+            manager = tf.train.CheckpointManager(self._checkpoint, throwaway, max_to_keep=1)
+            manager.save(checkpoint_number=step)
+        finally:
+            shutil.rmtree(throwaway, ignore_errors=True)
 
 
 def _format_eta(seconds: float) -> str:
@@ -213,7 +212,6 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
         if step % every == 0 or step == total:
             step_var.assign(step)
             checkpointer.save(step)
-    checkpointer.close()
 
     results = evaluate(strategy, task, global_batch) if task.eval_data else {}
     if results:
