@@ -25,16 +25,18 @@ from hpctf.rundir import RunDir, create_run_dir, job_history, plan_run_dir, writ
 from hpctf.sites import available, load_named_site
 
 
+class _UserMistake(click.ClickException):
+    exit_code = UserError.exit_code
+
+
 class _Group(click.Group):
-    """Turns UserError into click's error display with exit code 2."""
+    """Turns UserError into click's error display (``Error: ...`` on stderr, exit code 2)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            error = click.ClickException(str(exc))
-            error.exit_code = exc.exit_code
-            raise error from None
+            raise _UserMistake(str(exc)) from None
 
 
 @click.group(cls=_Group)
@@ -44,18 +46,24 @@ def cli() -> None:
 
 
 _site_option = click.option(
-    "--site", "site_name", metavar="NAME", help="Site config name or path (default: the experiment's site)."
+    "--site",
+    "site_name",
+    metavar="NAME",
+    help="Site config name or path (default: the experiment's site).",
 )
 _set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
     help="Override an experiment key, e.g. --set resources.nodes=4 (repeatable).",
 )
-_experiment_arg = click.argument(
-    "experiment", type=click.Path(path_type=Path, dir_okay=False)
-)
+_experiment_arg = click.argument("experiment", type=click.Path(path_type=Path, dir_okay=False))
 
 
-def load_config(experiment_file: Path, site_name: str | None, overrides: Sequence[str]) -> ResolvedConfig:
+def load_config(
+    experiment_file: Path, site_name: str | None, overrides: Sequence[str]
+) -> ResolvedConfig:
     """Validate the experiment and its site and resolve them; writes nothing."""
     experiment = load_experiment(experiment_file, overrides)
     name = site_name or experiment.site
@@ -81,10 +89,14 @@ def _run_dir(path: Path) -> RunDir:
 @_site_option
 @_set_option
 @click.option(
-    "-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
     help="Also create the run directory and write the script here, ready for `sbatch` by hand.",
 )
-def render_command(experiment: Path, site_name: str | None, overrides: tuple[str, ...], output: Path | None) -> None:
+def render_command(
+    experiment: Path, site_name: str | None, overrides: tuple[str, ...], output: Path | None
+) -> None:
     """Print the sbatch script for EXPERIMENT. Without -o nothing is written."""
     config = load_config(experiment, site_name, overrides)
     run = plan_run_dir(config)
@@ -103,14 +115,19 @@ def render_command(experiment: Path, site_name: str | None, overrides: tuple[str
 @_site_option
 @_set_option
 @click.option("--dry-run", is_flag=True, help="Validate and render; write and submit nothing.")
-def submit(experiment: Path, site_name: str | None, overrides: tuple[str, ...], dry_run: bool) -> None:
+def submit(
+    experiment: Path, site_name: str | None, overrides: tuple[str, ...], dry_run: bool
+) -> None:
     """Create a run directory for EXPERIMENT and start it (sbatch, or local processes)."""
     config = load_config(experiment, site_name, overrides)
     run = plan_run_dir(config)
     script = render(config, run.path)
     if dry_run:
         click.echo(script, nl=False)
-        click.echo(f"# dry run: nothing written, nothing submitted (run directory would be {run.path})", err=True)
+        click.echo(
+            f"# dry run: nothing written, nothing submitted (run directory would be {run.path})",
+            err=True,
+        )
         return
     create_run_dir(run, config, script)
     sys.exit(_start(run, config))
@@ -124,7 +141,9 @@ def _start(run: RunDir, config: ResolvedConfig) -> int:
         click.echo(f"run directory: {run.path}")
         click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
         status = local.launch(config, run, os.environ, sys.stdout)
-        click.echo(f"{'done' if status == 0 else f'failed (exit {status})'}; run directory: {run.path}")
+        click.echo(
+            f"{'done' if status == 0 else f'failed (exit {status})'}; run directory: {run.path}"
+        )
         return status
     job_id = slurm.sbatch(run.script)
     run.record("submitted", job_id=job_id)
@@ -153,7 +172,8 @@ def status(run_dir: Path) -> None:
             info = slurm.job_info(job["job_id"])
             state = info.get("JobState", "?") if info else "UNKNOWN (gone from Slurm)"
         exit_text = f" exit {job['exit_code']}" if "exit_code" in job else ""
-        click.echo(f"job {job['job_id']}: {state}{exit_text} starts {job['starts']} nodes {job.get('nodes') or '-'}")
+        nodes = job.get("nodes") or "-"
+        click.echo(f"job {job['job_id']}: {state}{exit_text} starts {job['starts']} nodes {nodes}")
     last = _last_metrics(run)
     click.echo(f"last logged step: {last.get('step', '-')}")
     click.echo(f"done: {run.done.read_text().strip() if run.done.exists() else 'no'}")
@@ -176,7 +196,9 @@ def logs(run_dir: Path, rank: int, follow: bool) -> None:
     path = run.rank_log(rank)
     if not path.exists():
         ranks = sorted(p.stem.split("-")[1] for p in run.logs.glob("rank-*.log"))
-        raise UserError(f"{path}: no log for rank {rank}; ranks with logs: {', '.join(ranks) or 'none yet'}")
+        raise UserError(
+            f"{path}: no log for rank {rank}; ranks with logs: {', '.join(ranks) or 'none yet'}"
+        )
     with path.open(encoding="utf-8", errors="replace") as handle:
         while True:
             chunk = handle.read()
@@ -193,7 +215,9 @@ def logs(run_dir: Path, rank: int, follow: bool) -> None:
 def cancel(run_dir: Path) -> None:
     """Cancel the jobs of RUN_DIR that have not ended."""
     run = _run_dir(run_dir)
-    open_jobs = [j["job_id"] for j in job_history(run.events()) if "ended" not in j and j["job_id"].isdigit()]
+    open_jobs = [
+        j["job_id"] for j in job_history(run.events()) if "ended" not in j and j["job_id"].isdigit()
+    ]
     slurm.cancel(open_jobs)
     run.record("cancelled", jobs=open_jobs)
     click.echo(f"cancelled: {' '.join(open_jobs) or 'nothing (no open jobs)'}")

@@ -111,9 +111,7 @@ def cluster_spec(env: Mapping[str, str], port_range: tuple[int, int]) -> Cluster
     task_hosts = [host for host, count in zip(hosts, counts, strict=True) for _ in range(count)]
     ntasks = _int(env, "SLURM_NTASKS", len(task_hosts))
     if ntasks != len(task_hosts):
-        raise UserError(
-            f"SLURM_NTASKS={ntasks} but the tasks per node add up to {len(task_hosts)}"
-        )
+        raise UserError(f"SLURM_NTASKS={ntasks} but the tasks per node add up to {len(task_hosts)}")
     proc_id = _int(env, "SLURM_PROCID")
     if not 0 <= proc_id < ntasks:
         raise UserError(f"SLURM_PROCID={proc_id} is outside 0..{ntasks - 1}")

@@ -44,9 +44,7 @@ def slurm_time_seconds(text: str) -> int:
     """Seconds in a Slurm time limit; raises ValueError for anything Slurm would not accept."""
     match = _TIME_RE.match(text.strip())
     if not match:
-        raise ValueError(
-            f"{text!r} is not a Slurm time; use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"
-        )
+        raise ValueError(f"{text!r} is not a Slurm time; use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
     g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
     if "days" in g:
         return ((g["days"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
@@ -74,7 +72,9 @@ class _Strict(BaseModel):
 def _check_env(env: Mapping[str, str]) -> Mapping[str, str]:
     for key, value in env.items():
         if not _ENV_NAME_RE.match(key):
-            raise ValueError(f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            raise ValueError(
+                f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+            )
         if "\n" in value or "\0" in value:
             raise ValueError(f"the value of {key} holds a newline or NUL byte")
     return env

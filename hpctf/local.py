@@ -19,7 +19,9 @@ from hpctf.config import ResolvedConfig
 from hpctf.rundir import RunDir
 
 
-def task_environment(base: Mapping[str, str], job_id: int, ntasks: int, rank: int) -> dict[str, str]:
+def task_environment(
+    base: Mapping[str, str], job_id: int, ntasks: int, rank: int
+) -> dict[str, str]:
     """What srun would set for task ``rank`` of a one-node step of ``ntasks`` tasks."""
     host = "localhost"
     return {

@@ -92,7 +92,9 @@ class RunDir:
         try:
             return ResolvedConfig.model_validate_json(text)
         except ValidationError as exc:
-            raise UserError(f"{self.config_file}: damaged run config: {exc.errors()[0]['msg']}") from None
+            raise UserError(
+                f"{self.config_file}: damaged run config: {exc.errors()[0]['msg']}"
+            ) from None
 
     def record(self, event: str, **fields: Any) -> None:
         """Append one event to the journal (atomic, safe from several writers at once)."""
@@ -114,7 +116,7 @@ class RunDir:
             try:
                 events.append(json.loads(file.read_text(encoding="utf-8")))
             except (OSError, json.JSONDecodeError):
-                continue  # a file from a crashed writer cannot exist (os.replace); skip foreign ones
+                continue  # not ours: our writers never leave partial files (os.replace)
         return events
 
 
@@ -145,7 +147,9 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> None:
         run.path.parent.mkdir(parents=True, exist_ok=True)
         run.path.mkdir()
     except FileExistsError:
-        raise UserError(f"{run.path} already exists; submit again for a new run directory") from None
+        raise UserError(
+            f"{run.path} already exists; submit again for a new run directory"
+        ) from None
     except OSError as exc:
         raise UserError(f"cannot create run directory {run.path}: {exc.strerror}") from None
     run.logs.mkdir()

@@ -148,14 +148,18 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
         raise UserError(
             f"train.global_batch_size {global_batch} is not divisible by the {replicas} replicas"
         )
-    log.info("strategy %s: %d replicas, %d GPU(s) here", type(strategy).__name__, replicas, len(gpus))
+    log.info(
+        "strategy %s: %d replicas, %d GPU(s) here", type(strategy).__name__, replicas, len(gpus)
+    )
 
     tf.keras.utils.set_random_seed(settings.seed)
     entry = load_entry(settings.entry)
     with strategy.scope():
         task = entry(**settings.args)
         if not isinstance(task, Task):
-            raise UserError(f"train.entry {settings.entry!r} returned {type(task).__name__}, not hpctf.Task")
+            raise UserError(
+                f"train.entry {settings.entry!r} returned {type(task).__name__}, not hpctf.Task"
+            )
         # Build optimizer slots now so a restore fills them instead of deferring.
         task.optimizer.build(task.model.trainable_variables)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -179,7 +183,9 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     def replica_step(features: Any, labels: Any) -> Any:
         with tf.GradientTape() as tape:
             predictions = model(features, training=True)
-            loss = tf.nn.compute_average_loss(loss_fn(labels, predictions), global_batch_size=global_batch)
+            loss = tf.nn.compute_average_loss(
+                loss_fn(labels, predictions), global_batch_size=global_batch
+            )
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
         gradients = tape.gradient(loss, model.trainable_variables)
@@ -205,7 +211,12 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
             window_start, window_step = now, step
             log.info(
                 "step %d/%d loss %.4f %.1f steps/s %.0f examples/s eta %s",
-                step, total, loss, rate, rate * global_batch, _format_eta((total - step) / rate),
+                step,
+                total,
+                loss,
+                rate,
+                rate * global_batch,
+                _format_eta((total - step) / rate),
             )
             if spec.is_chief:
                 _append_metrics(run, {"step": step, "loss": loss, "steps_per_s": round(rate, 3)})

@@ -40,11 +40,26 @@ BAD_CASES = [
     ("negative nodes", experiment_text(resources__nodes=-1), [], "resources.nodes"),
     ("zero nodes", experiment_text(resources__nodes=0), [], "resources.nodes"),
     ("nodes not a number", experiment_text(resources__nodes="two"), [], "resources.nodes"),
-    ("bad time", experiment_text(resources__time="1h"), [], "resources.time: '1h' is not a Slurm time"),
+    (
+        "bad time",
+        experiment_text(resources__time="1h"),
+        [],
+        "resources.time: '1h' is not a Slurm time",
+    ),
     ("zero time", experiment_text(resources__time="0"), [], "resources.time"),
-    ("missing entry", experiment_text(train__entry=DELETE), [], "train.entry: required key is missing"),
+    (
+        "missing entry",
+        experiment_text(train__entry=DELETE),
+        [],
+        "train.entry: required key is missing",
+    ),
     ("entry not module:function", experiment_text(train__entry="digits"), [], "train.entry"),
-    ("steps and epochs", experiment_text(train__epochs=3), [], "exactly one of train.steps or train.epochs"),
+    (
+        "steps and epochs",
+        experiment_text(train__epochs=3),
+        [],
+        "exactly one of train.steps or train.epochs",
+    ),
     ("zero batch", experiment_text(train__global_batch_size=0), [], "train.global_batch_size"),
     ("bad name", experiment_text(name="my run; rm -rf /"), [], "name"),
     ("unknown site", experiment_text(site="nowhere"), [], "unknown site 'nowhere'"),
@@ -55,15 +70,33 @@ BAD_CASES = [
     ("top level list", "- a\n- b\n", [], "expected a mapping"),
     ("bad --set form", experiment_text(), ["--set", "resources.nodes"], "expected KEY.PATH=VALUE"),
     ("--set wrong type", experiment_text(), ["--set", "resources.nodes=many"], "resources.nodes"),
-    ("--set unknown key", experiment_text(), ["--set", "resources.nodez=2"], "resources.nodez: unknown key"),
-    ("partition with space", experiment_text(resources__partition="a b"), [], "resources.partition"),
+    (
+        "--set unknown key",
+        experiment_text(),
+        ["--set", "resources.nodez=2"],
+        "resources.nodez: unknown key",
+    ),
+    (
+        "partition with space",
+        experiment_text(resources__partition="a b"),
+        [],
+        "resources.partition",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("text", "extra", "expected"), [c[1:] for c in BAD_CASES], ids=[c[0] for c in BAD_CASES])
+@pytest.mark.parametrize(
+    ("text", "extra", "expected"), [c[1:] for c in BAD_CASES], ids=[c[0] for c in BAD_CASES]
+)
 @pytest.mark.parametrize("command", ["submit", "render"])
 def test_bad_experiment_exits_2_with_one_line_and_writes_nothing(
-    tmp_path: Path, runs_root: Path, fake_sbatch: Path, command: str, text: str, extra: list[str], expected: str
+    tmp_path: Path,
+    runs_root: Path,
+    fake_sbatch: Path,
+    command: str,
+    text: str,
+    extra: list[str],
+    expected: str,
 ) -> None:
     experiment = write(tmp_path / "exp" / "experiment.yaml", text)
     args = [command, str(experiment), "--site", "local-slurm", *extra]
@@ -85,7 +118,9 @@ def test_bad_experiment_exits_2_with_one_line_and_writes_nothing(
 def test_error_names_the_line(tmp_path: Path, runs_root: Path) -> None:
     experiment = write(tmp_path / "e.yaml", experiment_text(resources__nodes=-3))
     result = CliRunner().invoke(cli, ["render", str(experiment), "--site", "local-slurm"])
-    line_no = next(i for i, l in enumerate(experiment.read_text().splitlines(), 1) if "nodes: -3" in l)
+    line_no = next(
+        i for i, text in enumerate(experiment.read_text().splitlines(), 1) if "nodes: -3" in text
+    )
     assert f"{experiment}:{line_no}: resources.nodes" in result.output
 
 
@@ -101,8 +136,17 @@ def test_render_prints_script_and_writes_nothing(runs_root: Path) -> None:
 
 def test_set_overrides_experiment(runs_root: Path) -> None:
     result = CliRunner().invoke(
-        cli, ["render", str(DIGITS), "--site", "local-slurm", "--set", "resources.nodes=4",
-              "--set", "resources.time=1-00:00"]
+        cli,
+        [
+            "render",
+            str(DIGITS),
+            "--site",
+            "local-slurm",
+            "--set",
+            "resources.nodes=4",
+            "--set",
+            "resources.time=1-00:00",
+        ],
     )
     assert "#SBATCH --nodes=4\n" in result.output
     assert "#SBATCH --time=1-00:00\n" in result.output
@@ -110,7 +154,9 @@ def test_set_overrides_experiment(runs_root: Path) -> None:
 
 def test_render_output_creates_run_dir(tmp_path: Path, runs_root: Path, fake_sbatch: Path) -> None:
     out = tmp_path / "job.sbatch"
-    result = CliRunner().invoke(cli, ["render", str(DIGITS), "--site", "local-slurm", "-o", str(out)])
+    result = CliRunner().invoke(
+        cli, ["render", str(DIGITS), "--site", "local-slurm", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     (run_dir,) = runs_root.iterdir()
     assert out.read_text() == (run_dir / "job.sbatch").read_text()
@@ -137,13 +183,20 @@ def test_dry_run_writes_nothing(runs_root: Path, fake_sbatch: Path) -> None:
     assert not runs_root.exists() and not fake_sbatch.exists()
 
 
-def test_sbatch_failure_is_reported_in_one_line(tmp_path: Path, runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bin_dir = write(tmp_path / "bin" / "sbatch", "#!/bin/sh\necho 'sbatch: error: invalid partition specified: debug' >&2\nexit 1\n").parent
+def test_sbatch_failure_is_reported_in_one_line(
+    tmp_path: Path, runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = write(
+        tmp_path / "bin" / "sbatch",
+        "#!/bin/sh\necho 'sbatch: error: invalid partition specified: debug' >&2\nexit 1\n",
+    ).parent
     (bin_dir / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"])
     assert result.exit_code == 2
-    assert "sbatch failed (exit 1): sbatch: error: invalid partition specified: debug" in result.output
+    assert (
+        "sbatch failed (exit 1): sbatch: error: invalid partition specified: debug" in result.output
+    )
 
 
 def test_status_of_a_non_run_dir(tmp_path: Path) -> None:

@@ -44,8 +44,12 @@ def test_tf_config_index_is_procid() -> None:
 
 def test_uneven_tasks_per_node_block_layout() -> None:
     spec = cluster_spec(
-        env(SLURM_JOB_NODELIST="a[01-03]", SLURM_TASKS_PER_NODE="2(x2),1", SLURM_NTASKS="5",
-            SLURM_PROCID="4"),
+        env(
+            SLURM_JOB_NODELIST="a[01-03]",
+            SLURM_TASKS_PER_NODE="2(x2),1",
+            SLURM_NTASKS="5",
+            SLURM_PROCID="4",
+        ),
         PORTS,
     )
     assert [w.split(":")[0] for w in spec.workers] == ["a01", "a01", "a02", "a02", "a03"]
@@ -72,7 +76,9 @@ def test_neighbouring_jobs_get_disjoint_windows() -> None:
 
 
 def test_self_check_names_expected_and_actual_node() -> None:
-    with pytest.raises(UserError, match="rank 1 runs on node1 but the cluster spec puts it on node2"):
+    with pytest.raises(
+        UserError, match="rank 1 runs on node1 but the cluster spec puts it on node2"
+    ):
         cluster_spec(env(SLURM_PROCID="1", SLURMD_NODENAME="node1"), PORTS)
 
 

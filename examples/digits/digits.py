@@ -19,7 +19,9 @@ def accuracy(labels: Any, logits: Any) -> Any:
     return tf.cast(tf.equal(labels, predicted), tf.float32)
 
 
-def build(hidden: int = 64, learning_rate: float = 0.01, validation_fraction: float = 0.2) -> hpctf.Task:
+def build(
+    hidden: int = 64, learning_rate: float = 0.01, validation_fraction: float = 0.2
+) -> hpctf.Task:
     digits = load_digits()
     features = (digits.data / 16.0).astype(np.float32)
     labels = digits.target.astype(np.int64)

@@ -98,6 +98,15 @@ ensure_packages() {
 
 # ---------------------------------------------------------------- pid helpers
 
+# running PID: process exists and is not a zombie. (Daemons reparent to PID 1,
+# which may be slow to reap them -- e.g. in containers and microVMs.)
+running() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]]
+}
+
 # pid_alive PIDFILE NAME: pid in file is alive and is NAME (guards against
 # pid reuse). Debian's slurmd is an alternatives link to slurmd-wlm, so match
 # the process name (comm) or the executable's basename with a -wlm suffix.
@@ -105,7 +114,7 @@ pid_alive() {
     local file=$1 name=$2 pid comm exe
     [[ -s $file ]] || return 1
     pid=$(tr -dc '0-9' <"$file")
-    [[ -n $pid && -e /proc/$pid ]] || return 1
+    [[ -n $pid ]] && running "$pid" || return 1
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
     [[ $comm == "$name" ]] && return 0
     exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
@@ -129,7 +138,7 @@ kill_pidfiles() {
     for ((i = 0; i < 200 && ${#pids[@]}; i++)); do
         left=()
         for pid in "${pids[@]}"; do
-            [[ -e /proc/$pid ]] && left+=("$pid")
+            if running "$pid"; then left+=("$pid"); fi
         done
         pids=("${left[@]}")
         ((${#pids[@]})) || break
@@ -171,7 +180,10 @@ kill_namespace() {
 
 # ---------------------------------------------------------------- munge
 
-munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+munge_ok() {
+    [[ -S $MUNGE_SOCKET_DIR/munge.socket.2 ]] &&
+        timeout 5 munge -n 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1
+}
 
 ensure_munge() {
     if [[ ! -s $MUNGE_KEY ]]; then
@@ -373,7 +385,7 @@ cmd_stop() {
     local f specs
     if [[ -s $CONF ]] && pid_alive "$RUN/slurmctld.pid" slurmctld; then
         # Cancel leftover jobs so their steps end cleanly.
-        timeout 10 scancel --quiet --full --partition=debug >/dev/null 2>&1 || true
+        timeout 5 scancel --quiet --full --partition=debug >/dev/null 2>&1 || true
     fi
     # Nodes: slurmd, then anything left in its namespace (slurmstepd, job
     # processes, the subreaper).
@@ -455,6 +467,13 @@ cmd_start() {
 
     for ((i = 0; i < TIMEOUT * 4; i++)); do
         if all_idle; then
+            # slurmctld's first scheduling pass comes ~3 s after it starts;
+            # until then batch jobs just sit PENDING. Wait for it (it logs its
+            # SchedulerParameters) so the first job is as quick as later ones.
+            for ((i = 0; i < 40; i++)); do
+                grep -q 'SchedulerParameters=' "$LOG/slurmctld.log" 2>/dev/null && break
+                sleep 0.25
+            done
             log "cluster up: $NODES node(s) idle after $((($(date +%s%N) - t0) / 1000000)) ms"
             log "use: export SLURM_CONF=$CONF"
             return 0
