@@ -40,6 +40,7 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     hpctf_logger = logging.getLogger("hpctf")
     hpctf_logger.handlers[:] = [handler]
     hpctf_logger.setLevel(logging.INFO)
+    hpctf_logger.propagate = False  # TF (absl) installs a root handler; do not print twice
     log.info(
         "host %s (SLURMD_NODENAME %s) SLURM_PROCID %s: worker %d of %d; workers %s",
         socket.gethostname(),

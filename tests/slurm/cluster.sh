@@ -8,12 +8,13 @@
 #
 # Needs root and Debian's slurm-wlm + munge (installed if missing).
 #
-# Layout: one slurmctld plus HPCTF_SLURM_NODES slurmd daemons (node1..nodeN),
-# on loopback addresses 127.0.10.I with distinct ports (multiple-slurmd build). Each slurmd runs
-# in its own UTS + mount namespace, so the job steps it starts see
-# `hostname` == their node name, and a private /etc/hosts (bind-mounted) that
-# resolves node1..nodeN to 127.0.0.1. No cgroups, no accounting database.
-# Each node declares fake GPUs (gres gpu, character devices like /dev/null).
+# Layout: one slurmctld plus HPCTF_SLURM_NODES slurmd daemons (node1..nodeN,
+# multiple-slurmd build), node I at loopback address 127.0.10.I, port PORT+I.
+# Each slurmd runs in its own UTS + mount namespace, so the job steps it starts
+# see `hostname` == their node name and a private /etc/hosts (bind-mounted:
+# the machine's entries plus "127.0.10.I nodeI" lines). No cgroups, no
+# accounting database. Each node declares fake GPUs (gres gpu whose device
+# files are character devices 1:3, i.e. /dev/null).
 #
 # Environment knobs:
 #   HPCTF_SLURM_DIR        state dir              (default /tmp/hpctf-slurm)
@@ -26,7 +27,13 @@
 #
 # Known Slurm quirks (not worked around here):
 #   * `sbatch --export=NONE` leaks SLURM_EXPORT_ENV=NONE into `srun` inside
-#     the batch script (so srun there also exports nothing).
+#     the batch script, so its tasks get an empty environment (no PATH:
+#     "execve(): bash: No such file or directory"). Workaround: in the
+#     script, `export SLURM_EXPORT_ENV=ALL` (or `srun --export=ALL`).
+#   * Jobs see SLURM_CONF (slurmd sets it), also under --export=NONE.
+#   * All nodes share one network namespace: two "nodes" cannot listen on
+#     the same TCP port. Node names resolve only inside jobs (the login side
+#     does not need them).
 #   * A requeued job waits 120 s for its BeginTime unless released with
 #     `scontrol update JobId=X StartTime=now`.
 #   * `sbatch --wait` polls slowly; poll `scontrol show job -o ID` instead.
@@ -381,6 +388,13 @@ dump_logs() {
 
 # ---------------------------------------------------------------- start/stop
 
+# fail MSG: start failed -- show logs, tear down what was started, exit 1.
+fail() {
+    dump_logs
+    cmd_stop || true
+    die "$*"
+}
+
 cmd_stop() {
     local f specs
     if [[ -s $CONF ]] && pid_alive "$RUN/slurmctld.pid" slurmctld; then
@@ -405,7 +419,7 @@ cmd_stop() {
 }
 
 cmd_start() {
-    local t0 tmp n i port python
+    local t0 tmp n i j port python
     t0=$(date +%s%N)
     [[ $(id -u) -eq 0 ]] || die "must run as root"
     ensure_packages
@@ -438,7 +452,7 @@ cmd_start() {
     make_devices
     ensure_munge
 
-    slurmctld -f "$CONF" || { dump_logs; die "slurmctld failed to start"; }
+    slurmctld -f "$CONF" || fail "slurmctld failed to start"
 
     python=$(command -v /usr/bin/python3 python3 | head -n 1) || true
     [[ -n $python ]] || log "WARNING: no python3: slurmd runs without a subreaper (zombies may slow job completion)"
@@ -461,7 +475,7 @@ cmd_start() {
             pid_alive "$RUN/slurmd-$n.pid" slurmd && break
             sleep 0.1
         done
-        pid_alive "$RUN/slurmd-$n.pid" slurmd || { dump_logs; die "slurmd $n did not start (no live pid in $RUN/slurmd-$n.pid)"; }
+        pid_alive "$RUN/slurmd-$n.pid" slurmd || fail "slurmd $n did not start (no live pid in $RUN/slurmd-$n.pid)"
         readlink "/proc/$(tr -dc '0-9' <"$RUN/slurmd-$n.pid")/ns/uts" >"$RUN/slurmd-$n.utsns"
     done
 
@@ -470,7 +484,7 @@ cmd_start() {
             # slurmctld's first scheduling pass comes ~3 s after it starts;
             # until then batch jobs just sit PENDING. Wait for it (it logs its
             # SchedulerParameters) so the first job is as quick as later ones.
-            for ((i = 0; i < 40; i++)); do
+            for ((j = 0; j < 40; j++)); do
                 grep -q 'SchedulerParameters=' "$LOG/slurmctld.log" 2>/dev/null && break
                 sleep 0.25
             done
@@ -480,8 +494,7 @@ cmd_start() {
         fi
         sleep 0.25
     done
-    dump_logs
-    die "nodes not idle after ${TIMEOUT}s"
+    fail "nodes not idle after ${TIMEOUT}s"
 }
 
 case ${1:-} in
