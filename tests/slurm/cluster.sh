@@ -24,6 +24,8 @@
 #   HPCTF_SLURM_PORT       slurmctld port         (default 16817; slurmd i
 #                                                  listens on PORT+i)
 #   HPCTF_SLURM_TIMEOUT    seconds to wait for nodes idle (default 60)
+#   HPCTF_SLURM_FIRST_JOB_ID  first job id (default 1); give clusters that run
+#                          side by side different ones, so TF ports differ
 #
 # Known Slurm quirks (not worked around here):
 #   * `sbatch --export=NONE` leaks SLURM_EXPORT_ENV=NONE into `srun` inside
@@ -47,6 +49,7 @@ CPUS=${HPCTF_SLURM_CPUS:-2}
 GPUS=${HPCTF_SLURM_GPUS:-2}
 CTLD_PORT=${HPCTF_SLURM_PORT:-16817}
 TIMEOUT=${HPCTF_SLURM_TIMEOUT:-60}
+FIRST_JOB_ID=${HPCTF_SLURM_FIRST_JOB_ID:-1}
 
 ETC=$DIR/etc
 RUN=$DIR/run
@@ -268,6 +271,7 @@ PropagateResourceLimits=NONE
 ReturnToService=2
 KillWait=5
 MinJobAge=120
+FirstJobId=$FIRST_JOB_ID
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=60
