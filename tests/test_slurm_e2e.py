@@ -7,67 +7,18 @@ real TensorFlow workers under MultiWorkerMirroredStrategy, real files in the run
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hpctf import slurm
-from tests.conftest import DIGITS, REPO
+from tests.conftest import DIGITS, wait_for_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
-CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 HPCTF = [sys.executable, "-m", "hpctf"]
-FINAL_STATES = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "PREEMPTED",
-}
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[dict[str, str]]:
-    """Start the test cluster once; failing to start is fatal where Slurm is required."""
-    # Not under pytest's tmp dir: munged runs as the munge user and cannot enter root's 0700 dirs.
-    state = Path(os.environ.get("HPCTF_SLURM_DIR", "/tmp/hpctf-slurm"))
-    env = {**os.environ, "HPCTF_SLURM_DIR": str(state)}
-    proc = subprocess.run(
-        [str(CLUSTER), "start"], env=env, capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        message = f"test Slurm cluster did not start:\n{proc.stdout}\n{proc.stderr}"
-        if os.environ.get("HPCTF_REQUIRE_SLURM") or os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    conf = str(state / "etc" / "slurm.conf")
-    os.environ["SLURM_CONF"] = conf
-    try:
-        yield {**env, "SLURM_CONF": conf}
-    finally:
-        subprocess.run([str(CLUSTER), "stop"], env=env, check=False)
-        os.environ.pop("SLURM_CONF", None)
-
-
-def wait_for_job(job_id: str, timeout: float = 300) -> dict[str, str]:
-    """Poll `scontrol show job -o` (sbatch --wait polls too slowly) until a final state."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = slurm.job_info(job_id)
-        if info and info.get("JobState") in FINAL_STATES:
-            return info
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} not finished after {timeout} s: {slurm.job_info(job_id)}")
 
 
 def submit(env: dict[str, str], *args: str) -> tuple[str, Path]:
