@@ -3,7 +3,7 @@
 Importing this package never imports TensorFlow: the login-node commands must stay fast.
 """
 
-from hpctf.api import Task
+from hpctf.api import Files, Task
 
-__all__ = ["Task"]
+__all__ = ["Files", "Task"]
 __version__ = "0.1.0"

@@ -10,9 +10,33 @@ This module imports nothing heavy, so user code and login-node code may both imp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Files:
+    """A data set stored in files, so each worker can read only its own share of them.
+
+    With at least as many files as workers, hpctf shards by file: each worker reads a disjoint
+    subset. With fewer, every worker reads every file and keeps its share of the examples
+    (DATA sharding); hpctf logs a warning, since that multiplies the reads from the filesystem.
+
+    Attributes:
+        paths: the files (sorted by hpctf, so every worker agrees on the split).
+        read: ``read(filenames)`` turns a ``tf.data.Dataset`` of file names into a dataset of
+            unbatched ``(features, label)`` pairs, e.g. ``filenames.interleave(
+            tf.data.TFRecordDataset).map(parse)``.
+        examples: how many examples the files hold; needed only for ``train.epochs``.
+    """
+
+    paths: Sequence[str]
+    read: Callable[[Any], Any]
+    examples: int | None = None
+
+
+DataSource = Callable[[], Any] | Files
 
 
 @dataclass
@@ -24,9 +48,12 @@ class Task:
         optimizer: a Keras optimizer.
         loss: ``loss(y_true, y_pred)`` returning one loss value per example (for Keras losses,
             pass ``reduction=None``); hpctf averages over the global batch.
-        train_data: returns a ``tf.data.Dataset`` of unbatched ``(features, label)`` pairs, one
-            pass over the training set. hpctf shuffles, repeats, batches and shards it.
-        eval_data: like ``train_data`` for the validation set, or None.
+        train_data: a :class:`Files`, or a function returning a ``tf.data.Dataset`` of
+            unbatched ``(features, label)`` pairs, one pass over the training set (every worker
+            then builds all of it and keeps its share: DATA sharding, logged). hpctf shuffles,
+            repeats, shards and batches it.
+        eval_data: like ``train_data`` for the validation set, or None. Every worker reads all
+            of it and evaluates its share.
         metrics: name -> ``fn(y_true, y_pred)`` returning one value per example; hpctf reports
             their means over the whole validation set, reduced across workers.
         shuffle_buffer: examples held by the training shuffle buffer.
@@ -35,7 +62,7 @@ class Task:
     model: Any
     optimizer: Any
     loss: Callable[[Any, Any], Any]
-    train_data: Callable[[], Any]
-    eval_data: Callable[[], Any] | None = None
+    train_data: DataSource
+    eval_data: DataSource | None = None
     metrics: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
     shuffle_buffer: int = 10_000

@@ -112,6 +112,33 @@ class Train(_Strict):
         default_factory=lambda: ["."],
         description="directories put on sys.path for the entry, relative to the experiment file",
     )
+    eval_every_steps: int | None = Field(
+        None, ge=1, description="evaluate every N steps as well as at the end"
+    )
+    scale_learning_rate: bool = Field(
+        False, description="multiply the optimizer's learning rate by the number of replicas"
+    )
+    mixed_precision: bool = Field(
+        False, description="mixed_float16 on GPUs, mixed_bfloat16 on CPUs"
+    )
+    jit_compile: bool = Field(False, description="compile the step's forward and backward with XLA")
+    communication: Literal["auto", "nccl", "ring"] = Field(
+        "auto", description="collective implementation; auto: NCCL when GPUs are visible, else RING"
+    )
+    # Bounded failure: a dead, frozen or stuck rank ends the whole job within these bounds.
+    heartbeat_timeout_seconds: int = Field(
+        10,
+        ge=1,
+        description="a rank whose heartbeats stop (dead or frozen) fails the job after this",
+    )
+    collective_timeout_seconds: int | None = Field(
+        1800,
+        ge=1,
+        description="a collective waiting longer than this (a live but stuck rank) fails",
+    )
+    startup_timeout_seconds: int = Field(
+        300, ge=1, description="every rank must join the cluster within this"
+    )
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> Train:

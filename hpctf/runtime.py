@@ -19,6 +19,18 @@ from hpctf.rundir import RunDir
 log = logging.getLogger("hpctf.worker")
 
 
+class _RankFormatter(logging.Formatter):
+    """``HH:MM:SS rank N: message``, with ``warning:`` before warnings and errors."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(f"%(asctime)s rank {rank}: %(message)s", datefmt="%H:%M:%S")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if record.levelno >= logging.WARNING:
+            record.message = f"{record.levelname.lower()}: {record.message}"
+        return super().formatMessage(record)
+
+
 def prepare_environment(env: MutableMapping[str, str], tf_config: str) -> None:
     """Set what TensorFlow reads at import and strategy creation."""
     env["TF_CONFIG"] = tf_config
@@ -34,9 +46,7 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     config = run.load_config()
     spec = cluster_spec(env, config.site.port_range)
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(
-        logging.Formatter(f"%(asctime)s rank {spec.task_index}: %(message)s", datefmt="%H:%M:%S")
-    )
+    handler.setFormatter(_RankFormatter(spec.task_index))
     hpctf_logger = logging.getLogger("hpctf")
     hpctf_logger.handlers[:] = [handler]
     hpctf_logger.setLevel(logging.INFO)

@@ -1,4 +1,4 @@
-"""The training loop under MultiWorkerMirroredStrategy. The only module importing TensorFlow.
+"""The training loop under MultiWorkerMirroredStrategy.
 
 Not ``model.fit``: Keras 3's fit is broken under this strategy (keras-team/keras#20585,
 ``strategy.reduce`` on a tuple of PerReplica). A custom loop -- ``strategy.run`` inside a
@@ -11,17 +11,18 @@ import importlib
 import json
 import logging
 import math
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from hpctf.api import Task
+from hpctf.checkpoints import Checkpointer
 from hpctf.cluster import ClusterSpec
-from hpctf.config import ResolvedConfig
+from hpctf.config import ResolvedConfig, Train
+from hpctf.data import cardinality, evaluation_dataset, plan_shards, training_input
 from hpctf.errors import UserError
 from hpctf.rundir import RunDir, write_atomic
 
@@ -41,94 +42,61 @@ def load_entry(entry: str) -> Callable[..., Task]:
     return function  # type: ignore[no-any-return]
 
 
-def make_strategy(gpus: int) -> tf.distribute.MultiWorkerMirroredStrategy:
-    """MWMS over NCCL when this task sees GPUs, RING otherwise."""
-    implementation = (
-        tf.distribute.experimental.CommunicationImplementation.NCCL
-        if gpus
-        else tf.distribute.experimental.CommunicationImplementation.RING
+def configure_failure_detection(spec: ClusterSpec, settings: Train) -> None:
+    """Bound how long a dead or frozen peer can hold the others.
+
+    MultiWorkerMirroredStrategy configures TF's coordination service with default timeouts
+    only when none is configured yet (tensorflow/python/distribute/
+    collective_all_reduce_strategy.py, ``_initialize_multi_worker``), and offers no public knob,
+    so the same configuration is made here first, with the run's timeouts.
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context  # no public API for these settings
+
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader="/job:worker/replica:0/task:0",
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=len(spec.workers))
+        ],
+        heartbeat_timeout_in_ms=settings.heartbeat_timeout_seconds * 1000,
+        cluster_register_timeout_in_ms=settings.startup_timeout_seconds * 1000,
+        # Every rank waits for the others at exit, so the leader (rank 0) does not vanish
+        # while a peer still sends heartbeats to it.
+        shutdown_barrier_timeout_in_ms=settings.heartbeat_timeout_seconds * 1000,
     )
-    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+
+
+def make_strategy(gpus: int, settings: Train) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """MWMS over NCCL when this task sees GPUs, RING otherwise, unless the config says which."""
+    implementations = tf.distribute.experimental.CommunicationImplementation
+    choice = settings.communication
+    if choice == "auto":
+        choice = "nccl" if gpus else "ring"
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=implementations.NCCL if choice == "nccl" else implementations.RING,
+        timeout_seconds=settings.collective_timeout_seconds,
+    )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
-def train_steps(config: ResolvedConfig, task: Task) -> int:
-    """Total optimizer steps: train.steps, or train.epochs times full global batches per epoch."""
-    train = config.experiment.train
-    if train.steps is not None:
-        return train.steps
-    cardinality = int(task.train_data().cardinality())
-    if cardinality < 0:
+def total_steps(settings: Train, task: Task) -> int:
+    """train.steps, or train.epochs times the full global batches in one pass."""
+    if settings.steps is not None:
+        return settings.steps
+    examples = cardinality(task.train_data)
+    if examples is None:
         raise UserError(
-            "train.epochs needs a training dataset of known size; give train.steps instead"
+            "train.epochs needs a training set of known size (a finite dataset, or "
+            "hpctf.Files(..., examples=N)); or give train.steps"
         )
-    per_epoch = cardinality // train.global_batch_size
+    per_epoch = examples // settings.global_batch_size
     if per_epoch == 0:
         raise UserError(
-            f"train.global_batch_size {train.global_batch_size} exceeds the {cardinality} "
+            f"train.global_batch_size {settings.global_batch_size} exceeds the {examples} "
             "training examples"
         )
-    return per_epoch * (train.epochs or 1)
-
-
-def training_dataset(task: Task, global_batch: int, seed: int, start_step: int) -> Any:
-    """Shuffled, repeated, batched examples, positioned at ``start_step``.
-
-    The distributed iterator cannot be checkpointed; skipping the batches already trained on
-    before distributing the dataset makes a resumed run see exactly the batches an
-    uninterrupted one would.
-    """
-    options = tf.data.Options()
-    # Examples from memory or one file cannot be split by file; say so instead of letting
-    # AUTO fall back silently (tensorflow#42146).
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dataset = (
-        task.train_data()
-        .shuffle(task.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        .repeat()
-        .batch(global_batch, drop_remainder=True)
-        .skip(start_step)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-    return dataset.with_options(options)
-
-
-class Checkpointer:
-    """Chief-only checkpoints in ``RUN_DIR/checkpoints``; every worker takes part in a save.
-
-    Saving under MWMS runs collectives, so every worker must save; the non-chief workers save
-    into a node-local throwaway directory that is removed right after (the pattern of TF's
-    multi-worker tutorial, tensorflow.org/tutorials/distribute/multi_worker_with_ctl).
-    """
-
-    def __init__(self, checkpoint: tf.train.Checkpoint, run: RunDir, spec: ClusterSpec, keep: int):
-        self._checkpoint = checkpoint
-        self._chief = spec.is_chief
-        self._task_index = spec.task_index
-        self._dir = run.checkpoints
-        self._manager = (
-            tf.train.CheckpointManager(checkpoint, str(run.checkpoints), max_to_keep=keep)
-            if self._chief
-            else None
-        )
-
-    def restore_latest(self) -> str | None:
-        """Restore every worker from the chief's latest checkpoint; return its path."""
-        latest: str | None = tf.train.latest_checkpoint(str(self._dir))
-        if latest:
-            self._checkpoint.restore(latest).assert_existing_objects_matched()
-        return latest
-
-    def save(self, step: int) -> None:
-        if self._manager is not None:
-            log.info("checkpoint %s", self._manager.save(checkpoint_number=step))
-            return
-        throwaway = tempfile.mkdtemp(prefix=f"hpctf-worker{self._task_index}-ckpt-")
-        try:
-            manager = tf.train.CheckpointManager(self._checkpoint, throwaway, max_to_keep=1)
-            manager.save(checkpoint_number=step)
-        finally:
-            shutil.rmtree(throwaway, ignore_errors=True)
+    return per_epoch * (settings.epochs or 1)
 
 
 def _format_eta(seconds: float) -> str:
@@ -137,22 +105,7 @@ def _format_eta(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
-    """Run (or resume) training to the configured step; the chief writes DONE at the end."""
-    settings = config.experiment.train
-    gpus = tf.config.list_physical_devices("GPU")
-    strategy = make_strategy(len(gpus))
-    replicas = strategy.num_replicas_in_sync
-    global_batch = settings.global_batch_size
-    if global_batch % replicas:
-        raise UserError(
-            f"train.global_batch_size {global_batch} is not divisible by the {replicas} replicas"
-        )
-    log.info(
-        "strategy %s: %d replicas, %d GPU(s) here", type(strategy).__name__, replicas, len(gpus)
-    )
-
-    tf.keras.utils.set_random_seed(settings.seed)
+def _build_task(settings: Train, strategy: Any) -> Task:
     entry = load_entry(settings.entry)
     with strategy.scope():
         task = entry(**settings.args)
@@ -160,52 +113,94 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
             raise UserError(
                 f"train.entry {settings.entry!r} returned {type(task).__name__}, not hpctf.Task"
             )
+        if settings.scale_learning_rate:
+            replicas = strategy.num_replicas_in_sync
+            base = float(task.optimizer.learning_rate)
+            task.optimizer.learning_rate = base * replicas
+            log.info(
+                "learning rate scaled by %d replicas: %g -> %g", replicas, base, base * replicas
+            )
         # Build optimizer slots now so a restore fills them instead of deferring.
         task.optimizer.build(task.model.trainable_variables)
-        step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    return task
+
+
+class _Recorder:
+    """The chief's records: metrics.jsonl and TensorBoard events; nothing on other ranks."""
+
+    def __init__(self, run: RunDir, chief: bool) -> None:
+        self._run = run
+        self._writer = (
+            tf.summary.create_file_writer(str(run.path / "tensorboard")) if chief else None
+        )
+
+    def record(self, step: int, values: dict[str, float], prefix: str = "") -> None:
+        if self._writer is None:
+            return
+        with self._run.metrics.open("a", encoding="utf-8") as handle:
+            key = prefix.rstrip("/") or None
+            handle.write(
+                json.dumps({"step": step, key: values} if key else {"step": step, **values}) + "\n"
+            )
+        with self._writer.as_default(step=step):
+            for name, value in values.items():
+                tf.summary.scalar(prefix + name, value)
+        self._writer.flush()
+
+
+def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
+    """Run (or resume) training to the configured step; the chief writes DONE at the end."""
+    settings = config.experiment.train
+    gpus = tf.config.list_physical_devices("GPU")
+    if settings.mixed_precision:
+        keras.mixed_precision.set_global_policy("mixed_float16" if gpus else "mixed_bfloat16")
+    configure_failure_detection(spec, settings)
+    strategy = make_strategy(len(gpus), settings)
+    replicas = strategy.num_replicas_in_sync
+    global_batch = settings.global_batch_size
+    if global_batch % replicas:
+        raise UserError(
+            f"train.global_batch_size {global_batch} is not divisible by the {replicas} replicas"
+        )
+    log.info("%d replicas, %d GPU(s) on this rank", replicas, len(gpus))
+
+    keras.utils.set_random_seed(settings.seed)
+    task = _build_task(settings, strategy)
+    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     checkpoint = tf.train.Checkpoint(model=task.model, optimizer=task.optimizer, step=step_var)
-    checkpointer = Checkpointer(checkpoint, run, spec, config.experiment.checkpoint.keep)
+    checkpointer = Checkpointer(
+        checkpoint, run.checkpoints, spec, config.experiment.checkpoint.keep
+    )
     restored = checkpointer.restore_latest()
     start = int(step_var.numpy())
-    total = train_steps(config, task)
+    total = total_steps(settings, task)
     if restored:
         log.info("resumed from %s at step %d", restored, start)
     else:
         log.info("no checkpoint in %s: starting at step 0", run.checkpoints)
 
+    plan = plan_shards(task.train_data, len(spec.workers), spec.task_index)
+    (log.warning if plan.policy == "DATA" and len(spec.workers) > 1 else log.info)(
+        "input: %s sharding, %s", plan.policy, plan.reason
+    )
+    if plan.policy == "FILE":
+        log.info("input files of this rank: %s", ",".join(plan.files))
     iterator = iter(
-        strategy.experimental_distribute_dataset(
-            training_dataset(task, global_batch, settings.seed, start)
+        strategy.distribute_datasets_from_function(
+            training_input(
+                task.train_data, plan, global_batch, settings.seed, task.shuffle_buffer, start
+            )
         )
     )
-    model, optimizer, loss_fn = task.model, task.optimizer, task.loss
-
-    def replica_step(features: Any, labels: Any) -> Any:
-        with tf.GradientTape() as tape:
-            predictions = model(features, training=True)
-            loss = tf.nn.compute_average_loss(
-                loss_fn(labels, predictions), global_batch_size=global_batch
-            )
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
-
-    @tf.function
-    def train_step(it: Any) -> Any:
-        features, labels = next(it)
-        per_replica = strategy.run(replica_step, args=(features, labels))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
+    train_step = _train_step(strategy, task, global_batch, settings.jit_compile)
+    recorder = _Recorder(run, spec.is_chief)
     every = config.experiment.checkpoint.every_steps
-    log_every = settings.log_every_steps
     window_start, window_step = time.perf_counter(), start
     for step in range(start + 1, total + 1):
         loss = float(train_step(iterator))
         if not math.isfinite(loss):
             raise UserError(f"loss became {loss} at step {step}; lower the learning rate?")
-        if step % log_every == 0 or step == total:
+        if step % settings.log_every_steps == 0 or step == total:
             now = time.perf_counter()
             rate = (step - window_step) / max(now - window_start, 1e-9)
             window_start, window_step = now, step
@@ -218,33 +213,70 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
                 rate * global_batch,
                 _format_eta((total - step) / rate),
             )
-            if spec.is_chief:
-                _append_metrics(run, {"step": step, "loss": loss, "steps_per_s": round(rate, 3)})
+            recorder.record(step, {"loss": loss, "steps_per_s": round(rate, 3)})
+        if settings.eval_every_steps and step % settings.eval_every_steps == 0 and step != total:
+            _evaluate_and_record(strategy, task, global_batch, step, recorder)
         if step % every == 0 or step == total:
             step_var.assign(step)
             checkpointer.save(step)
 
-    results = evaluate(strategy, task, global_batch) if task.eval_data else {}
-    if results:
-        log.info("eval at step %d: %s", total, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
+    results = _evaluate_and_record(strategy, task, global_batch, total, recorder)
     if spec.is_chief:
-        if results:
-            _append_metrics(run, {"step": total, "eval": results})
         write_atomic(run.done, json.dumps({"step": total, "eval": results}) + "\n")
         log.info("training complete: %s", run.done)
     return 0
 
 
+def _train_step(strategy: Any, task: Task, global_batch: int, jit_compile: bool) -> Any:
+    model, optimizer, loss_fn = task.model, task.optimizer, task.loss
+
+    def gradients(features: Any, labels: Any) -> tuple[Any, Any]:
+        with tf.GradientTape() as tape:
+            predictions = tf.cast(model(features, training=True), tf.float32)
+            loss = tf.nn.compute_average_loss(
+                loss_fn(labels, predictions), global_batch_size=global_batch
+            )
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+        return loss, tape.gradient(scaled, model.trainable_variables)
+
+    # XLA compiles the per-replica forward and backward; the all-reduce in apply_gradients
+    # stays outside, where the collective implementation chosen above runs it.
+    compiled = tf.function(gradients, jit_compile=True) if jit_compile else gradients
+
+    def replica_step(features: Any, labels: Any) -> Any:
+        loss, grads = compiled(features, labels)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def train_step(iterator: Any) -> Any:
+        features, labels = next(iterator)
+        per_replica = strategy.run(replica_step, args=(features, labels))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return train_step
+
+
+def _evaluate_and_record(
+    strategy: Any, task: Task, global_batch: int, step: int, recorder: _Recorder
+) -> dict[str, float]:
+    if task.eval_data is None:
+        return {}
+    results = evaluate(strategy, task, global_batch)
+    log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
+    recorder.record(step, results, prefix="eval/")
+    return results
+
+
 def evaluate(strategy: Any, task: Task, global_batch: int) -> dict[str, float]:
     """Mean loss and metrics over the whole validation set, summed across workers."""
     assert task.eval_data is not None
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dataset = task.eval_data().batch(global_batch).with_options(options)
     functions = {"loss": task.loss, **task.metrics}
 
     def replica_sums(features: Any, labels: Any) -> dict[str, Any]:
-        predictions = task.model(features, training=False)
+        predictions = tf.cast(task.model(features, training=False), tf.float32)
         sums = {
             name: tf.reduce_sum(tf.cast(fn(labels, predictions), tf.float64))
             for name, fn in functions.items()
@@ -261,13 +293,9 @@ def evaluate(strategy: Any, task: Task, global_batch: int) -> dict[str, float]:
         }
 
     totals: dict[str, float] = {}
+    dataset = evaluation_dataset(task.eval_data, global_batch)
     for features, labels in strategy.experimental_distribute_dataset(dataset):
         for name, value in eval_step(features, labels).items():
             totals[name] = totals.get(name, 0.0) + float(value)
     count = totals.pop("count", 0.0)
     return {name: value / count for name, value in totals.items()} if count else {}
-
-
-def _append_metrics(run: RunDir, record: dict[str, Any]) -> None:
-    with run.metrics.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
