@@ -57,7 +57,9 @@ class Checkpointer:
             try:
                 verify(path)
                 self._checkpoint.restore(path).assert_existing_objects_matched()
-            except (tf.errors.OpError, ValueError, AssertionError) as exc:
+            # TF's reader raises IndexError or RuntimeError on truncated data, OpError on bad
+            # CRCs or missing files, AssertionError when the objects do not match.
+            except (tf.errors.OpError, ValueError, AssertionError, IndexError, RuntimeError) as exc:
                 reason = (
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 )

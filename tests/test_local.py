@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,13 @@ def test_digits_on_two_local_workers(runs_root: Path, tmp_path: Path) -> None:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "loss" in m] == [50, 100, 150, 200, 250, 300]
     assert list(node_tmp.iterdir()) == []  # no worker throwaway checkpoints left
+    # Progress lines and TensorBoard events, from the chief only.
+    assert re.search(
+        r"rank 0: step 300/300 loss \d+\.\d{4} [\d.]+ steps/s \d+ examples/s eta 0m00s",
+        (run_dir / "logs" / "rank-0.log").read_text(),
+    )
+    events = list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
 
 
 def test_interrupted_run_resumes_from_latest_checkpoint(runs_root: Path, tmp_path: Path) -> None:

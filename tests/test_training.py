@@ -1,0 +1,238 @@
+"""The training runtime with real TensorFlow workers: exact resume, checkpoint fallback,
+bounded failure, FILE sharding."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctf.local import task_environment
+from tests.conftest import DIGITS, REPO
+
+pytestmark = pytest.mark.tf
+HPCTF = [sys.executable, "-m", "hpctf"]
+TFRECORDS = REPO / "examples" / "tfrecords" / "experiment.yaml"
+SHORT = [
+    "--set",
+    "train.steps=120",
+    "--set",
+    "train.log_every_steps=1",
+    "--set",
+    "checkpoint.every_steps=30",
+]
+
+
+def run_dir_from(stdout: str) -> Path:
+    line = next(line for line in stdout.splitlines() if line.startswith("run directory: "))
+    return Path(line.removeprefix("run directory: "))
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Loss per step from metrics.jsonl; a step logged twice (before a kill, after the resume)
+    keeps its last value."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(
+        int(p.name.split("-")[1].split(".")[0])
+        for p in (run_dir / "checkpoints").glob("ckpt-*.index")
+    )
+
+
+def submit_local(*args: str, cwd: Path) -> Path:
+    proc = subprocess.run(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=cwd,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir_from(proc.stdout)
+
+
+def resubmit(run_dir: Path) -> str:
+    proc = subprocess.run(
+        [*HPCTF, "resubmit", str(run_dir)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return (run_dir / "logs" / "rank-0.log").read_text()
+
+
+def test_resumed_run_matches_uninterrupted_run_step_by_step(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    uninterrupted = submit_local(*SHORT, cwd=tmp_path)
+
+    launcher = subprocess.Popen(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local", *SHORT],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert launcher.stdout is not None
+    run_dir = run_dir_from(launcher.stdout.readline())
+    deadline = time.monotonic() + 120
+    while not checkpoint_steps(run_dir):
+        assert time.monotonic() < deadline and launcher.poll() is None, "no checkpoint"
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=60) != 0
+    saved = checkpoint_steps(run_dir)[-1]
+    assert saved < 120 and not (run_dir / "DONE").exists()
+
+    log = resubmit(run_dir)
+    assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
+    expected, resumed = losses(uninterrupted), losses(run_dir)
+    assert sorted(resumed) == sorted(expected) == list(range(1, 121))
+    for step in expected:
+        assert resumed[step] == pytest.approx(expected[step], abs=1e-6), f"step {step}"
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_one_before(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    run_dir = submit_local(*SHORT, cwd=tmp_path)
+    final_loss = losses(run_dir)[120]
+    assert checkpoint_steps(run_dir) == [60, 90, 120]
+    # An interrupted write: the latest data file is cut short. Start the run again.
+    data = run_dir / "checkpoints" / "ckpt-120.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    (run_dir / "DONE").unlink()
+
+    log = resubmit(run_dir)
+    assert f"warning: checkpoint {run_dir}/checkpoints/ckpt-120 is unusable" in log
+    assert f"resumed from {run_dir}/checkpoints/ckpt-90 at step 90" in log
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 120
+    assert losses(run_dir)[120] == pytest.approx(final_loss, abs=1e-6)
+
+
+def _start_two_workers(
+    tmp_path: Path, runs_root: Path
+) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    """Two worker processes with srun's environment, started directly (no launcher that would
+    kill the survivor for us), training for a long time."""
+    subprocess.run(
+        [
+            *HPCTF,
+            "render",
+            str(DIGITS),
+            "--site",
+            "local",
+            "-o",
+            str(tmp_path / "job.sbatch"),
+            "--set",
+            "train.steps=1000000",
+            "--set",
+            "train.log_every_steps=100",
+            "--set",
+            "checkpoint.every_steps=1000000",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (run_dir,) = runs_root.iterdir()
+    logs = [tmp_path / f"rank-{rank}.log" for rank in range(2)]
+    job_id = 1000 + os.getpid() % 50000
+    procs = [
+        subprocess.Popen(
+            [*HPCTF, "worker", str(run_dir)],
+            env=task_environment(os.environ, job_id, 2, rank),
+            stdout=logs[rank].open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for rank in range(2)
+    ]
+    deadline = time.monotonic() + 120
+    while "step 100/" not in logs[0].read_text():
+        assert time.monotonic() < deadline, logs[0].read_text()[-2000:]
+        time.sleep(0.1)
+    return procs, logs
+
+
+# The bounds the README states: a dead rank ends the others within 5 s, a frozen one within
+# twice heartbeat_timeout_seconds (default 10: TF checks heartbeats once per timeout period, so
+# detection takes between one and two periods; measured 10.4-20.4 s) + 5 s.
+@pytest.mark.parametrize(
+    ("how", "victim", "bound"),
+    [(signal.SIGKILL, 1, 5.0), (signal.SIGSTOP, 1, 25.0), (signal.SIGSTOP, 0, 25.0)],
+    ids=["kill-worker", "freeze-worker", "freeze-chief"],
+)
+def test_a_dead_or_frozen_rank_ends_the_other_within_the_bound(
+    runs_root: Path, tmp_path: Path, how: signal.Signals, victim: int, bound: float
+) -> None:
+    procs, _ = _start_two_workers(tmp_path, runs_root)
+    try:
+        started = time.monotonic()
+        os.kill(procs[victim].pid, how)
+        survivor = procs[1 - victim]
+        code = survivor.wait(timeout=bound + 60)
+        elapsed = time.monotonic() - started
+        print(f"{how.name} rank {victim}: rank {1 - victim} exited {code} after {elapsed:.1f} s")
+        assert code != 0
+        assert elapsed <= bound, f"{elapsed:.1f} s > {bound} s"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_tfrecords_workers_read_disjoint_files(runs_root: Path, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    subprocess.run(
+        [sys.executable, str(TFRECORDS.parent / "write_shards.py"), str(data_dir), "--shards", "4"],
+        check=True,
+        capture_output=True,
+    )
+    proc = subprocess.run(
+        [
+            *HPCTF,
+            "submit",
+            str(TFRECORDS),
+            "--site",
+            "local",
+            "--set",
+            f"train.args.data_dir={data_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = run_dir_from(proc.stdout)
+    files = []
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        assert "input: FILE sharding, 2 of 4 files" in log
+        line = next(x for x in log.splitlines() if "input files of this rank: " in x)
+        files.append(set(line.split("input files of this rank: ")[1].split(",")))
+    assert not files[0] & files[1]
+    assert files[0] | files[1] == {str(p) for p in data_dir.glob("train-*.tfrecord")}
+    assert json.loads((run_dir / "DONE").read_text())["eval"]["accuracy"] >= 0.90
+
+
+def test_shard_plan_is_explicit() -> None:
+    from hpctf.api import Files
+    from hpctf.data import plan_shards
+
+    files = Files([f"/d/f{i}" for i in (3, 1, 0, 2)], read=lambda names: names)
+    assert plan_shards(files, 2, 0).files == ("/d/f0", "/d/f2")
+    assert plan_shards(files, 2, 1).files == ("/d/f1", "/d/f3")
+    assert plan_shards(files, 4, 3).policy == "FILE"
+    few = plan_shards(files, 8, 0)
+    assert few.policy == "DATA" and "only 4 file(s) for 8 workers" in few.reason
+    assert plan_shards(lambda: None, 2, 0).policy == "DATA"
