@@ -139,6 +139,13 @@ class Train(_Strict):
     startup_timeout_seconds: int = Field(
         300, ge=1, description="every rank must join the cluster within this"
     )
+    preemption_check_every_steps: int = Field(
+        10, ge=1, description="how often the ranks agree whether any got a preemption signal"
+    )
+    loop: Literal["builtin", "custom"] = Field(
+        "builtin",
+        description="builtin: entry returns hpctf.Task; custom: entry(session, **args) trains",
+    )
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> Train:

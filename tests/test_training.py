@@ -236,3 +236,29 @@ def test_shard_plan_is_explicit() -> None:
     few = plan_shards(files, 8, 0)
     assert few.policy == "DATA" and "only 4 file(s) for 8 workers" in few.reason
     assert plan_shards(lambda: None, 2, 0).policy == "DATA"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGTERM], ids=["USR2", "TERM"])
+def test_preemption_signal_to_one_rank_saves_an_agreed_step_on_all(
+    runs_root: Path, tmp_path: Path, signum: signal.Signals
+) -> None:
+    """The warning reaches one rank only; every rank saves the same step and exits 75."""
+    procs, logs = _start_two_workers(tmp_path, runs_root)
+    (run_dir,) = runs_root.iterdir()
+    try:
+        os.kill(procs[1].pid, signum)
+        codes = [proc.wait(timeout=60) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert codes == [75, 75], [log.read_text()[-1500:] for log in logs]
+    saved = [
+        int(line.split("saved step ")[1].split(";")[0])
+        for log in logs
+        for line in log.read_text().splitlines()
+        if "preempted: saved step" in line
+    ]
+    assert len(saved) == 2 and saved[0] == saved[1] and saved[0] % 10 == 0
+    assert checkpoint_steps(run_dir) == [saved[0]]  # the chief's copy is complete and latest
+    assert f"got {signum.name}" in logs[1].read_text()

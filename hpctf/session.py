@@ -1,0 +1,269 @@
+"""What hpctf gives every training loop on a compute node, its own and a user's.
+
+A :class:`Session` owns the strategy, the checkpoints (chief-only, verified, with fallback),
+the data position, the chief's records and the preemption hook. hpctf's built-in loop
+(:mod:`hpctf.training`) is one client; a user with a loop of their own (``train.loop: custom``)
+gets the same session, so their script has the same guarantees::
+
+    def main(session: hpctf.session.Session, **args) -> None:
+        with session.strategy.scope():
+            model, optimizer = build(...)
+        start = session.track(model=model, optimizer=optimizer)   # restores, returns the step
+        iterator = session.distribute(train_data, global_batch)  # positioned at `start`
+        for step in range(start + 1, total + 1):
+            loss = my_step(iterator)
+            session.step_done(step, loss=loss)  # logs, checkpoints, handles preemption
+        session.finish(total)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from hpctf.api import DataSource
+from hpctf.checkpoints import Checkpointer
+from hpctf.cluster import ClusterSpec
+from hpctf.config import ResolvedConfig, Train
+from hpctf.data import plan_shards, training_input
+from hpctf.errors import UserError
+from hpctf.rundir import RunDir, write_atomic
+
+log = logging.getLogger("hpctf.worker")
+
+# Exit status of a worker that saved because of a preemption warning; the batch script
+# requeues the job on it (sysexits.h EX_TEMPFAIL: "try again later").
+PREEMPTED_EXIT = 75
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+
+
+def configure_failure_detection(spec: ClusterSpec, settings: Train) -> None:
+    """Bound how long a dead or frozen peer can hold the others.
+
+    MultiWorkerMirroredStrategy configures TF's coordination service with default timeouts
+    only when none is configured yet (tensorflow/python/distribute/
+    collective_all_reduce_strategy.py, ``_initialize_multi_worker``), and offers no public knob,
+    so the same configuration is made here first, with the run's timeouts.
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context  # no public API for these settings
+
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader="/job:worker/replica:0/task:0",
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=len(spec.workers))
+        ],
+        heartbeat_timeout_in_ms=settings.heartbeat_timeout_seconds * 1000,
+        cluster_register_timeout_in_ms=settings.startup_timeout_seconds * 1000,
+        # Every rank waits for the others at exit, so the leader (rank 0) does not vanish
+        # while a peer still sends heartbeats to it.
+        shutdown_barrier_timeout_in_ms=settings.heartbeat_timeout_seconds * 1000,
+    )
+
+
+def make_strategy(gpus: int, settings: Train) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """MWMS over NCCL when this task sees GPUs, RING otherwise, unless the config says which."""
+    implementations = tf.distribute.experimental.CommunicationImplementation
+    choice = settings.communication
+    if choice == "auto":
+        choice = "nccl" if gpus else "ring"
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=implementations.NCCL if choice == "nccl" else implementations.RING,
+        timeout_seconds=settings.collective_timeout_seconds,
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def _format_eta(seconds: float) -> str:
+    minutes, secs = divmod(max(0, round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+class Preempted(SystemExit):
+    """Raised by :meth:`Session.step_done` after the agreed preemption checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__(PREEMPTED_EXIT)
+
+
+class Session:
+    """One rank's share of a run: strategy, checkpoints, data position, records, signals."""
+
+    def __init__(self, config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> None:
+        self.config = config
+        self.settings = config.experiment.train
+        self.run = run
+        self.spec = spec
+        self.total_steps: int | None = None
+        gpus = tf.config.list_physical_devices("GPU")
+        policy = None
+        if self.settings.mixed_precision:
+            policy = "mixed_float16" if gpus else "mixed_bfloat16"
+            keras.mixed_precision.set_global_policy(policy)
+        configure_failure_detection(spec, self.settings)
+        self.strategy = make_strategy(len(gpus), self.settings)
+        replicas = self.strategy.num_replicas_in_sync
+        if self.settings.global_batch_size % replicas:
+            raise UserError(
+                f"train.global_batch_size {self.settings.global_batch_size} is not divisible "
+                f"by the {replicas} replicas"
+            )
+        log.info(
+            "%d replicas, %d GPU(s) on this rank, mixed precision %s, XLA %s",
+            replicas,
+            len(gpus),
+            policy or "off",
+            "on" if self.settings.jit_compile else "off",
+        )
+        # TF's own handler takes SIGTERM once the strategy exists, so ours go in after it.
+        self._signalled = 0
+        for signum in PREEMPTION_SIGNALS:
+            signal.signal(signum, self._on_signal)
+        self._stop_flag = tf.Variable(0, dtype=tf.int32, trainable=False, name="stop_flag")
+        strategy = self.strategy
+        flag = self._stop_flag
+
+        @tf.function
+        def reduce_stop_flag() -> Any:
+            per_replica = strategy.run(lambda: tf.identity(flag))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        self._reduce_stop_flag = reduce_stop_flag
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self._checkpointer: Checkpointer | None = None
+        self._writer = (
+            tf.summary.create_file_writer(str(run.path / "tensorboard")) if spec.is_chief else None
+        )
+        self._window = (time.perf_counter(), 0)
+        keras.utils.set_random_seed(self.settings.seed)
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if not self._signalled:
+            log.warning("got %s: saving at the next agreed step", signal.Signals(signum).name)
+        self._signalled = signum
+
+    def _agree_to_stop(self) -> bool:
+        """Sum every rank's 'signalled' flag (ReduceOp has no MAX): every rank gets the same
+        answer at the same step, so all of them save the same step."""
+        self._stop_flag.assign(1 if self._signalled else 0)
+        return bool(int(self._reduce_stop_flag()))
+
+    # --- checkpoints and data --------------------------------------------------------------
+
+    def track(self, **objects: Any) -> int:
+        """Checkpoint ``objects`` (model, optimizer, ...) from now on; restore the newest whole
+        checkpoint into them; return the step to continue after (0 for a fresh run)."""
+        checkpoint = tf.train.Checkpoint(step=self._step, **objects)
+        self._checkpointer = Checkpointer(
+            checkpoint, self.run.checkpoints, self.spec, self.config.experiment.checkpoint.keep
+        )
+        restored = self._checkpointer.restore_latest()
+        start = int(self._step.numpy())
+        if restored:
+            log.info("resumed from %s at step %d", restored, start)
+        else:
+            log.info("no checkpoint in %s: starting at step 0", self.run.checkpoints)
+        self._window = (time.perf_counter(), start)
+        return start
+
+    @property
+    def start_step(self) -> int:
+        return int(self._step.numpy())
+
+    def save(self, step: int) -> None:
+        """Save a checkpoint of ``step``; every rank must call it (collectives inside)."""
+        if self._checkpointer is None:
+            raise RuntimeError("call Session.track(...) before saving")
+        self._step.assign(step)
+        self._checkpointer.save(step)
+
+    def distribute(self, source: DataSource, shuffle_buffer: int = 10_000) -> Any:
+        """An iterator over ``source``, sharded (FILE or DATA, logged), batched to the global
+        batch, and positioned after the step that :meth:`track` restored."""
+        plan = plan_shards(source, len(self.spec.workers), self.spec.task_index)
+        (log.warning if plan.policy == "DATA" and len(self.spec.workers) > 1 else log.info)(
+            "input: %s sharding, %s", plan.policy, plan.reason
+        )
+        if plan.policy == "FILE":
+            log.info("input files of this rank: %s", ",".join(plan.files))
+        dataset_fn = training_input(
+            source,
+            plan,
+            self.settings.global_batch_size,
+            self.settings.seed,
+            shuffle_buffer,
+            self.start_step,
+        )
+        return iter(self.strategy.distribute_datasets_from_function(dataset_fn))
+
+    # --- the loop's hook -------------------------------------------------------------------
+
+    def step_done(self, step: int, loss: float | None = None) -> None:
+        """Call after every step, on every rank: logs progress, checkpoints every
+        ``checkpoint.every_steps``, and on a preemption signal to any rank saves this step on
+        all ranks and raises :class:`Preempted` (exit status 75)."""
+        total = self.total_steps
+        if loss is not None and (step % self.settings.log_every_steps == 0 or step == total):
+            self._log_progress(step, loss)
+        saved = False
+        if step % self.config.experiment.checkpoint.every_steps == 0 or step == total:
+            self.save(step)
+            saved = True
+        checking = step % self.settings.preemption_check_every_steps == 0 or step == total
+        if checking and self._agree_to_stop():
+            if not saved:
+                self.save(step)
+            # One more collective as a barrier: no rank exits (and makes srun's
+            # --kill-on-bad-exit end the others) before the chief has finished writing.
+            self._reduce_stop_flag()
+            log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
+            raise Preempted()
+
+    def _log_progress(self, step: int, loss: float) -> None:
+        now = time.perf_counter()
+        started, first = self._window
+        rate = (step - first) / max(now - started, 1e-9)
+        self._window = (now, step)
+        batch = self.settings.global_batch_size
+        eta = _format_eta((self.total_steps - step) / rate) if self.total_steps and rate else "?"
+        total = self.total_steps or "?"
+        log.info(
+            "step %d/%s loss %.4f %.1f steps/s %.0f examples/s eta %s",
+            step,
+            total,
+            loss,
+            rate,
+            rate * batch,
+            eta,
+        )
+        self.record(step, {"loss": loss, "steps_per_s": round(rate, 3)})
+
+    def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
+        """Chief only: one line of metrics.jsonl and TensorBoard scalars (``group/name``)."""
+        if self._writer is None:
+            return
+        line = {"step": step, group: values} if group else {"step": step, **values}
+        with self.run.metrics.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+        with self._writer.as_default(step=step):
+            for name, value in values.items():
+                tf.summary.scalar(f"{group}/{name}" if group else name, value)
+        self._writer.flush()
+
+    def finish(self, step: int, results: dict[str, float] | None = None) -> None:
+        """Mark the run complete (the chief writes DONE)."""
+        if self.spec.is_chief:
+            write_atomic(self.run.done, json.dumps({"step": step, "eval": results or {}}) + "\n")
+            log.info("training complete: %s", self.run.done)
+        sys.stdout.flush()
