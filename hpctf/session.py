@@ -103,7 +103,8 @@ class Session:
         self.settings = config.experiment.train
         self.run = run
         self.spec = spec
-        self.total_steps: int | None = None
+        # Known from train.steps; with train.epochs the loop sets it once it knows the data.
+        self.total_steps: int | None = self.settings.steps
         gpus = tf.config.list_physical_devices("GPU")
         policy = None
         if self.settings.mixed_precision:

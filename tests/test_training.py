@@ -262,3 +262,21 @@ def test_preemption_signal_to_one_rank_saves_an_agreed_step_on_all(
     assert len(saved) == 2 and saved[0] == saved[1] and saved[0] % 10 == 0
     assert checkpoint_steps(run_dir) == [saved[0]]  # the chief's copy is complete and latest
     assert f"got {signum.name}" in logs[1].read_text()
+
+
+def test_custom_loop_gets_the_same_guarantees(runs_root: Path, tmp_path: Path) -> None:
+    experiment = REPO / "examples" / "custom_loop" / "experiment.yaml"
+    proc = subprocess.run(
+        [*HPCTF, "submit", str(experiment), "--site", "local"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = run_dir_from(proc.stdout)
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 200
+    assert checkpoint_steps(run_dir) == [100, 150, 200]
+    assert sorted(losses(run_dir)) == [50, 100, 150, 200]
+    assert losses(run_dir)[200] < losses(run_dir)[50]  # it learned
