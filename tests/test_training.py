@@ -280,3 +280,20 @@ def test_custom_loop_gets_the_same_guarantees(runs_root: Path, tmp_path: Path) -
     assert checkpoint_steps(run_dir) == [100, 150, 200]
     assert sorted(losses(run_dir)) == [50, 100, 150, 200]
     assert losses(run_dir)[200] < losses(run_dir)[50]  # it learned
+
+
+def test_mixed_precision_xla_and_periodic_eval(runs_root: Path, tmp_path: Path) -> None:
+    run_dir = submit_local(
+        "--set",
+        "train.mixed_precision=true",
+        "--set",
+        "train.jit_compile=true",
+        "--set",
+        "train.eval_every_steps=100",
+        cwd=tmp_path,
+    )
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "mixed precision mixed_bfloat16, XLA on" in log
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval" in r] == [100, 200, 300]
+    assert json.loads((run_dir / "DONE").read_text())["eval"]["accuracy"] >= 0.90
