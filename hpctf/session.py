@@ -95,6 +95,60 @@ class Preempted(SystemExit):
         super().__init__(PREEMPTED_EXIT)
 
 
+class PreemptionWatch:
+    """Turns a preemption warning to any rank into the same decision on every rank.
+
+    Install it after the strategy exists: TF's own C++ handler takes SIGTERM once the strategy
+    is created, so a Python handler installed before never runs.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self._signalled = 0
+        for signum in PREEMPTION_SIGNALS:
+            signal.signal(signum, self._on_signal)
+        flag = tf.Variable(0, dtype=tf.int32, trainable=False, name="preempted")
+        self._flag = flag
+
+        @tf.function
+        def agree() -> Any:
+            # ReduceOp has no MAX: the sum is non-zero when any rank was signalled.
+            per_replica = strategy.run(lambda: tf.identity(flag))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        self._agree = agree
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if not self._signalled:
+            log.warning("got %s: saving at the next agreed step", signal.Signals(signum).name)
+        self._signalled = signum
+
+    def any_rank_signalled(self) -> bool:
+        """A collective: every rank must call it at the same step, and all get one answer."""
+        self._flag.assign(1 if self._signalled else 0)
+        return bool(int(self._agree()))
+
+
+class ChiefRecords:
+    """The chief's metrics.jsonl and TensorBoard events; nothing on the other ranks."""
+
+    def __init__(self, run: RunDir, chief: bool) -> None:
+        self._run = run
+        self._writer = (
+            tf.summary.create_file_writer(str(run.path / "tensorboard")) if chief else None
+        )
+
+    def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
+        if self._writer is None:
+            return
+        line = {"step": step, group: values} if group else {"step": step, **values}
+        with self._run.metrics.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+        with self._writer.as_default(step=step):
+            for name, value in values.items():
+                tf.summary.scalar(f"{group}/{name}" if group else name, value)
+        self._writer.flush()
+
+
 class Session:
     """One rank's share of a run: strategy, checkpoints, data position, records, signals."""
 
@@ -125,40 +179,12 @@ class Session:
             policy or "off",
             "on" if self.settings.jit_compile else "off",
         )
-        # TF's own handler takes SIGTERM once the strategy exists, so ours go in after it.
-        self._signalled = 0
-        for signum in PREEMPTION_SIGNALS:
-            signal.signal(signum, self._on_signal)
-        self._stop_flag = tf.Variable(0, dtype=tf.int32, trainable=False, name="stop_flag")
-        strategy = self.strategy
-        flag = self._stop_flag
-
-        @tf.function
-        def reduce_stop_flag() -> Any:
-            per_replica = strategy.run(lambda: tf.identity(flag))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        self._reduce_stop_flag = reduce_stop_flag
+        self._preemption = PreemptionWatch(self.strategy)
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self._checkpointer: Checkpointer | None = None
-        self._writer = (
-            tf.summary.create_file_writer(str(run.path / "tensorboard")) if spec.is_chief else None
-        )
+        self._records = ChiefRecords(run, spec.is_chief)
         self._window = (time.perf_counter(), 0)
         keras.utils.set_random_seed(self.settings.seed)
-
-    # --- signals ---------------------------------------------------------------------------
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        if not self._signalled:
-            log.warning("got %s: saving at the next agreed step", signal.Signals(signum).name)
-        self._signalled = signum
-
-    def _agree_to_stop(self) -> bool:
-        """Sum every rank's 'signalled' flag (ReduceOp has no MAX): every rank gets the same
-        answer at the same step, so all of them save the same step."""
-        self._stop_flag.assign(1 if self._signalled else 0)
-        return bool(int(self._reduce_stop_flag()))
 
     # --- checkpoints and data --------------------------------------------------------------
 
@@ -222,12 +248,12 @@ class Session:
             self.save(step)
             saved = True
         checking = step % self.settings.preemption_check_every_steps == 0 or step == total
-        if checking and self._agree_to_stop():
+        if checking and self._preemption.any_rank_signalled():
             if not saved:
                 self.save(step)
             # One more collective as a barrier: no rank exits (and makes srun's
             # --kill-on-bad-exit end the others) before the chief has finished writing.
-            self._reduce_stop_flag()
+            self._preemption.any_rank_signalled()
             log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
             raise Preempted()
 
@@ -252,15 +278,7 @@ class Session:
 
     def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
         """Chief only: one line of metrics.jsonl and TensorBoard scalars (``group/name``)."""
-        if self._writer is None:
-            return
-        line = {"step": step, group: values} if group else {"step": step, **values}
-        with self.run.metrics.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line) + "\n")
-        with self._writer.as_default(step=step):
-            for name, value in values.items():
-                tf.summary.scalar(f"{group}/{name}" if group else name, value)
-        self._writer.flush()
+        self._records.record(step, values, group)
 
     def finish(self, step: int, results: dict[str, float] | None = None) -> None:
         """Mark the run complete (the chief writes DONE)."""
