@@ -7,6 +7,7 @@ tests/test_cluster_slurm.py checks the same things against the real binaries.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 from collections.abc import Iterator
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import hostlist
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpctf.cli import cli
 from hpctf.cluster import (
     ClusterSpec,
     check_hostname_template,
@@ -564,3 +567,80 @@ def test_prepare_environment_sets_tf_config_and_gpus() -> None:
     prepare_environment(target, spec)
     assert json.loads(target["TF_CONFIG"])["task"]["index"] == 0
     assert target["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+# --- hpctf tfconfig ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Slurm variables from the machine running the tests (tests may run inside a job)."""
+    for key in list(os.environ):
+        if key.startswith(("SLURM", "CUDA_VISIBLE")):
+            monkeypatch.delenv(key)
+
+
+def test_tfconfig_outside_slurm_exits_2_with_one_line(clean_env: None) -> None:
+    result = CliRunner().invoke(cli, ["tfconfig"])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("Error: SLURM_JOB_ID is not set: this is not a Slurm job")
+    assert result.stderr.count("\n") == 1
+
+
+def test_tfconfig_in_the_batch_script_exits_2(clean_env: None) -> None:
+    batch = env(SLURMD_NODENAME="node1")
+    del batch["SLURM_STEP_ID"]
+    result = CliRunner().invoke(cli, ["tfconfig"], env=batch)
+    assert result.exit_code == 2
+    assert "batch script, not a job step" in result.stderr
+
+
+def test_tfconfig_prints_tf_config(clean_env: None) -> None:
+    variables = env(SLURM_PROCID="1", SLURMD_NODENAME="node2", SLURM_LOCALID="0")
+    result = CliRunner().invoke(cli, ["tfconfig"], env=variables)
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)
+    assert config["task"] == {"type": "worker", "index": 1}
+    assert config == json.loads(cluster_spec(variables, (20000, 30000)).tf_config())
+    assert "SLURM_PROCID 1: worker 1 of 2 at node2:" in result.stderr
+
+
+def test_tfconfig_takes_the_sites_template_and_ports(clean_env: None, tmp_path: Path) -> None:
+    site = write(
+        tmp_path / "ib.yaml",
+        "name: ib\nscheduler: slurm\nruns_root: /tmp\nport_range: [40000, 40010]\n"
+        "hostname_template: '{host}-ib'\n",
+    )
+    result = CliRunner().invoke(cli, ["tfconfig", "--site", str(site)], env=env())
+    assert result.exit_code == 0, result.output
+    workers = json.loads(result.stdout)["cluster"]["worker"]
+    assert [w.rpartition(":")[0] for w in workers] == ["node1-ib", "node2-ib"]
+    assert all(40000 <= int(w.rpartition(":")[2]) < 40010 for w in workers)
+
+
+def test_tfconfig_check_fails_on_unresolvable_names(clean_env: None, tmp_path: Path) -> None:
+    site = write(
+        tmp_path / "ib.yaml",
+        "name: ib\nscheduler: slurm\nruns_root: /tmp\nhostname_template: '{host}-ib.invalid'\n",
+    )
+    local = env(SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE="1", SLURM_NTASKS="1")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["tfconfig", "--site", str(site)], env=local).exit_code == 0
+    result = runner.invoke(cli, ["tfconfig", "--site", str(site), "--check"], env=local)
+    assert result.exit_code == 2
+    assert "'localhost-ib.invalid' of node localhost" in result.stderr
+
+
+def test_tfconfig_inconsistent_environment_exits_2(clean_env: None) -> None:
+    result = CliRunner().invoke(cli, ["tfconfig"], env=env(SLURM_NTASKS="3"))
+    assert result.exit_code == 2
+    assert result.stderr == "Error: SLURM_NTASKS=3 but SLURM_TASKS_PER_NODE='1(x2)' adds up to 2\n"
+
+
+def test_tfconfig_run_dir_and_site_exclude_each_other(clean_env: None, tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli, ["tfconfig", "--run-dir", str(tmp_path), "--site", "local"], env=env()
+    )
+    assert result.exit_code == 2
+    assert "at most one of --run-dir and --site" in result.stderr
