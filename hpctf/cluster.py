@@ -106,7 +106,7 @@ class ClusterSpec:
         if self.bind_gpus:
             gpus = f"CUDA_VISIBLE_DEVICES={devices} (one worker per GPU)"
         else:
-            gpus = f"GPUs {devices} (all visible, untouched)" if devices else "no GPUs"
+            gpus = f"GPUs {devices} (as Slurm set them)" if devices else "no GPUs"
         return (
             f"worker {self.task_index} of {len(self.workers)} at {self.address} on node "
             f"{self.node} (SLURM_NODEID {self.node_index}, SLURM_LOCALID {self.local_id}); {gpus}"
