@@ -1,16 +1,26 @@
-"""SLURM environment -> TensorFlow cluster spec. Pure: no TensorFlow, no os.environ.
+"""SLURM environment -> TensorFlow cluster spec. Pure: no TensorFlow, no os.environ, no sockets.
 
-TF's own SlurmClusterResolver is not used: it sorts hosts as strings (in ``node[9-10]`` rank 0
-gets node10's address), assumes a fixed port 8888 and rewrites CUDA_VISIBLE_DEVICES
-(tensorflow/python/distribute/cluster_resolver/slurm_cluster_resolver.py). Here workers are in
-SLURM_PROCID order, hosts in Slurm's own order (python-hostlist), ports per task.
+:func:`cluster_spec` takes a copy of one task's environment and returns every worker of the job
+step in SLURM_PROCID order, which worker this task is, its port, the GPUs it may use and the
+TF_CONFIG JSON. Every task of a step computes the same worker list from the same variables, so
+no task has to talk to another to agree on it. What needs I/O (test-binding the port, resolving
+the addresses) lives in :mod:`hpctf.runtime`.
+
+TF's own SlurmClusterResolver is not used
+(tensorflow/python/distribute/cluster_resolver/slurm_cluster_resolver.py): it sorts hosts as
+strings (in ``node[9-10]`` rank 0 gets node10's address), assumes block distribution, gives
+every job port 8888 (two jobs sharing a node collide), rewrites CUDA_VISIBLE_DEVICES and calls
+nvidia-smi when that is unset. Here nodelists are expanded by python-hostlist in Slurm's own
+order, ranks are placed the way srun placed them, and the result is checked against what Slurm
+says this task is (SLURMD_NODENAME, SLURM_NODEID, SLURM_LOCALID) before anything starts.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import string
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import hostlist
@@ -19,17 +29,47 @@ from hpctf.errors import UserError
 
 # Consecutive job ids start their port windows this far apart, so two jobs that share a node
 # collide only if their ids differ by a multiple of (span / gcd(span, stride)) -- not for
-# neighbouring ids, which is where job-id-modulo schemes collide.
+# neighbouring ids, which is where job-id-modulo schemes collide. Both are primes, so they are
+# coprime with every span: 10,000 consecutive job ids use 10,000 different window starts.
 _JOB_STRIDE = 1009
 _STEP_STRIDE = 101
+
+# Characters of Slurm node names and the nodelist syntax (brackets, ranges, commas). Anything
+# else (spaces, quotes, newlines) did not come from Slurm.
+_NODELIST_RE = re.compile(r"^[A-Za-z0-9._\-\[\],]+$")
+_NUMBER_RE = re.compile(r"^[0-9]{1,9}$")
+_TASKS_RE = re.compile(r"^([0-9]{1,6})(?:\(x([0-9]{1,7})\))?$")
+_LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_DEVICE_RE = re.compile(r"^[A-Za-z0-9_:/.-]+$")
+# Slurm's gres/gpu plugin sets CUDA_VISIBLE_DEVICES=NoDevFiles when the gres has no File=
+# (src/plugins/gres/common/gres_common.c); it means "no device", not a device name.
+_NO_DEVICES = {"", "NoDevFiles", "-1"}
 
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """The workers of one job step, in SLURM_PROCID order, and which one this task is."""
+    """The workers of one job step, in SLURM_PROCID order, and which one this task is.
+
+    ``workers[i]`` is the ``host:port`` of SLURM_PROCID ``i``; ``nodes[i]`` the Slurm node it
+    runs on. ``host`` is this task's address host (the site's ``hostname_template`` applied to
+    its node name). ``gpus`` are the devices this task trains on, in CUDA_VISIBLE_DEVICES
+    numbering; when ``bind_gpus`` is true the worker must set CUDA_VISIBLE_DEVICES to them
+    before TensorFlow starts (one worker per GPU).
+    """
 
     workers: tuple[str, ...]
+    nodes: tuple[str, ...]
     task_index: int
+    node: str
+    node_index: int
+    local_id: int
+    host: str
+    port: int
+    gpus: tuple[str, ...]
+    bind_gpus: bool
+    job_id: int
+    step_id: int
+    hostname_template: str = "{host}"
 
     @property
     def is_chief(self) -> bool:
@@ -38,6 +78,11 @@ class ClusterSpec:
     @property
     def address(self) -> str:
         return self.workers[self.task_index]
+
+    @property
+    def chief_host(self) -> str:
+        """The address host of worker 0, which every worker dials first."""
+        return self.workers[0].rpartition(":")[0]
 
     def tf_config(self) -> str:
         """The TF_CONFIG JSON for this task."""
@@ -48,11 +93,39 @@ class ClusterSpec:
             }
         )
 
+    def environment(self) -> dict[str, str]:
+        """The variables to set before TensorFlow is imported."""
+        env = {"TF_CONFIG": self.tf_config()}
+        if self.bind_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+        return env
+
+    def describe(self) -> str:
+        """One line for logs: who this task is and what it was given."""
+        devices = ",".join(self.gpus)
+        if self.bind_gpus:
+            gpus = f"CUDA_VISIBLE_DEVICES={devices} (one worker per GPU)"
+        else:
+            gpus = f"GPUs {devices} (as Slurm set them)" if devices else "no GPUs"
+        return (
+            f"worker {self.task_index} of {len(self.workers)} at {self.address} on node "
+            f"{self.node} (SLURM_NODEID {self.node_index}, SLURM_LOCALID {self.local_id}); {gpus}"
+        )
+
 
 def expand_nodelist(text: str) -> list[str]:
-    """Hosts of a Slurm nodelist, in Slurm's order (``node[9-10]`` -> node9, node10)."""
+    """Hosts of a Slurm nodelist, in Slurm's order (``node[9-10]`` -> node9, node10).
+
+    Same answer as ``scontrol show hostnames`` (tests/test_cluster_slurm.py compares them):
+    zero padding kept, bracket groups expanded left to right, duplicates kept.
+    """
+    if not _NODELIST_RE.match(text):
+        raise UserError(
+            f"cannot expand nodelist {text!r}: only letters, digits, '._-', brackets and "
+            "commas occur in Slurm nodelists"
+        )
     try:
-        hosts: list[str] = hostlist.expand_hostlist(text)
+        hosts: list[str] = hostlist.expand_hostlist(text, allow_duplicates=True)
     except hostlist.BadHostlist as exc:
         raise UserError(f"cannot expand nodelist {text!r}: {exc}") from None
     if not hosts:
@@ -60,77 +133,316 @@ def expand_nodelist(text: str) -> list[str]:
     return hosts
 
 
-_TASKS_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+def expand_tasks_per_node(text: str, max_nodes: int = 1_000_000) -> list[int]:
+    """Slurm's compressed tasks-per-node (``2(x3),1``) -> one count per node ([2, 2, 2, 1]).
 
-
-def expand_tasks_per_node(text: str) -> list[int]:
-    """Slurm's compressed tasks-per-node (``2(x3),1``) -> one count per node ([2, 2, 2, 1])."""
+    Stops with a UserError once the text names more than ``max_nodes`` nodes, so a hostile
+    ``1(x9999999)`` costs nothing. Counts are at least 1: a step has no empty nodes.
+    """
     counts: list[int] = []
     for part in text.split(","):
-        match = _TASKS_RE.match(part.strip())
+        match = _TASKS_RE.match(part)
         if not match:
             raise UserError(f"cannot read tasks per node {text!r}; expected a form like 2(x3),1")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+        count, repeat = int(match.group(1)), int(match.group(2) or 1)
+        if count == 0 or repeat == 0:
+            raise UserError(f"tasks per node {text!r} has a zero count; every node runs a task")
+        if len(counts) + repeat > max_nodes:
+            raise UserError(
+                f"tasks per node {text!r} names more nodes than the {max_nodes} in the nodelist"
+            )
+        counts.extend([count] * repeat)
     return counts
 
 
-def port_for(job_id: int, step_id: int, proc_id: int, port_range: tuple[int, int]) -> int:
-    """The port of task ``proc_id``: distinct for every task of a step, even on one IP."""
+def port_for(job_id: int, step_id: int, slot: int, port_range: tuple[int, int]) -> int:
+    """The port of ``slot`` (a task's rank, see :func:`cluster_spec`) in ``[low, high)``.
+
+    Slots 0..span-1 of one step get distinct ports; the window start moves with job and step id.
+    """
     low, high = port_range
     span = high - low
     offset = (job_id * _JOB_STRIDE + step_id * _STEP_STRIDE) % span
-    return low + (offset + proc_id) % span
+    return low + (offset + slot) % span
+
+
+def check_hostname_template(template: str) -> str:
+    """Return ``template`` if it is a valid hostname_template, else raise ValueError.
+
+    Valid: ``{host}`` (the Slurm node name) at least once, no other field, no conversion or
+    format spec, and a result that is a valid DNS name (labels of letters, digits, hyphens).
+    """
+    try:
+        fields = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
+    except ValueError as exc:
+        raise ValueError(f"hostname_template {template!r}: {exc}") from None
+    if not fields or any(f != ("host", "", None) for f in fields):
+        raise ValueError(
+            f"hostname_template {template!r} must contain {{host}} and no other field, "
+            "e.g. '{host}-ib' or '{host}.ib.cluster'"
+        )
+    sample = template.format(host="node001")
+    if len(sample) > 253 or not all(_LABEL_RE.match(label) for label in sample.split(".")):
+        raise ValueError(
+            f"hostname_template {template!r} gives {sample!r} for node001, which is not a valid "
+            "host name (letters, digits and hyphens, dot-separated)"
+        )
+    return template
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
     raw = env.get(key)
     if raw is None or raw == "":
         if default is None:
-            raise UserError(f"{key} is not set: run `hpctf worker` inside a Slurm job step (srun)")
+            raise UserError(f"{key} is not set: run this inside a Slurm job step (srun)")
         return default
     # Outside a step, SLURM_STEP_ID may be "batch"/"extern"; neither starts workers.
-    if not raw.isdigit():
+    if not _NUMBER_RE.match(raw):
         raise UserError(f"{key}={raw!r} is not a number")
     return int(raw)
 
 
-def cluster_spec(env: Mapping[str, str], port_range: tuple[int, int]) -> ClusterSpec:
-    """The cluster of the job step described by ``env`` (a copy of a task's environment)."""
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+def _plane_size(distribution: str, env: Mapping[str, str]) -> int | None:
+    """Tasks per node per round for SLURM_DISTRIBUTION; None means block (fill each node).
+
+    srun exports SLURM_DISTRIBUTION only when --distribution is given, as
+    ``node-level[:socket-level[:core-level]][,Pack|NoPack]`` ("block:block", "cyclic",
+    "plane" with SLURM_DIST_PLANESIZE). Only the node level decides which node a rank is on
+    (https://slurm.schedmd.com/srun.html#OPT_distribution).
+    """
+    node_level = distribution.split(",")[0].split(":")[0].strip().lower()
+    if node_level in {"", "*", "block"}:
+        return None
+    if node_level == "cyclic":
+        return 1
+    if node_level.startswith("plane"):
+        raw = node_level.partition("=")[2] or env.get("SLURM_DIST_PLANESIZE", "")
+        if not _NUMBER_RE.match(raw) or int(raw) == 0:
+            raise UserError(
+                f"SLURM_DISTRIBUTION={distribution!r} without a plane size "
+                f"(SLURM_DIST_PLANESIZE={raw!r})"
+            )
+        return int(raw)
+    if node_level == "arbitrary":
+        raise UserError(
+            "SLURM_DISTRIBUTION=arbitrary: rank placement came from a host list that the "
+            "environment does not carry; start workers with srun --distribution=block:block"
+        )
+    raise UserError(
+        f"SLURM_DISTRIBUTION={distribution!r} is not one hpctf knows (block, cyclic, plane)"
+    )
+
+
+def layout(counts: Sequence[int], plane: int | None) -> tuple[list[int], list[int]]:
+    """Node index and local id of every rank, as srun places ``counts[i]`` tasks on node i.
+
+    ``plane`` None is block (node 0 takes ranks 0..counts[0]-1, then node 1, ...); otherwise
+    ranks are dealt round-robin over the nodes, ``plane`` at a time, skipping full nodes:
+    cyclic is plane 1. Local ids count up in rank order on each node. This matches Slurm 22.05
+    for block, cyclic and plane=N with even and uneven counts (tests/test_cluster_slurm.py).
+    """
+    if plane is None or plane >= max(counts):
+        nodes = [i for i, count in enumerate(counts) for _ in range(count)]
+        local = [j for count in counts for j in range(count)]
+        return nodes, local
+    nodes, local = [], []
+    placed = [0] * len(counts)
+    remaining = sum(counts)
+    while remaining:
+        for i, count in enumerate(counts):
+            take = min(plane, count - placed[i])
+            for j in range(placed[i], placed[i] + take):
+                nodes.append(i)
+                local.append(j)
+            placed[i] += take
+            remaining -= take
+    return nodes, local
+
+
+def gpu_binding(
+    env: Mapping[str, str], tasks_per_node: int, local_id: int, node: str
+) -> tuple[tuple[str, ...], bool]:
+    """The GPUs of this task and whether CUDA_VISIBLE_DEVICES must be rewritten to them.
+
+    ``tasks_per_node`` is the largest task count on any node of the step, so every worker gets
+    the same number of GPUs (MWMS expects the same devices on every worker).
+
+    * One task per node: every visible GPU, environment untouched (one worker per node).
+    * Several tasks per node (one worker per GPU): if Slurm already bound GPUs per task
+      (``--gpus-per-task``, ``--gpu-bind``: a single visible device), keep them; otherwise the
+      visible GPUs are split evenly and task ``SLURM_LOCALID`` takes its share (with as many
+      GPUs as tasks: the SLURM_LOCALID-th one).
+
+    The visible GPUs are CUDA_VISIBLE_DEVICES when set (Slurm sets it for gres/gpu, in the
+    task's own numbering, also under cgroup device confinement), else SLURM_STEP_GPUS.
+    """
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        raw = env.get("SLURM_STEP_GPUS", "")
+    source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in env else "SLURM_STEP_GPUS"
+    if raw.strip() in _NO_DEVICES:
+        return (), False
+    visible = tuple(part.strip() for part in raw.split(","))
+    if not all(_DEVICE_RE.match(device) for device in visible):
+        raise UserError(f"{source}={raw!r} is not a comma-separated list of GPU ids")
+    if len(set(visible)) != len(visible):
+        raise UserError(f"{source}={raw!r} names a GPU twice")
+    already_bound = env.get("SLURMD_TRES_BIND", "").startswith("gpu:")
+    if tasks_per_node == 1 or len(visible) == 1 or already_bound:
+        return visible, False
+    if len(visible) % tasks_per_node:
+        raise UserError(
+            f"{len(visible)} GPUs visible on {node} ({source}={raw}) cannot be shared evenly "
+            f"by {tasks_per_node} tasks per node; ask for tasks_per_node equal to the GPUs per "
+            "node (one worker per GPU) or 1 (one worker per node)"
+        )
+    share = len(visible) // tasks_per_node
+    return visible[local_id * share : (local_id + 1) * share], True
+
+
+def _require_step(env: Mapping[str, str]) -> tuple[int, int]:
+    """Job and step id; a UserError when ``env`` is not a task of a job step."""
+    if not env.get("SLURM_JOB_ID"):
+        raise UserError(
+            "SLURM_JOB_ID is not set: this is not a Slurm job; run it inside one, "
+            "e.g. srun -N2 --ntasks-per-node=1 hpctf tfconfig"
+        )
+    job_id = _int(env, "SLURM_JOB_ID")
+    # The batch script has SLURM_JOB_ID, SLURM_PROCID=0 and the job's task counts but no step:
+    # a spec built there would describe tasks that do not exist.
+    if not env.get("SLURM_STEP_ID"):
+        raise UserError(
+            f"SLURM_STEP_ID is not set: this is job {job_id}'s batch script, not a job step; "
+            "run it under srun"
+        )
+    return job_id, _int(env, "SLURM_STEP_ID")
+
+
+def cluster_spec(
+    env: Mapping[str, str],
+    port_range: tuple[int, int],
+    hostname_template: str = "{host}",
+) -> ClusterSpec:
+    """The cluster of the job step described by ``env`` (a copy of a task's environment).
+
+    Reads SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), SLURM_STEP_TASKS_PER_NODE (else
+    SLURM_TASKS_PER_NODE), SLURM_NTASKS, SLURM_PROCID, SLURM_DISTRIBUTION, SLURM_JOB_ID,
+    SLURM_STEP_ID; checks the result against SLURMD_NODENAME, SLURM_NODEID and SLURM_LOCALID;
+    takes GPUs from CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS. Anything missing, malformed or
+    inconsistent is a UserError with a one-line reason.
+
+    Ports: while the step's tasks fit in ``port_range``, task ``rank`` gets slot ``rank``, so
+    every (host, port) pair is distinct even when all nodes share one IP address (as on the
+    test cluster). A step with more tasks than the range holds gets slot SLURM_LOCALID instead:
+    distinct per node, which is enough on a real cluster where each node has its own address.
+    """
+    job_id, step_id = _require_step(env)
+    try:
+        check_hostname_template(hostname_template)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    nodelist_key = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
+    nodelist = env.get(nodelist_key)
     if not nodelist:
-        raise UserError("SLURM_JOB_NODELIST is not set: run `hpctf worker` inside srun")
+        raise UserError("SLURM_JOB_NODELIST is not set: run this inside a Slurm job step (srun)")
     hosts = expand_nodelist(nodelist)
-    tasks_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    counts = expand_tasks_per_node(tasks_text) if tasks_text else [1] * len(hosts)
+    if len(set(hosts)) != len(hosts):
+        raise UserError(f"{nodelist_key}={nodelist!r} names a node twice")
+    tasks_key = (
+        "SLURM_STEP_TASKS_PER_NODE"
+        if env.get("SLURM_STEP_TASKS_PER_NODE")
+        else "SLURM_TASKS_PER_NODE"
+    )
+    tasks_text = env.get(tasks_key)
+    if not tasks_text:
+        raise UserError("SLURM_TASKS_PER_NODE is not set: run this inside a Slurm job step (srun)")
+    counts = expand_tasks_per_node(tasks_text, max_nodes=len(hosts))
     if len(counts) != len(hosts):
         raise UserError(
-            f"nodelist {nodelist!r} has {len(hosts)} hosts but tasks per node "
-            f"{tasks_text!r} has {len(counts)} entries"
+            f"{nodelist_key}={nodelist!r} has {len(hosts)} hosts but {tasks_key}={tasks_text!r} "
+            f"has {len(counts)} entries"
         )
-    # Block distribution (hpctf's srun line asks for it): ranks fill node 0, then node 1, ...
-    task_hosts = [host for host, count in zip(hosts, counts, strict=True) for _ in range(count)]
-    ntasks = _int(env, "SLURM_NTASKS", len(task_hosts))
-    if ntasks != len(task_hosts):
-        raise UserError(f"SLURM_NTASKS={ntasks} but the tasks per node add up to {len(task_hosts)}")
+    total = sum(counts)
+    ntasks = _int(env, "SLURM_NTASKS", total)
+    if ntasks != total:
+        raise UserError(f"SLURM_NTASKS={ntasks} but {tasks_key}={tasks_text!r} adds up to {total}")
     proc_id = _int(env, "SLURM_PROCID")
     if not 0 <= proc_id < ntasks:
         raise UserError(f"SLURM_PROCID={proc_id} is outside 0..{ntasks - 1}")
+
     low, high = port_range
-    if ntasks > high - low:
-        raise UserError(f"{ntasks} tasks need more ports than port_range {low}-{high} holds")
-    job_id = _int(env, "SLURM_JOB_ID")
-    step_id = _int(env, "SLURM_STEP_ID", 0)
-    workers = tuple(
-        f"{host}:{port_for(job_id, step_id, rank, port_range)}"
-        for rank, host in enumerate(task_hosts)
-    )
-    # Startup self-check: a rank placed on another node than we computed would hang in the
-    # first collective; fail now with both sides shown.
-    actual = env.get("SLURMD_NODENAME")
-    if actual and actual != task_hosts[proc_id]:
+    span = high - low
+    per_node = max(counts)
+    if per_node > span:
         raise UserError(
-            f"rank {proc_id} runs on {actual} but the cluster spec puts it on "
-            f"{task_hosts[proc_id]} (nodelist {nodelist!r}, tasks per node {tasks_text!r}); "
-            "was srun given a distribution other than block?"
+            f"{per_node} tasks per node need more ports than port_range {low}-{high} holds"
         )
-    return ClusterSpec(workers=workers, task_index=proc_id)
+
+    distribution = env.get("SLURM_DISTRIBUTION", "")
+    node_of, local_of = layout(counts, _plane_size(distribution, env))
+    if hostname_template == "{host}":
+        addresses = hosts
+    else:
+        addresses = [hostname_template.format(host=host) for host in hosts]
+    offset = (job_id * _JOB_STRIDE + step_id * _STEP_STRIDE) % span
+    slots = range(ntasks) if ntasks <= span else local_of
+    # Distinct: hosts are distinct, the template is injective, and slots are distinct per
+    # step (ranks) or per node (local ids). port_for inlined: this loop runs once per rank.
+    workers = tuple(
+        f"{addresses[node]}:{low + (offset + slot) % span}"
+        for node, slot in zip(node_of, slots, strict=True)
+    )
+
+    node_index, local_id = node_of[proc_id], local_of[proc_id]
+    _self_check(env, proc_id, hosts[node_index], node_index, local_id, nodelist, tasks_text)
+    gpus, bind = gpu_binding(env, per_node, local_id, hosts[node_index])
+    address = workers[proc_id]
+    host, _, port = address.rpartition(":")
+    return ClusterSpec(
+        workers=workers,
+        nodes=tuple(hosts[node] for node in node_of),
+        task_index=proc_id,
+        node=hosts[node_index],
+        node_index=node_index,
+        local_id=local_id,
+        host=host,
+        port=int(port),
+        gpus=gpus,
+        bind_gpus=bind,
+        job_id=job_id,
+        step_id=step_id,
+        hostname_template=hostname_template,
+    )
+
+
+def _self_check(
+    env: Mapping[str, str],
+    proc_id: int,
+    node: str,
+    node_index: int,
+    local_id: int,
+    nodelist: str,
+    tasks_text: str,
+) -> None:
+    """Fail now, with expected and actual side by side, if Slurm placed this rank elsewhere.
+
+    A rank on another node than its TF_CONFIG entry does not crash: every worker waits in the
+    first collective for a peer that listens somewhere else, until walltime.
+    """
+    expected = {"SLURMD_NODENAME": node, "SLURM_NODEID": node_index, "SLURM_LOCALID": local_id}
+    diffs = []
+    for key, want in expected.items():
+        actual = env.get(key)
+        if actual is not None and actual != str(want):
+            diffs.append(f"{key} expected {want} actual {actual}")
+    if diffs:
+        distribution = env.get("SLURM_DISTRIBUTION") or "block (default)"
+        raise UserError(
+            f"SLURM_PROCID {proc_id} is not where the cluster spec puts it: {'; '.join(diffs)} "
+            f"(nodelist {nodelist!r}, tasks per node {tasks_text!r}, distribution "
+            f"{distribution}); start workers with srun --distribution=block:block"
+        )

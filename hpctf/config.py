@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from hpctf.cluster import check_hostname_template
 from hpctf.errors import UserError
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -190,8 +191,12 @@ class Site(_Strict):
     )
     venv: str | None = Field(None, description="a virtualenv activated on compute nodes")
     port_range: tuple[int, int] = (20000, 30000)
+    hostname_template: str = Field(
+        "{host}", description="address of a node in TF_CONFIG, e.g. '{host}-ib' for IPoIB"
+    )
 
     _env = field_validator("env")(_check_env)
+    _hostname_template = field_validator("hostname_template")(check_hostname_template)
 
     @field_validator("port_range")
     @classmethod

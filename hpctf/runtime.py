@@ -1,11 +1,14 @@
 """``hpctf worker``: what runs on every task of the job, before TensorFlow is imported.
 
-Reads the run's frozen config, turns the SLURM environment into TF_CONFIG, then hands over to
-:mod:`hpctf.training`, the only module that imports TensorFlow.
+Reads the run's frozen config, turns the SLURM environment into a cluster spec
+(:func:`hpctf.cluster.cluster_spec`, pure), checks what only this machine can check (the
+addresses resolve, this task's port is free), sets TF_CONFIG and CUDA_VISIBLE_DEVICES, then
+hands over to :mod:`hpctf.training`, the only module that imports TensorFlow.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -13,7 +16,8 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from hpctf.cluster import cluster_spec
+from hpctf.cluster import ClusterSpec, cluster_spec
+from hpctf.errors import UserError
 from hpctf.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -31,20 +35,72 @@ class _RankFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
-def prepare_environment(env: MutableMapping[str, str], tf_config: str) -> None:
+def prepare_environment(env: MutableMapping[str, str], spec: ClusterSpec) -> None:
     """Set what TensorFlow reads at import and strategy creation."""
-    env["TF_CONFIG"] = tf_config
+    env.update(spec.environment())
     # PreemptionCheckpointHandler probes the GCE metadata server at construction (5 s timeout
     # off GCE); a closed loopback port makes the probe fail at once.
     env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
+def check_resolves(name: str, node: str, template: str) -> None:
+    """UserError unless ``name`` (``template`` applied to Slurm node ``node``) resolves."""
+    try:
+        socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.args[-1] if exc.args else exc
+        raise UserError(
+            f"address {name!r} of node {node} (hostname_template {template!r}) does not "
+            f"resolve: {reason}; fix the site's hostname_template"
+        ) from None
+
+
+def check_port_free(host: str, port: int) -> None:
+    """UserError naming host and port if something already listens on ``port`` here.
+
+    TensorFlow's gRPC server listens on 0.0.0.0:PORT; on a taken port (even one taken on
+    127.0.0.1 only) it fails with just "UNKNOWN: Could not start gRPC server", naming neither
+    port nor host (measured with TF 2.21). The test socket binds the same wildcard address and
+    is closed again at once (a small race remains; ports come from a window that moves with the
+    job id, see :func:`hpctf.cluster.port_for`).
+    """
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # gRPC sets SO_REUSEADDR too, so a port in TIME_WAIT from an earlier run is free for it;
+        # without the flag such a port would be reported as taken. A listening socket still
+        # makes bind fail with EADDRINUSE.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("", port))
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise UserError(
+                f"port {port} on {host} is taken ({exc.strerror}): another job or a leftover "
+                "process listens there; hpctf picks ports from the site's port_range by job id"
+            ) from None
+        raise
+    finally:
+        probe.close()
+
+
+def startup_checks(spec: ClusterSpec) -> None:
+    """What must hold on this machine before TensorFlow starts, or a UserError saying why.
+
+    Each task resolves its own address and the chief's (every worker dials the chief first):
+    two lookups per task, so every name in TF_CONFIG is checked by its own task without 4,000
+    tasks each resolving 4,000 names.
+    """
+    check_resolves(spec.host, spec.node, spec.hostname_template)
+    if spec.chief_host != spec.host:
+        check_resolves(spec.chief_host, spec.nodes[0], spec.hostname_template)
+    check_port_free(spec.host, spec.port)
+
+
 def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     """Train this task's share of the run; return the process exit code."""
     run = RunDir(run_dir.resolve())
     config = run.load_config()
-    spec = cluster_spec(env, config.site.port_range)
+    spec = cluster_spec(env, config.site.port_range, config.site.hostname_template)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(_RankFormatter(spec.task_index))
     hpctf_logger = logging.getLogger("hpctf")
@@ -52,18 +108,19 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     hpctf_logger.setLevel(logging.INFO)
     hpctf_logger.propagate = False  # TF (absl) installs a root handler; do not print twice
     log.info(
-        "host %s (SLURMD_NODENAME %s) SLURM_PROCID %s: worker %d of %d; workers %s",
+        "host %s (SLURMD_NODENAME %s) SLURM_PROCID %s: %s",
         socket.gethostname(),
         env.get("SLURMD_NODENAME", "-"),
         env.get("SLURM_PROCID"),
-        spec.task_index,
-        len(spec.workers),
-        ",".join(spec.workers),
+        spec.describe(),
     )
+    if spec.is_chief:  # one copy of the list is enough (32,000 entries at 4,000 nodes x 8 GPUs)
+        log.info("workers %s", ",".join(spec.workers))
     if run.done.exists():
         log.info("run already complete (%s exists); nothing to do", run.done)
         return 0
-    prepare_environment(os.environ, spec.tf_config())
+    startup_checks(spec)
+    prepare_environment(os.environ, spec)
     sys.path[:0] = config.experiment.train.python_path
 
     from hpctf import training  # TensorFlow is imported here and nowhere on the login path.
