@@ -160,7 +160,7 @@ def test_render_output_creates_run_dir(tmp_path: Path, runs_root: Path, fake_sba
     assert result.exit_code == 0, result.output
     (run_dir,) = runs_root.iterdir()
     assert out.read_text() == (run_dir / "job.sbatch").read_text()
-    assert f"RUN_DIR={run_dir}\n" in out.read_text()
+    assert f"RUN_DIR='{run_dir}'\n" in out.read_text()
     config = json.loads((run_dir / "config.json").read_text())
     assert config["experiment"]["resources"]["nodes"] == 2
     assert not fake_sbatch.exists()
@@ -177,10 +177,42 @@ def test_submit_calls_sbatch_parsable_and_records_job(runs_root: Path, fake_sbat
     assert events[1]["job_id"] == "4242"
 
 
-def test_dry_run_writes_nothing(runs_root: Path, fake_sbatch: Path) -> None:
+def test_dry_run_writes_nothing_and_only_asks_sbatch_test_only(
+    runs_root: Path, fake_sbatch: Path
+) -> None:
     result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", "--dry-run"])
-    assert result.exit_code == 0
-    assert not runs_root.exists() and not fake_sbatch.exists()
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("#!/bin/bash\n")
+    assert "Slurm accepts this job" in result.output
+    assert not runs_root.exists()
+    (call,) = fake_sbatch.read_text().splitlines()
+    assert call.split()[0] == "--test-only"  # never a real submission
+
+
+def test_dry_run_reports_what_sbatch_test_only_refuses(
+    tmp_path: Path, runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = write(
+        tmp_path / "bin" / "sbatch",
+        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account' >&2\n"
+        "exit 1\n",
+    ).parent
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", "--dry-run"])
+    assert result.exit_code == 2
+    assert "Invalid account" in result.output
+    assert not runs_root.exists()
+
+
+def test_dry_run_without_sbatch_on_path_still_renders(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --nodes=2" in result.output
+    assert "test-only" not in result.output
 
 
 def test_sbatch_failure_is_reported_in_one_line(
