@@ -344,13 +344,8 @@ def normalize_sbatch_option(item: str) -> str:
     raise ValueError(f"{item!r} is not an sbatch option (--name[=value] or -X [value])")
 
 
-def _check_extra(items: list[str]) -> list[str]:
-    return [normalize_sbatch_option(item) for item in items]
-
-
 ExtraSbatch = Annotated[
-    list[str],
-    AfterValidator(_check_extra),
+    list[Annotated[str, AfterValidator(normalize_sbatch_option)]],
     Field(description="more #SBATCH options, one per item, e.g. --gres-flags=enforce-binding"),
 ]
 

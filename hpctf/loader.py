@@ -235,7 +235,10 @@ def load_config(
         ]
         raise UserError("\n".join(lines)) from None
     if config.site.template:
-        check_site_template(config.site.template)
+        try:
+            check_site_template(config.site.template)
+        except UserError as exc:
+            raise UserError(_located(origins, ("template",), str(exc), experiment_file)) from None
     problem = entry_problem(config)
     if problem:
         raise UserError(_located(origins, ("train", "entry"), problem, experiment_file))

@@ -126,7 +126,7 @@ def check_site_template(path: str) -> None:
     try:
         source = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise UserError(f"template {path}: cannot read: {exc.strerror}") from None
+        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
     try:
         tree = ENVIRONMENT.parse(source, name=file.name, filename=path)
     except jinja2.TemplateSyntaxError as exc:
