@@ -48,6 +48,26 @@ class ShellCode(str):
     """Raw shell from the config's ``setup`` lines: the one place shell code is accepted."""
 
 
+class Rendered(str):
+    """A block of the template itself, rendered (``{{ super() }}``): its values were checked."""
+
+
+class _BlockReference(jinja2.runtime.BlockReference):
+    def __call__(self) -> Rendered:
+        return Rendered(super().__call__())
+
+
+class _Context(jinja2.runtime.Context):
+    """Marks ``{{ super() }}`` as template output, so a site template may include its parent's
+    block; without this the finalize hook could not tell it from an unquoted value."""
+
+    def super(self, name: str, current: Any) -> jinja2.runtime.BlockReference | jinja2.Undefined:
+        ref = super().super(name, current)
+        if isinstance(ref, jinja2.runtime.BlockReference):
+            return _BlockReference(ref.name, ref._context, ref._stack, ref._depth)
+        return ref
+
+
 def sbatch_value(value: Any) -> Checked:
     """A value for an ``#SBATCH --flag=value`` line, or a UserError naming it."""
     text = str(value)
@@ -82,7 +102,7 @@ def _finalize(value: Any) -> Any:
     """Every ``{{ ... }}`` output passes here: only filtered values, ShellCode and ints."""
     if isinstance(value, jinja2.Undefined):
         return value  # StrictUndefined raises as it is written out: name the missing value
-    if isinstance(value, Checked | ShellCode) or (
+    if isinstance(value, Checked | ShellCode | Rendered) or (
         isinstance(value, int) and not isinstance(value, bool)
     ):
         return value
@@ -115,6 +135,7 @@ ENVIRONMENT = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+ENVIRONMENT.context_class = _Context
 ENVIRONMENT.filters["sh"] = shell_quote
 ENVIRONMENT.filters["sbatch_value"] = sbatch_value
 ENVIRONMENT.filters["env_name"] = env_name
