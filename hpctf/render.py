@@ -219,7 +219,9 @@ def render(config: ResolvedConfig, run_dir: Path) -> str:
         "modules": config.site.modules,
         "venv": config.site.venv,
         "env": sorted(env.items()),
-        "setup": [ShellCode(line) for line in (*config.site.setup, *config.experiment.setup)],
+        "setup": [
+            ShellCode(line.rstrip("\n")) for line in (*config.site.setup, *config.experiment.setup)
+        ],
         "nodes": res.nodes,
         "tasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
