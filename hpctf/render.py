@@ -279,15 +279,22 @@ def explain(script: str, config: ResolvedConfig, origins: Mapping[KeyPath, Origi
     """
     extra = list(config.experiment.resources.extra_sbatch)
     modules = list(config.site.modules)
-    setup = [*config.site.setup, *config.experiment.setup]
-    lines = script.split("\n")
+    setup = [item.rstrip("\n") for item in (*config.site.setup, *config.experiment.setup)]
     out: list[str] = []
     extra_index = module_index = setup_index = 0
-    for line in lines:
-        while setup_index < len(setup) and line == setup[setup_index].split("\n", 1)[0]:
+    in_setup = False  # after the base template's "# setup:" comment
+    raw_lines = 0  # lines of the current setup item still to copy untouched
+    for line in script.split("\n"):
+        if line.startswith("# setup: raw shell"):
+            in_setup = True
+        if in_setup and setup_index < len(setup) and line == setup[setup_index].split("\n")[0]:
             out.append(f"# setup line(s) below <- {origins.get(('setup', str(setup_index)))}")
+            raw_lines = setup[setup_index].count("\n") + 1
             setup_index += 1
-            break
+        if raw_lines:
+            out.append(line)  # raw shell: a trailing comment could change what it means
+            raw_lines -= 1
+            continue
         origin: Origin | None = None
         if line.startswith("#SBATCH "):
             token = line.split()[1]
@@ -307,7 +314,7 @@ def explain(script: str, config: ResolvedConfig, origins: Mapping[KeyPath, Origi
             origin = origins.get(("run_dir",))
         elif line.startswith("PYTHON="):
             origin = origins.get(("python",))
-        elif line.startswith("source ") and line.endswith("/bin/activate"):
+        elif line.startswith("source ") and "/bin/activate" in line:
             origin = origins.get(("venv",))
         out.append(_annotate(line, origin))
     return "\n".join(out)

@@ -498,7 +498,9 @@ def test_explain_notes_defaults_env_modules_and_setup(tmp_path: Path, runs_root:
     experiment = write(
         tmp_path / "e.yaml",
         experiment_text(
-            env={"MINE": "1"}, setup=["echo from the experiment"], resources__time=DELETE
+            env={"MINE": "1"},
+            setup=["echo from the experiment", "export MINE=2"],
+            resources__time=DELETE,
         ),
     )
     result = CliRunner().invoke(
@@ -523,6 +525,7 @@ def test_explain_notes_defaults_env_modules_and_setup(tmp_path: Path, runs_root:
     assert note["PYTHON='/home/u/venvs/hpctf/bin/python'"].startswith(f"site {site}:")
     setup = out.index("echo from the experiment")
     assert out[setup - 1].startswith(f"# setup line(s) below <- experiment {experiment}:")
+    assert "export MINE=2" in out  # raw shell gets no trailing note, even where it looks known
     ulimit = next(i for i, line in enumerate(out) if line.startswith("ulimit"))
     assert out[ulimit - 1].startswith(f"# setup line(s) below <- site {site}:")
     # The notes are comments: the explained script is still a valid script.
