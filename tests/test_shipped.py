@@ -4,8 +4,9 @@ The realistic InfiniBand sites name partitions, accounts, QOS, features and GPU 
 2-node test cluster does not have. For `sbatch --test-only` each runs through a derived site
 (``extends:`` the shipped one) that keeps everything else and swaps only those for what the
 cluster has: partition debug, no account/qos/constraint/reservation, at most 2 GPUs, 1 CPU
-per task and 1 GB per node (and scheduler slurm, for the local site's script). The "full" experiment names its own partition, constraint, reservation and
-dependency, so --set clears those.
+per task and 1 GB per node (and scheduler slurm, for the local site's script). The "full"
+experiment names its own partition, constraint, reservation and dependency, so --set clears
+those.
 """
 
 from __future__ import annotations
