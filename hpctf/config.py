@@ -84,7 +84,7 @@ def _matching(pattern: str, what: str) -> AfterValidator:
     regex = re.compile(pattern)
 
     def check(value: str) -> str:
-        if not regex.match(value):
+        if not regex.fullmatch(value):
             raise ValueError(f"{value!r} is not {what}")
         return value
 
@@ -100,6 +100,10 @@ _AS_STR = BeforeValidator(_number_to_str)
 
 
 def _check_time(value: str) -> str:
+    if not _TIME_RE.fullmatch(value):  # no surrounding space: the value goes into #SBATCH
+        raise ValueError(
+            f"{value!r} is not a Slurm time; use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"
+        )
     if slurm_time_seconds(value) <= 0:
         raise ValueError("the time limit must be longer than zero")
     return value
@@ -311,7 +315,7 @@ def normalize_sbatch_option(item: str) -> str:
     if not parts or len(parts) > 2 or (len(parts) == 2 and parts[1].startswith("-")):
         raise ValueError(f"{item!r}: give one sbatch option per item, e.g. --gres-flags=enforce")
     for part in parts:
-        if not _OPTION_TOKEN.match(part):
+        if not _OPTION_TOKEN.fullmatch(part):
             raise ValueError(
                 f"{item!r}: #SBATCH values may hold letters, digits and _.,:/=@%+?&|*[]()!^- "
                 "only (no spaces, quotes, $, backquotes, backslashes or #)"
@@ -319,7 +323,7 @@ def normalize_sbatch_option(item: str) -> str:
     head = parts[0]
     if head.startswith("--"):
         name = head[2:].partition("=")[0]
-        if not re.match(r"^[a-z][a-z0-9-]*$", name):
+        if not re.fullmatch(r"^[a-z][a-z0-9-]*$", name):
             raise ValueError(f"{item!r}: {name!r} is not an sbatch option name")
         managed = sorted(m for m in MANAGED_OPTIONS if m.startswith(name))
         if managed:
@@ -359,7 +363,7 @@ class _Strict(BaseModel):
 
 def _check_env(env: Mapping[str, str]) -> Mapping[str, str]:
     for key, value in env.items():
-        if not _ENV_NAME_RE.match(key):
+        if not _ENV_NAME_RE.fullmatch(key):
             raise ValueError(
                 f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
             )

@@ -71,7 +71,7 @@ class _Context(jinja2.runtime.Context):
 def sbatch_value(value: Any) -> Checked:
     """A value for an ``#SBATCH --flag=value`` line, or a UserError naming it."""
     text = str(value)
-    if not _SBATCH_TOKEN.match(text):
+    if not _SBATCH_TOKEN.fullmatch(text):
         raise UserError(
             f"{text!r} cannot go into an #SBATCH line; use letters, digits and "
             "_.,:/=@%+?&|*[]()!^- only (no spaces, quotes, $, backquotes, backslashes or #)"
@@ -93,7 +93,7 @@ def shell_quote(value: Any) -> Checked:
 
 def env_name(value: Any) -> Checked:
     text = str(value)
-    if not _ENV_NAME.match(text):
+    if not _ENV_NAME.fullmatch(text):
         raise UserError(f"{text!r} is not an environment variable name")
     return Checked(text)
 

@@ -32,9 +32,9 @@ def write(
     """
     find_site(site, env)  # fails early, listing the sites there are
     name = name or experiment_name(directory)
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name):
+    if not re.fullmatch(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name):
         raise UserError(f"--name {name!r}: use a letter or digit, then letters, digits, _ . -")
-    if not re.match(r"^[A-Za-z0-9_./~-]+$", site):
+    if not re.fullmatch(r"^[A-Za-z0-9_./~-]+$", site):
         raise UserError(f"--site {site!r}: give a site name or a path without spaces or quotes")
     targets = [directory / file for file in FILES]
     existing = [str(t) for t in targets if t.exists()]

@@ -153,6 +153,9 @@ def test_hostile_values_reach_the_job_literally(
         ({}, ["--set", "resources.extra_sbatch=[--comment=$(id)]"], "no spaces, quotes, $"),
         ({}, ["--set", "resources.mail_user=-f"], "resources.mail_user"),
         ({}, ["--set", "name=a\nb"], "name: 'a\\nb' is not a name"),
+        ({"env": {"A\n": "1"}}, [], "is not an environment variable name"),
+        ({}, ["--set", "resources.partition=debug\n"], "resources.partition: 'debug\\n'"),
+        ({}, ["--set", "resources.time=5 "], "resources.time: '5 ' is not a Slurm time"),
     ],
     ids=[
         "name substitution",
@@ -164,6 +167,9 @@ def test_hostile_values_reach_the_job_literally(
         "extra_sbatch substitution",
         "mail_user dash",
         "--set newline",
+        "env name trailing newline",
+        "partition trailing newline",
+        "time trailing space",
     ],
 )
 def test_hostile_values_that_cannot_be_literal_are_refused(
