@@ -36,7 +36,8 @@ class Loaded:
 
     Keys: ``("name",)``, ``("resources", KEY)``, ``("resources", "extra_sbatch", I)``,
     ``("env", NAME)``, ``("setup", I)``, ``("modules", I)``, ``("python",)``, ``("venv",)``,
-    ``("runs_root",)``, ``("run_dir",)``, ``("site",)``, ``("template",)``.
+    ``("runs_root",)``, ``("run_dir",)``, ``("site",)``, ``("template",)``,
+    ``("train", "entry")``.
     """
 
     config: ResolvedConfig

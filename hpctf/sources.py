@@ -329,18 +329,6 @@ def validation_problems(
     return out
 
 
-def format_validation_error(
-    exc: ValidationError,
-    source: str,
-    model: type[BaseModel],
-    lines: Mapping[KeyPath, int] | None = None,
-) -> str:
-    """One line per problem in one file; see :func:`validation_problems`."""
-    return "\n".join(
-        validation_problems(exc, model, file_origins("file", source, lines or {}), source)
-    )
-
-
 def validate_model(
     model: type[_M],
     data: Any,
@@ -383,9 +371,9 @@ def apply_overrides(
 ) -> dict[str, Any]:
     """Apply ``key.path=value`` overrides to a copy of data.
 
-    Values are typed by ``model``: a string key takes the text
-    as given (``--set name=007`` is ``"007"``, ``null`` clears an optional one), other keys
-    parse it as YAML (``4``, ``true``, ``[a, b]``). When ``origins`` is given, each overridden
+    Values are typed by ``model``: a string key takes the text as given (``--set name=007``
+    is ``"007"``, ``null`` clears an optional one), other keys parse it as YAML (``4``,
+    ``true``, ``[a, b]``). When ``origins`` is given, each overridden
     path (and nothing below it) is recorded as coming from ``--set``.
     """
     result = copy.deepcopy(data)
