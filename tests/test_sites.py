@@ -54,6 +54,16 @@ def test_shipped_sites_are_listed_with_descriptions(tmp_path: Path) -> None:
     assert "search path: " in result.output
 
 
+def test_listing_survives_a_broken_site_file(tmp_path: Path) -> None:
+    write(tmp_path / "sites" / "broken.yaml", "name: [\n")
+    result = CliRunner().invoke(
+        cli, ["sites"], env={"HPCTF_SITE_PATH": str(tmp_path / "sites"), "HOME": str(tmp_path)}
+    )
+    assert result.exit_code == 0, result.output
+    assert "broken       (does not load: " in result.output and "invalid YAML" in result.output
+    assert "ib-suffix" in result.output
+
+
 def test_a_site_given_as_a_path(tmp_path: Path) -> None:
     path = write(tmp_path / "elsewhere" / "x.yaml", "name: x\n" + MINIMAL)
     site, _ = read_site(str(path), {})
