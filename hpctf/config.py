@@ -101,9 +101,7 @@ _AS_STR = BeforeValidator(_number_to_str)
 
 def _check_time(value: str) -> str:
     if not _TIME_RE.fullmatch(value):  # no surrounding space: the value goes into #SBATCH
-        raise ValueError(
-            f"{value!r} is not a Slurm time; use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S"
-        )
+        raise ValueError(f"{value!r} is not a Slurm time; use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
     if slurm_time_seconds(value) <= 0:
         raise ValueError("the time limit must be longer than zero")
     return value
