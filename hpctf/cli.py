@@ -1,14 +1,16 @@
 """The command line. User mistakes (UserError) are caught here and only here: one line per
 problem on stderr, exit code 2, no traceback.
 
-Login-node commands (render, submit, status, logs, resubmit, cancel) never import TensorFlow;
-``worker`` is the compute-node entry that srun starts on every task.
+Login-node commands (validate, render, submit, schema, sites, init, status, logs, resubmit,
+cancel) never import TensorFlow; ``worker`` is the compute-node entry that srun starts on every
+task.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -17,12 +19,13 @@ from typing import Any
 
 import click
 
-from hpctf import slurm
-from hpctf.config import ResolvedConfig, load_experiment, resolve
+from hpctf import loader, scaffold, slurm
+from hpctf.config import Experiment, ResolvedConfig, Site
 from hpctf.errors import UserError
+from hpctf.render import explain as explain_script
 from hpctf.render import render
 from hpctf.rundir import RunDir, create_run_dir, job_history, plan_run_dir, write_atomic
-from hpctf.sites import available, load_named_site
+from hpctf.sites import describe_site, listing, load_named_site, read_site, search_path
 
 
 class _UserMistake(click.ClickException):
@@ -65,23 +68,34 @@ def load_config(
     experiment_file: Path, site_name: str | None, overrides: Sequence[str]
 ) -> ResolvedConfig:
     """Validate the experiment and its site and resolve them; writes nothing."""
-    experiment = load_experiment(experiment_file, overrides)
-    name = site_name or experiment.site
-    if not name:
-        raise UserError(
-            f"{experiment_file}: site: no site given; add `site:` or pass --site, one of: "
-            f"{', '.join(sorted(available(os.environ)))}"
-        )
-    site = load_named_site(name, os.environ)
-    if os.environ.get("HPCTF_RUNS_ROOT"):
-        site = site.model_copy(update={"runs_root": os.environ["HPCTF_RUNS_ROOT"]})
-    return resolve(experiment_file, site, experiment)
+    return loader.load_config(experiment_file, site_name, overrides, os.environ).config
 
 
 def _run_dir(path: Path) -> RunDir:
     run = RunDir(path.resolve())
     run.load_config()  # fails with a clear message if this is not a run directory
     return run
+
+
+@cli.command()
+@_experiment_arg
+@_site_option
+@_set_option
+def validate(experiment: Path, site_name: str | None, overrides: tuple[str, ...]) -> None:
+    """Check EXPERIMENT and its site: every problem, one line each (exit 2). Writes nothing.
+
+    Runs every check that render and submit run (the schema, the site and what it extends,
+    conflicting options, the training entry, values the script could not hold) without
+    printing a script.
+    """
+    loaded = loader.load_config(experiment, site_name, overrides, os.environ)
+    config = loaded.config
+    render(config, plan_run_dir(config).path)  # the checks made while writing the script
+    res = config.experiment.resources
+    click.echo(
+        f"ok: {experiment} on site {config.site.name}: {res.nodes} node(s) x "
+        f"{res.tasks_per_node} task(s), {config.gpus_per_node} GPU(s) per node, time {res.time}"
+    )
 
 
 @cli.command("render")
@@ -94,19 +108,36 @@ def _run_dir(path: Path) -> RunDir:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Also create the run directory and write the script here, ready for `sbatch` by hand.",
 )
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Beside each #SBATCH line and variable, say where its value came from.",
+)
 def render_command(
-    experiment: Path, site_name: str | None, overrides: tuple[str, ...], output: Path | None
+    experiment: Path,
+    site_name: str | None,
+    overrides: tuple[str, ...],
+    output: Path | None,
+    explain: bool,
 ) -> None:
-    """Print the sbatch script for EXPERIMENT. Without -o nothing is written."""
-    config = load_config(experiment, site_name, overrides)
+    """Print the sbatch script for EXPERIMENT. Without -o nothing is written.
+
+    With --explain the printed script carries a note (a comment) on each line whose value
+    comes from the config: default, site file and line, experiment file and line, or --set.
+    """
+    loaded = loader.load_config(experiment, site_name, overrides, os.environ)
+    config = loaded.config
     run = plan_run_dir(config)
     script = render(config, run.path)
+    shown = explain_script(script, config, loaded.origins) if explain else script
     if output is None:
-        click.echo(script, nl=False)
+        click.echo(shown, nl=False)
         return
     create_run_dir(run, config, script)
     write_atomic(output, script)
     output.chmod(0o755)
+    if explain:
+        click.echo(shown, nl=False)
     click.echo(f"wrote {output} (run directory {run.path}); submit it with: sbatch {output}")
 
 
@@ -114,7 +145,12 @@ def render_command(
 @_experiment_arg
 @_site_option
 @_set_option
-@click.option("--dry-run", is_flag=True, help="Validate and render; write and submit nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate and render, and ask `sbatch --test-only` when sbatch is on PATH; "
+    "write and submit nothing.",
+)
 def submit(
     experiment: Path, site_name: str | None, overrides: tuple[str, ...], dry_run: bool
 ) -> None:
@@ -128,9 +164,63 @@ def submit(
             f"# dry run: nothing written, nothing submitted (run directory would be {run.path})",
             err=True,
         )
+        if config.site.scheduler == "slurm" and shutil.which("sbatch"):
+            slurm.test_only(script)  # a SlurmError (exit 2) carries Slurm's own words
+            click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
         return
     create_run_dir(run, config, script)
     sys.exit(_start(run, config))
+
+
+@cli.command()
+@click.argument("kind", type=click.Choice(["experiment", "site"]), default="experiment")
+def schema(kind: str) -> None:
+    """Print the JSON Schema of experiment files or site files, for editors."""
+    model = Experiment if kind == "experiment" else Site
+    document = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **model.model_json_schema(),
+    }
+    click.echo(json.dumps(document, indent=2))
+
+
+@cli.command()
+@click.argument("name", required=False)
+def sites(name: str | None) -> None:
+    """List the sites on the search path, or print site NAME as resolved (extends followed).
+
+    Search order, first match wins: $HPCTF_SITE_PATH, ~/.config/hpctf/sites/, the shipped
+    site_configs/. Each value of a resolved site says which file and line it came from.
+    """
+    if name is None:
+        entries = listing(os.environ)
+        width = max((len(e.name) for e in entries), default=4)
+        for entry in entries:
+            click.echo(f"{entry.name.ljust(width)}  {entry.description}")
+            click.echo(f"{''.ljust(width)}  {entry.path}")
+            for hidden in entry.shadowed:
+                click.echo(f"{''.ljust(width)}  (hides {hidden})")
+        click.echo("search path: " + ":".join(str(d) for d in search_path(os.environ)))
+        return
+    site, origins = read_site(name, os.environ)
+    click.echo(describe_site(site, origins), nl=False)
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--site", "site_name", default="local", show_default=True, metavar="NAME")
+@click.option("--name", metavar="NAME", help="Experiment name (default: from DIRECTORY).")
+@click.option("--force", is_flag=True, help="Overwrite experiment.yaml and train.py.")
+def init(directory: Path, site_name: str, name: str | None, force: bool) -> None:
+    """Start a new experiment in DIRECTORY: a commented experiment.yaml and train.py.
+
+    Both pass `hpctf validate` as written, and train.py trains a small model on made-up data,
+    so the first run works before any of it is yours.
+    """
+    written = scaffold.write(directory, site_name, name, force, os.environ)
+    for path in written:
+        click.echo(f"wrote {path}")
+    click.echo(f"next: hpctf validate {written[0]} && hpctf submit {written[0]}")
 
 
 def _start(run: RunDir, config: ResolvedConfig) -> int:

@@ -1,69 +1,205 @@
 """Rendering the sbatch script: a pure function of the resolved config and the run directory.
 
 One Jinja environment for the whole program, with StrictUndefined (a missing value is an
-error, never an empty string) and two filters: ``sh`` (shell-quote every value that reaches a
-shell line) and ``sbatch_value`` (admit only plain tokens into ``#SBATCH`` lines, which sbatch
-parses itself without shell quoting rules).
+error, never an empty string) and a ``finalize`` hook that refuses any value reaching the
+script unless a filter has made it safe for where it goes:
+
+- ``sh``: a shell word, single-quoted (``shlex.quote``); newlines and NUL bytes are refused, so
+  a value can never end a comment line or start a command.
+- ``sbatch_value``: a plain token for ``#SBATCH`` lines, which sbatch parses itself, without
+  shell quoting, splitting at whitespace into further options.
+- ``env_name``: an environment variable name.
+
+Integers pass as they are. The only raw shell that reaches the script is the config's
+``setup`` lines, which Python hands to the template as :class:`ShellCode`; a template cannot
+turn any other value into raw shell. A site may supply its own template (``template:`` in the
+site file) that ``{% extends "sbatch.sh.j2" %}`` and overrides its blocks; the same rules hold.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
 
 from hpctf import __version__
 from hpctf.assets import shipped_dir
 from hpctf.config import ResolvedConfig
 from hpctf.errors import UserError
+from hpctf.sources import KeyPath, Origin
 
-_SBATCH_TOKEN = re.compile(r"^[A-Za-z0-9_.,:/=@%+-]+$")
 TEMPLATE = "sbatch.sh.j2"
+# What sbatch reads as one argument of an #SBATCH line and nothing more: no whitespace (it
+# splits there), no quotes or backslashes (it interprets those), no # (a comment), no $ or `
+# (nothing expands there, but a reader would think it does).
+_SBATCH_TOKEN = re.compile(r"^[A-Za-z0-9_.,:/=@%+?&|*\[\]()!^-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def sbatch_value(value: Any) -> str:
+class Checked(str):
+    """A string a filter has made safe for the place in the script it is going."""
+
+
+class ShellCode(str):
+    """Raw shell from the config's ``setup`` lines: the one place shell code is accepted."""
+
+
+class Rendered(str):
+    """A block of the template itself, rendered (``{{ super() }}``): its values were checked."""
+
+
+class _BlockReference(jinja2.runtime.BlockReference):
+    def __call__(self) -> Rendered:
+        return Rendered(super().__call__())
+
+
+class _Context(jinja2.runtime.Context):
+    """Marks ``{{ super() }}`` as template output, so a site template may include its parent's
+    block; without this the finalize hook could not tell it from an unquoted value."""
+
+    def super(self, name: str, current: Any) -> jinja2.runtime.BlockReference | jinja2.Undefined:
+        ref = super().super(name, current)
+        if isinstance(ref, jinja2.runtime.BlockReference):
+            return _BlockReference(ref.name, ref._context, ref._stack, ref._depth)
+        return ref
+
+
+def sbatch_value(value: Any) -> Checked:
     """A value for an ``#SBATCH --flag=value`` line, or a UserError naming it."""
     text = str(value)
-    if not _SBATCH_TOKEN.match(text):
+    if not _SBATCH_TOKEN.fullmatch(text):
         raise UserError(
-            f"{text!r} cannot go into an #SBATCH line; use letters, digits and _.,:/=@%+- only"
+            f"{text!r} cannot go into an #SBATCH line; use letters, digits and "
+            "_.,:/=@%+?&|*[]()!^- only (no spaces, quotes, $, backquotes, backslashes or #)"
         )
-    return text
+    return Checked(text)
 
 
-def shell_quote(value: Any) -> str:
-    return shlex.quote(str(value))
+def shell_quote(value: Any) -> Checked:
+    """One single-quoted shell word that stands for ``value`` literally.
+
+    Always quoted, unlike ``shlex.quote`` (which leaves ``=a`` bare: ``export X==a`` is valid
+    bash but reads as a typo). Newlines and NUL bytes are refused.
+    """
+    text = str(value)
+    if any(c in text for c in "\n\r\0"):
+        raise UserError(f"{text!r} holds a newline or NUL byte and cannot go into the script")
+    return Checked("'" + text.replace("'", "'\"'\"'") + "'")
+
+
+def env_name(value: Any) -> Checked:
+    text = str(value)
+    if not _ENV_NAME.fullmatch(text):
+        raise UserError(f"{text!r} is not an environment variable name")
+    return Checked(text)
+
+
+def _finalize(value: Any) -> Any:
+    """Every ``{{ ... }}`` output passes here: only filtered values, ShellCode and ints."""
+    if isinstance(value, jinja2.Undefined):
+        return value  # StrictUndefined raises as it is written out: name the missing value
+    if isinstance(value, Checked | ShellCode | Rendered) or (
+        isinstance(value, int) and not isinstance(value, bool)
+    ):
+        return value
+    raise UserError(
+        f"template error: {value!r} reached the script without the sh, sbatch_value or "
+        "env_name filter"
+    )
+
+
+def _absolute_template(name: str) -> tuple[str, str, Any] | None:
+    """Load a site's own template by absolute path (the shipped ones load by name)."""
+    path = Path(name)
+    if not path.is_absolute() or not path.is_file():
+        return None
+    mtime = path.stat().st_mtime
+    return path.read_text(encoding="utf-8"), str(path), lambda: path.stat().st_mtime == mtime
 
 
 ENVIRONMENT = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(shipped_dir("templates"))),
+    loader=jinja2.ChoiceLoader(
+        [
+            jinja2.FileSystemLoader(str(shipped_dir("templates"))),
+            jinja2.FunctionLoader(_absolute_template),
+        ]
+    ),
     undefined=jinja2.StrictUndefined,
+    finalize=_finalize,
     autoescape=False,
     keep_trailing_newline=True,
     trim_blocks=True,
     lstrip_blocks=True,
 )
+ENVIRONMENT.context_class = _Context
 ENVIRONMENT.filters["sh"] = shell_quote
 ENVIRONMENT.filters["sbatch_value"] = sbatch_value
+ENVIRONMENT.filters["env_name"] = env_name
 
 
-def sbatch_options(config: ResolvedConfig, run_dir: Path) -> list[tuple[str, str | int]]:
-    """The ``#SBATCH`` options, in Slurm's names, in a stable order."""
+def check_site_template(path: str) -> None:
+    """A UserError unless ``path`` is a readable template that extends the base one."""
+    file = Path(path)
+    try:
+        source = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        tree = ENVIRONMENT.parse(source, name=file.name, filename=path)
+    except jinja2.TemplateSyntaxError as exc:
+        raise UserError(f"{path}:{exc.lineno}: template syntax error: {exc.message}") from None
+    extends = next(tree.find_all(nodes.Extends), None)
+    if not (
+        extends is not None
+        and isinstance(extends.template, nodes.Const)
+        and extends.template.value == TEMPLATE
+    ):
+        raise UserError(
+            f'{path}: a site template must start with {{% extends "{TEMPLATE}" %}} and '
+            "override blocks (header, sbatch, prologue, environment, setup, launch)"
+        )
+
+
+def sbatch_options(config: ResolvedConfig, run_dir: Path) -> list[tuple[str, str | int | None]]:
+    """The ``#SBATCH`` options hpctf manages, in Slurm's names, in a stable order.
+
+    A value of None is a flag without a value (``--exclusive``).
+    """
     res = config.experiment.resources
-    options: list[tuple[str, str | int]] = [
+    options: list[tuple[str, str | int | None]] = [
         ("job-name", config.experiment.name),
         ("nodes", res.nodes),
         ("ntasks-per-node", res.tasks_per_node),
         ("cpus-per-task", res.cpus_per_task),
         ("time", res.time),
     ]
-    if config.partition:
-        options.append(("partition", config.partition))
+    for flag, value in (
+        ("partition", config.partition),
+        ("account", res.account),
+        ("qos", res.qos),
+        ("constraint", res.constraint),
+        ("reservation", res.reservation),
+        ("mem", res.mem),
+    ):
+        if value:
+            options.append((flag, value))
     if config.gpus_per_node:
-        options.append(("gpus-per-node", config.gpus_per_node))
+        if config.site.gpu_request == "gres":
+            options.append(("gres", f"gpu:{config.gpus_per_node}"))
+        else:
+            options.append(("gpus-per-node", config.gpus_per_node))
+    if res.exclusive:
+        options.append(("exclusive", None if res.exclusive is True else res.exclusive))
+    if res.mail_type:
+        options.append(("mail-type", ",".join(res.mail_type)))
+    if res.mail_user:
+        options.append(("mail-user", res.mail_user))
+    if res.dependency:
+        options.append(("dependency", res.dependency))
     options.append(("output", f"{run_dir}/logs/slurm-%j.out"))
     return options
 
@@ -77,13 +213,108 @@ def render(config: ResolvedConfig, run_dir: Path) -> str:
         "name": config.experiment.name,
         "site": config.site.name,
         "sbatch_options": sbatch_options(config, run_dir),
+        "extra_sbatch": list(res.extra_sbatch),
         "run_dir": str(run_dir),
         "python": config.python,
         "modules": config.site.modules,
         "venv": config.site.venv,
         "env": sorted(env.items()),
+        "setup": [
+            ShellCode(line.rstrip("\n")) for line in (*config.site.setup, *config.experiment.setup)
+        ],
         "nodes": res.nodes,
         "tasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
     }
-    return ENVIRONMENT.get_template(TEMPLATE).render(context)
+    name = TEMPLATE
+    if config.site.template:
+        check_site_template(config.site.template)
+        name = config.site.template
+    try:
+        return ENVIRONMENT.get_template(name).render(context)
+    except jinja2.TemplateError as exc:
+        if name == TEMPLATE:
+            raise  # a bug in hpctf's own template, not a user mistake
+        raise UserError(f"template {name}: {exc}") from None
+
+
+# --- render --explain ------------------------------------------------------------------------
+
+# #SBATCH flag -> the resolved key path whose origin explains it.
+_FLAG_KEYS: dict[str, KeyPath] = {
+    "job-name": ("name",),
+    "nodes": ("resources", "nodes"),
+    "ntasks-per-node": ("resources", "tasks_per_node"),
+    "cpus-per-task": ("resources", "cpus_per_task"),
+    "time": ("resources", "time"),
+    "partition": ("resources", "partition"),
+    "account": ("resources", "account"),
+    "qos": ("resources", "qos"),
+    "constraint": ("resources", "constraint"),
+    "reservation": ("resources", "reservation"),
+    "mem": ("resources", "mem"),
+    "gpus-per-node": ("resources", "gpus_per_node"),
+    "gres": ("resources", "gpus_per_node"),
+    "exclusive": ("resources", "exclusive"),
+    "mail-type": ("resources", "mail_type"),
+    "mail-user": ("resources", "mail_user"),
+    "dependency": ("resources", "dependency"),
+    "output": ("run_dir",),
+}
+_COLUMN = 48
+
+
+def _annotate(line: str, origin: Origin | None) -> str:
+    if origin is None:
+        return line
+    return f"{line.ljust(_COLUMN - 1)} # <- {origin}"
+
+
+def explain(script: str, config: ResolvedConfig, origins: Mapping[KeyPath, Origin]) -> str:
+    """``script`` with where each value came from beside its ``#SBATCH`` and shell lines.
+
+    The notes are comments (``# <- site .../gpu.yaml:12 (partition)``) that neither sbatch
+    nor bash reads, so the annotated script still runs. Setup lines get their note on a line
+    of its own above them: a comment cannot safely follow arbitrary shell code.
+    """
+    extra = list(config.experiment.resources.extra_sbatch)
+    modules = list(config.site.modules)
+    setup = [item.rstrip("\n") for item in (*config.site.setup, *config.experiment.setup)]
+    out: list[str] = []
+    extra_index = module_index = setup_index = 0
+    in_setup = False  # after the base template's "# setup:" comment
+    raw_lines = 0  # lines of the current setup item still to copy untouched
+    for line in script.split("\n"):
+        if line.startswith("# setup: raw shell"):
+            in_setup = True
+        if in_setup and setup_index < len(setup) and line == setup[setup_index].split("\n")[0]:
+            out.append(f"# setup line(s) below <- {origins.get(('setup', str(setup_index)))}")
+            raw_lines = setup[setup_index].count("\n") + 1
+            setup_index += 1
+        if raw_lines:
+            out.append(line)  # raw shell: a trailing comment could change what it means
+            raw_lines -= 1
+            continue
+        origin: Origin | None = None
+        if line.startswith("#SBATCH "):
+            token = line.split()[1]
+            flag = token[2:].split("=", 1)[0] if token.startswith("--") else ""
+            if extra_index < len(extra) and token == extra[extra_index]:
+                origin = origins.get(("resources", "extra_sbatch", str(extra_index)))
+                extra_index += 1
+            elif flag in _FLAG_KEYS:
+                origin = origins.get(_FLAG_KEYS[flag])
+        elif line.startswith("export "):
+            key = line[len("export ") :].split("=", 1)[0]
+            origin = origins.get(("env", key))
+        elif line.startswith("module load ") and module_index < len(modules):
+            origin = origins.get(("modules", str(module_index)))
+            module_index += 1
+        elif line.startswith("RUN_DIR="):
+            origin = origins.get(("run_dir",))
+        elif line.startswith("PYTHON="):
+            origin = origins.get(("python",))
+        elif line.startswith("source ") and "/bin/activate" in line:
+            origin = origins.get(("venv",))
+        out.append(_annotate(line, origin))
+    return "\n".join(out)

@@ -80,3 +80,17 @@ def job_info(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str
 def cancel(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     if job_ids:
         run_command(["scancel", *job_ids], env=env)
+
+
+def test_only(script: str, env: Mapping[str, str] | None = None) -> None:
+    """Ask ``sbatch --test-only`` whether Slurm would accept ``script``; submits nothing.
+
+    The script goes through a temporary file (removed at once) because run_command takes no
+    stdin. Raises SlurmError with Slurm's reason when it would refuse the job.
+    """
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", prefix="hpctf-test-only-", suffix=".sbatch") as handle:
+        handle.write(script)
+        handle.flush()
+        run_command(["sbatch", "--test-only", handle.name], env=env)

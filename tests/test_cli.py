@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,11 @@ import yaml
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from tests.conftest import DIGITS, write
+from tests.conftest import DIGITS, REPO, write
 
 GOOD = yaml.safe_load(DIGITS.read_text())
+# Experiments written to a scratch directory still find digits.py (the entry is checked).
+GOOD["train"]["python_path"] = [str(DIGITS.parent)]
 
 
 def experiment_text(**changes: object) -> str:
@@ -33,10 +36,16 @@ def experiment_text(**changes: object) -> str:
 
 DELETE = object()
 
-# (name, experiment text, extra args, what the one-line message must contain)
+# (name, experiment text, extra args, what the one-line message must contain). Every message
+# must also name the experiment file; --site local-slurm is added unless the case names a site.
 BAD_CASES = [
     ("unknown top key", experiment_text(nmae="x"), [], "nmae: unknown key (did you mean 'name'?)"),
-    ("unknown nested key", experiment_text(resources__gpus="1"), [], "resources.gpus: unknown key"),
+    (
+        "unknown nested key",
+        experiment_text(resources__nodez=1),
+        [],
+        "resources.nodez: unknown key (did you mean 'nodes'?)",
+    ),
     ("negative nodes", experiment_text(resources__nodes=-1), [], "resources.nodes"),
     ("zero nodes", experiment_text(resources__nodes=0), [], "resources.nodes"),
     ("nodes not a number", experiment_text(resources__nodes="two"), [], "resources.nodes"),
@@ -47,6 +56,52 @@ BAD_CASES = [
         "resources.time: '1h' is not a Slurm time",
     ),
     ("zero time", experiment_text(resources__time="0"), [], "resources.time"),
+    ("time with days too many", experiment_text(resources__time="1-2-3"), [], "resources.time"),
+    ("bad mem", experiment_text(resources__mem="4 GB"), [], "resources.mem: '4 GB' is not a"),
+    (
+        "bad mail type",
+        experiment_text(resources__mail_type=["END", "SOMETIMES"]),
+        [],
+        "resources.mail_type.1",
+    ),
+    (
+        "bad dependency",
+        experiment_text(resources__dependency="after:last"),
+        [],
+        "resources.dependency: 'after:last' is not a Slurm dependency",
+    ),
+    (
+        "bad exclusive",
+        experiment_text(resources__exclusive="maybe"),
+        [],
+        "resources.exclusive: 'maybe' is not one of true, false, user, mcs",
+    ),
+    ("partition with space", experiment_text(resources__partition="a b"), [], "partition"),
+    ("account injection", experiment_text(resources__account="x --nodes=9"), [], "account"),
+    (
+        "extra_sbatch overriding --nodes",
+        experiment_text(resources__extra_sbatch=["--nodes=3"]),
+        [],
+        "resources.extra_sbatch.0: '--nodes=3' would override --nodes, which hpctf manages",
+    ),
+    (
+        "extra_sbatch -N2",
+        experiment_text(resources__extra_sbatch=["--hold", "-N2"]),
+        [],
+        "resources.extra_sbatch.1: '-N2' is --nodes",
+    ),
+    (
+        "extra_sbatch abbreviated --signal",
+        experiment_text(resources__extra_sbatch=["--sig=USR2@60"]),
+        [],
+        "would override --signal",
+    ),
+    (
+        "extra_sbatch smuggling a second option",
+        experiment_text(resources__extra_sbatch=["--hold --nodes=4"]),
+        [],
+        "one sbatch option per item",
+    ),
     (
         "missing entry",
         experiment_text(train__entry=DELETE),
@@ -55,40 +110,74 @@ BAD_CASES = [
     ),
     ("entry not module:function", experiment_text(train__entry="digits"), [], "train.entry"),
     (
+        "entry module missing",
+        experiment_text(train__entry="digitz:build"),
+        [],
+        "train.entry: module digitz not found",
+    ),
+    (
+        "entry function missing",
+        experiment_text(train__entry="digits:biuld"),
+        [],
+        "train.entry: " + str(DIGITS.parent / "digits.py") + " defines no biuld",
+    ),
+    (
         "steps and epochs",
         experiment_text(train__epochs=3),
         [],
         "exactly one of train.steps or train.epochs",
     ),
     ("zero batch", experiment_text(train__global_batch_size=0), [], "train.global_batch_size"),
-    ("bad name", experiment_text(name="my run; rm -rf /"), [], "name"),
-    ("unknown site", experiment_text(site="nowhere"), [], "unknown site 'nowhere'"),
+    ("bad name", experiment_text(name="my run; rm -rf /"), [], "name: 'my run; rm -rf /' is not"),
+    ("unknown site", experiment_text(site="nowhere"), [], "site: unknown site 'nowhere'"),
+    ("no site at all", experiment_text(site=DELETE), [], "site: no site given"),
     ("bad env name", experiment_text(env={"BAD-NAME": "1"}), [], "env"),
+    ("reserved env name", experiment_text(env={"RUN_DIR": "/x"}), [], "RUN_DIR is set by hpctf"),
+    ("newline in env value", experiment_text(env={"A": "x\ny"}), [], "newline"),
+    (
+        "setup line read as a mapping",
+        "setup:\n- echo a: b\n" + experiment_text(),
+        [],
+        "setup.0: this line reads as a YAML mapping",
+    ),
+    (
+        "mail_user without mail_type",
+        experiment_text(resources__mail_user="me@example.org"),
+        [],
+        "resources.mail_user: mail_user without mail_type",
+    ),
     ("checkpoint keep zero", experiment_text(checkpoint__keep=0), [], "checkpoint.keep"),
     ("yaml syntax", "name: [unclosed\n", [], "invalid YAML"),
+    ("duplicate key", "name: a\nname: b\n", [], ":2: invalid YAML: key 'name' given twice"),
     ("empty file", "", [], "the file is empty"),
     ("top level list", "- a\n- b\n", [], "expected a mapping"),
     ("bad --set form", experiment_text(), ["--set", "resources.nodes"], "expected KEY.PATH=VALUE"),
-    ("--set wrong type", experiment_text(), ["--set", "resources.nodes=many"], "resources.nodes"),
+    (
+        "--set wrong type",
+        experiment_text(),
+        ["--set", "resources.nodes=many"],
+        "resources.nodes: Input should be a valid integer",
+    ),
     (
         "--set unknown key",
         experiment_text(),
         ["--set", "resources.nodez=2"],
-        "resources.nodez: unknown key",
+        "resources.nodez: unknown key (did you mean 'nodes'?)",
     ),
     (
-        "partition with space",
-        experiment_text(resources__partition="a b"),
-        [],
-        "resources.partition",
+        "--set extra_sbatch -N 4",
+        experiment_text(),
+        ["--set", "resources.extra_sbatch=[-N 4]"],
+        "(from --set resources.extra_sbatch=[-N 4])",
     ),
+    ("--site unknown", experiment_text(), ["--site", "nowhere"], "--site: unknown site 'nowhere'"),
 ]
 
 
 @pytest.mark.parametrize(
     ("text", "extra", "expected"), [c[1:] for c in BAD_CASES], ids=[c[0] for c in BAD_CASES]
 )
-@pytest.mark.parametrize("command", ["submit", "render"])
+@pytest.mark.parametrize("command", ["validate", "render", "submit", "submit --dry-run"])
 def test_bad_experiment_exits_2_with_one_line_and_writes_nothing(
     tmp_path: Path,
     runs_root: Path,
@@ -99,20 +188,37 @@ def test_bad_experiment_exits_2_with_one_line_and_writes_nothing(
     expected: str,
 ) -> None:
     experiment = write(tmp_path / "exp" / "experiment.yaml", text)
-    args = [command, str(experiment), "--site", "local-slurm", *extra]
-    if "unknown site" in expected:
-        args.remove("--site")
-        args.remove("local-slurm")
-    result = CliRunner().invoke(cli, args)
+    names_site = "site:" in expected or "--site" in extra
+    site = [] if names_site else ["--site", "local-slurm"]
+    result = CliRunner().invoke(cli, [*command.split(), str(experiment), *site, *extra])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line]
     assert len(lines) == 1, result.output
     assert expected in lines[0]
     assert "Traceback" not in result.output
-    if "--set" not in extra and "unknown site" not in expected:
-        assert str(experiment) in lines[0]  # names the file
+    # Names the file first, or the flag whose value was wrong.
+    assert lines[0].startswith((f"Error: {experiment}", "Error: --site", "Error: --set"))
     assert not runs_root.exists()
-    assert not fake_sbatch.exists()
+    assert not fake_sbatch.exists()  # not even sbatch --test-only
+
+
+def test_every_problem_at_once_one_line_each(tmp_path: Path, runs_root: Path) -> None:
+    sites = tmp_path / "sites"
+    write(sites / "mine.yaml", "name: mine\nscheduler: slurm\nruns_root: /r\ngpus_per_node: -1\n")
+    text = experiment_text(
+        site="mine", resources__nodes=0, resources__time="soon", checkpoint__kepe=2
+    )
+    experiment = write(tmp_path / "e.yaml", text)
+    result = CliRunner().invoke(
+        cli, ["validate", str(experiment)], env={"HPCTF_SITE_PATH": str(sites)}
+    )
+    assert result.exit_code == 2
+    lines = result.output.replace("Error: ", "").splitlines()
+    assert len(lines) == 4, result.output
+    keys = {line.split(": ")[1] for line in lines}
+    assert keys == {"resources.nodes", "resources.time", "checkpoint.kepe", "gpus_per_node"}
+    assert sum(line.startswith(f"{experiment}:") for line in lines) == 3
+    assert any(line.startswith(f"{sites / 'mine.yaml'}:4: gpus_per_node") for line in lines)
 
 
 def test_error_names_the_line(tmp_path: Path, runs_root: Path) -> None:
@@ -160,7 +266,7 @@ def test_render_output_creates_run_dir(tmp_path: Path, runs_root: Path, fake_sba
     assert result.exit_code == 0, result.output
     (run_dir,) = runs_root.iterdir()
     assert out.read_text() == (run_dir / "job.sbatch").read_text()
-    assert f"RUN_DIR={run_dir}\n" in out.read_text()
+    assert f"RUN_DIR='{run_dir}'\n" in out.read_text()
     config = json.loads((run_dir / "config.json").read_text())
     assert config["experiment"]["resources"]["nodes"] == 2
     assert not fake_sbatch.exists()
@@ -177,10 +283,42 @@ def test_submit_calls_sbatch_parsable_and_records_job(runs_root: Path, fake_sbat
     assert events[1]["job_id"] == "4242"
 
 
-def test_dry_run_writes_nothing(runs_root: Path, fake_sbatch: Path) -> None:
+def test_dry_run_writes_nothing_and_only_asks_sbatch_test_only(
+    runs_root: Path, fake_sbatch: Path
+) -> None:
     result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", "--dry-run"])
-    assert result.exit_code == 0
-    assert not runs_root.exists() and not fake_sbatch.exists()
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("#!/bin/bash\n")
+    assert "Slurm accepts this job" in result.output
+    assert not runs_root.exists()
+    (call,) = fake_sbatch.read_text().splitlines()
+    assert call.split()[0] == "--test-only"  # never a real submission
+
+
+def test_dry_run_reports_what_sbatch_test_only_refuses(
+    tmp_path: Path, runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = write(
+        tmp_path / "bin" / "sbatch",
+        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account' >&2\n"
+        "exit 1\n",
+    ).parent
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", "--dry-run"])
+    assert result.exit_code == 2
+    assert "Invalid account" in result.output
+    assert not runs_root.exists()
+
+
+def test_dry_run_without_sbatch_on_path_still_renders(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --nodes=2" in result.output
+    assert "test-only" not in result.output
 
 
 def test_sbatch_failure_is_reported_in_one_line(
@@ -205,14 +343,191 @@ def test_status_of_a_non_run_dir(tmp_path: Path) -> None:
     assert "not a run directory" in result.output
 
 
-def test_login_path_never_imports_tensorflow(runs_root: Path) -> None:
+LOGIN_COMMANDS = [
+    ["validate", str(DIGITS), "--site", "local-slurm"],
+    ["render", str(DIGITS), "--site", "ib-8gpu", "--explain"],
+    ["submit", str(DIGITS), "--site", "local-slurm", "--dry-run"],
+    ["schema", "site"],
+    ["sites"],
+    ["sites", "ib-suffix"],
+]
+
+
+@pytest.mark.parametrize("args", LOGIN_COMMANDS, ids=[" ".join(a[:2]) for a in LOGIN_COMMANDS])
+def test_login_commands_never_import_tensorflow(
+    args: list[str], runs_root: Path, fake_sbatch: Path, tmp_path: Path
+) -> None:
     code = (
         "import sys\n"
         "from hpctf.cli import cli\n"
-        f"try:\n    cli(['render', {str(DIGITS)!r}, '--site', 'local-slurm'])\n"
-        "except SystemExit:\n    pass\n"
+        f"try:\n    cli({args!r})\n"
+        "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
         "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
         "print('NO_TF')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "HPCTF_RUNS_ROOT": str(runs_root)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
+    )
     assert "NO_TF" in proc.stdout, proc.stderr
+
+
+def test_init_writes_an_experiment_that_validates(tmp_path: Path, runs_root: Path) -> None:
+    target = tmp_path / "My Project!"
+    result = CliRunner().invoke(cli, ["init", str(target), "--site", "ib-8gpu"])
+    assert result.exit_code == 0, result.output
+    experiment = target / "experiment.yaml"
+    assert (target / "train.py").is_file()
+    text = experiment.read_text()
+    assert "name: My-Project" in text and "site: ib-8gpu" in text
+    assert sum(line.lstrip().startswith("#") for line in text.splitlines()) >= 15  # commented
+    env = {"HOME": str(tmp_path)}
+    validated = CliRunner().invoke(cli, ["validate", str(experiment)], env=env)
+    assert validated.exit_code == 0, validated.output
+    assert "on site ib-8gpu: 2 node(s) x 1 task(s), 8 GPU(s) per node" in validated.output
+    again = CliRunner().invoke(cli, ["init", str(target)])
+    assert again.exit_code == 2 and "--force" in again.output
+    assert CliRunner().invoke(cli, ["init", str(target), "--force"]).exit_code == 0
+
+
+def test_init_refuses_an_unknown_site_and_a_bad_name(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["init", str(tmp_path / "x"), "--site", "nowhere"])
+    assert result.exit_code == 2 and "unknown site 'nowhere'" in result.output
+    result = CliRunner().invoke(cli, ["init", str(tmp_path / "y"), "--name", "a b"])
+    assert result.exit_code == 2 and "--name 'a b'" in result.output
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_validate_writes_nothing_and_says_what_it_checked(
+    runs_root: Path, fake_sbatch: Path
+) -> None:
+    result = CliRunner().invoke(cli, ["validate", str(DIGITS), "--set", "resources.nodes=3"])
+    assert result.exit_code == 0, result.output
+    assert "ok: " in result.output and "on site local: 3 node(s) x 1 task(s)" in result.output
+    assert not runs_root.exists() and not fake_sbatch.exists()
+
+
+@pytest.mark.parametrize("kind", ["experiment", "site"])
+def test_schema_is_json_schema_for_editors(kind: str) -> None:
+    result = CliRunner().invoke(cli, ["schema", kind])
+    assert result.exit_code == 0
+    schema = json.loads(result.output)
+    assert schema["$schema"].startswith("https://json-schema.org/")
+    assert schema["additionalProperties"] is False
+    if kind == "experiment":
+        assert schema["required"] == ["name", "train"]
+        resources = schema["$defs"]["Resources"]["properties"]
+        assert {"mem", "account", "qos", "constraint", "reservation", "exclusive"} <= set(resources)
+        assert {"mail_type", "mail_user", "dependency", "extra_sbatch"} <= set(resources)
+    else:
+        assert {"extends", "modules", "env", "setup", "venv", "python", "template"} <= set(
+            schema["properties"]
+        )
+        assert "RAW SHELL" in schema["properties"]["setup"]["description"]
+
+
+def _render(*args: str) -> str:
+    result = CliRunner().invoke(cli, ["render", str(DIGITS), *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_set_is_typed_by_the_schema(runs_root: Path) -> None:
+    script = _render(
+        "--site",
+        "local-slurm",
+        "--set",
+        "resources.time=1:00",  # YAML 1.1 would make this the integer 60
+        "--set",
+        "env.FLAG=yes",  # a string key keeps the text: not True, not "1"
+        "--set",
+        "env.ZERO=007",
+        "--set",
+        "resources.exclusive=user",
+        "--set",
+        "resources.extra_sbatch=[--hold, --nice 5]",
+    )
+    assert "#SBATCH --time=1:00\n" in script
+    assert "export FLAG='yes'\n" in script and "export ZERO='007'\n" in script
+    assert "#SBATCH --exclusive=user\n" in script
+    assert "#SBATCH --hold\n#SBATCH --nice=5\n" in script
+
+
+def test_precedence_set_over_experiment_over_site_over_defaults(
+    tmp_path: Path, runs_root: Path
+) -> None:
+    sites = tmp_path / "sites"
+    write(
+        sites / "mine.yaml",
+        "name: mine\nextends: ib-suffix\naccount: proj-1\nqos: long\nmem: 100G\n",
+    )
+    experiment = write(
+        tmp_path / "e.yaml", experiment_text(resources__qos="short", resources__mem="50G")
+    )
+    result = CliRunner().invoke(
+        cli,
+        ["render", str(experiment), "--site", "mine", "--set", "resources.mem=10G", "--explain"],
+        env={"HPCTF_SITE_PATH": str(sites)},
+    )
+    assert result.exit_code == 0, result.output
+    lines = {
+        line.split()[1].split("=")[0]: line
+        for line in result.output.splitlines()
+        if line.startswith("#SBATCH")
+    }
+    mine, shipped = sites / "mine.yaml", REPO / "site_configs" / "ib-suffix.yaml"
+    assert lines["--mem"].endswith("# <- --set resources.mem=10G")
+    assert "--mem=10G " in lines["--mem"]
+    assert lines["--qos"].endswith(
+        f"# <- experiment {experiment}:{_line(experiment, 'qos:')} (resources.qos)"
+    )
+    assert lines["--account"].endswith(f"# <- site {mine}:3 (account)")
+    assert lines["--constraint"].endswith(
+        f"# <- site {shipped}:{_line(shipped, 'constraint:')} (constraint)"
+    )
+    assert lines["--gres"].startswith("#SBATCH --gres=gpu:4 ")
+    assert lines["--time"].startswith("#SBATCH --time=00:15:00 ")  # the experiment's, not 12:00
+    assert "--dependency" not in lines
+
+
+def _line(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_explain_notes_defaults_env_modules_and_setup(tmp_path: Path, runs_root: Path) -> None:
+    experiment = write(
+        tmp_path / "e.yaml",
+        experiment_text(
+            env={"MINE": "1"},
+            setup=["echo from the experiment", "export MINE=2"],
+            resources__time=DELETE,
+        ),
+    )
+    result = CliRunner().invoke(
+        cli,
+        ["render", str(experiment), "--site", "ib-8gpu", "--explain"],
+        env={"HOME": "/home/u"},
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output.splitlines()
+    site = REPO / "site_configs" / "ib-8gpu.yaml"
+    note = {
+        line.split("# <- ")[0].strip(): line.split("# <- ")[1] for line in out if "# <- " in line
+    }
+    assert note["#SBATCH --time=04:00:00"] == f"site {site}:{_line(site, 'time:')} (time)"
+    assert (
+        note["module load 'cuda/12.4' || exit 1"]
+        == f"site {site}:{_line(site, 'cuda/12.4')} (modules.0)"
+    )
+    assert (
+        note["export MINE='1'"] == f"experiment {experiment}:{_line(experiment, 'MINE')} (env.MINE)"
+    )
+    assert note["PYTHON='/home/u/venvs/hpctf/bin/python'"].startswith(f"site {site}:")
+    setup = out.index("echo from the experiment")
+    assert out[setup - 1].startswith(f"# setup line(s) below <- experiment {experiment}:")
+    assert "export MINE=2" in out  # raw shell gets no trailing note, even where it looks known
+    ulimit = next(i for i, line in enumerate(out) if line.startswith("ulimit"))
+    assert out[ulimit - 1].startswith(f"# setup line(s) below <- site {site}:")
+    # The notes are comments: the explained script is still a valid script.
+    script = write(tmp_path / "explained.sh", result.output)
+    subprocess.run(["bash", "-n", str(script)], check=True)

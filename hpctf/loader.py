@@ -1,0 +1,259 @@
+"""From an experiment file, a site, ``--set`` flags and the environment to a ResolvedConfig.
+
+The login commands (validate, render, submit) all start here, so they agree on every check.
+Alongside the config comes where each of its values came from (``render --explain``, and the
+file and line in every error). Pure apart from reading files: the environment is a parameter.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctf.config import (
+    SITE_RESOURCE_KEYS,
+    ConfigProblems,
+    Experiment,
+    ResolvedConfig,
+    Resources,
+    Site,
+    read_experiment,
+    resolve,
+)
+from hpctf.errors import UserError
+from hpctf.render import check_site_template
+from hpctf.sites import available, find_site, read_site_file
+from hpctf.sources import KeyPath, Origin, Origins, load_yaml, origin_of
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A resolved config and, by resolved key path, where each value came from.
+
+    Keys: ``("name",)``, ``("resources", KEY)``, ``("resources", "extra_sbatch", I)``,
+    ``("env", NAME)``, ``("setup", I)``, ``("modules", I)``, ``("python",)``, ``("venv",)``,
+    ``("runs_root",)``, ``("run_dir",)``, ``("site",)``, ``("template",)``,
+    ``("train", "entry")``.
+    """
+
+    config: ResolvedConfig
+    origins: Origins
+
+
+def _default(key: str) -> Origin:
+    return Origin("default", key=key)
+
+
+def resolved_origins(
+    experiment: Experiment,
+    experiment_origins: Origins,
+    site: Site,
+    site_origins: Origins,
+    site_choice: Origin,
+) -> Origins:
+    """Where each value of the resolved config came from (keys as in :class:`Loaded`)."""
+
+    def from_experiment(*path: str) -> Origin:
+        return origin_of(experiment_origins, path) or _default(".".join(path))
+
+    def from_site(*path: str) -> Origin:
+        return origin_of(site_origins, path) or _default(".".join(path))
+
+    res = experiment.resources
+    out: Origins = {
+        ("name",): from_experiment("name"),
+        ("site",): site_choice,
+        ("train", "entry"): from_experiment("train", "entry"),
+    }
+    for key in Resources.model_fields:
+        if key == "extra_sbatch":
+            continue
+        if key in res.model_fields_set:
+            out[("resources", key)] = from_experiment("resources", key)
+        elif key in SITE_RESOURCE_KEYS and getattr(site, key) is not None:
+            out[("resources", key)] = from_site(key)
+        else:
+            out[("resources", key)] = _default(f"resources.{key}")
+    extras = [from_site("extra_sbatch", str(i)) for i in range(len(site.extra_sbatch))]
+    extras += [
+        from_experiment("resources", "extra_sbatch", str(i)) for i in range(len(res.extra_sbatch))
+    ]
+    out.update({("resources", "extra_sbatch", str(i)): o for i, o in enumerate(extras)})
+    for name in site.env:
+        out[("env", name)] = from_site("env", name)
+    for name in experiment.env:
+        out[("env", name)] = from_experiment("env", name)
+    out[("env", "PYTHONUNBUFFERED")] = Origin("hpctf", detail="worker logs unbuffered")
+    setups = [from_site("setup", str(i)) for i in range(len(site.setup))]
+    setups += [from_experiment("setup", str(i)) for i in range(len(experiment.setup))]
+    out.update({("setup", str(i)): o for i, o in enumerate(setups)})
+    out.update(
+        {("modules", str(i)): from_site("modules", str(i)) for i in range(len(site.modules))}
+    )
+    for key in ("venv", "runs_root", "template"):
+        out[(key,)] = from_site(key)
+    if site.python:
+        out[("python",)] = from_site("python")
+    elif site.venv:
+        out[("python",)] = from_site("venv")
+    else:
+        out[("python",)] = Origin("hpctf", detail="the interpreter running hpctf")
+    out[("run_dir",)] = Origin(
+        "hpctf", detail=f"a new run directory under runs_root, from {out[('runs_root',)]}"
+    )
+    return out
+
+
+def entry_problem(config: ResolvedConfig) -> str | None:
+    """Why ``train.entry`` cannot be found, or None. Never imports the user's module.
+
+    The module is looked for on ``train.python_path``, then (when compute nodes run this same
+    interpreter) among what this interpreter can import. Only a ``.py`` source is checked for
+    the function, by parsing it.
+    """
+    entry = config.experiment.train.entry
+    module, _, function = entry.partition(":")
+    locations: list[str] | None = list(config.experiment.train.python_path)
+    same_python = not (config.site.python or config.site.venv)
+    spec = None
+    for index, part in enumerate(module.split(".")):
+        spec = importlib.machinery.PathFinder.find_spec(part, locations)
+        if spec is None and index == 0 and same_python:
+            spec = importlib.machinery.PathFinder.find_spec(part, sys.path)
+        if spec is None:
+            if index == 0 and not same_python:
+                return None  # may be installed in the compute nodes' environment only
+            missing = ".".join(module.split(".")[: index + 1])
+            where = ", ".join(config.experiment.train.python_path)
+            return f"module {missing} not found (python_path: {where})"
+        locations = list(spec.submodule_search_locations or [])
+    if spec is None or not (spec.origin or "").endswith(".py"):
+        return None
+    try:
+        tree = ast.parse(Path(str(spec.origin)).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError) as exc:
+        return f"{spec.origin}: cannot parse: {exc}"
+    if function not in _top_level_names(tree) and "__getattr__" not in _top_level_names(tree):
+        return f"{spec.origin} defines no {function}"
+    return None
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    names.add("__getattr__")  # anything may come in: do not judge
+                names.add(alias.asname or alias.name.split(".")[0])
+    return names
+
+
+def _site_reference(
+    experiment_file: Path,
+    site_name: str | None,
+    experiment: Experiment | None,
+    experiment_origins: Origins,
+) -> tuple[str | None, Origin]:
+    """Which site to load (from --site, or the experiment's ``site:``) and where that came from."""
+    if site_name:
+        return site_name, Origin("--site", detail=site_name)
+    if experiment is not None:
+        return experiment.site, experiment_origins.get(
+            ("site",), Origin("experiment", str(experiment_file), key="site")
+        )
+    try:  # the experiment is invalid: still check its site, to report every problem at once
+        data, lines = load_yaml(experiment_file)
+    except UserError:
+        return None, Origin("experiment", str(experiment_file), key="site")
+    site = data.get("site")
+    line = lines.get(("site",))
+    return (site if isinstance(site, str) else None), Origin(
+        "experiment", str(experiment_file), line, "site"
+    )
+
+
+def load_config(
+    experiment_file: Path,
+    site_name: str | None,
+    overrides: Sequence[str],
+    env: Mapping[str, str],
+    python: str | None = None,
+) -> Loaded:
+    """Validate the experiment and its site, resolve them, and check what can be checked.
+
+    Writes nothing. Raises one UserError holding every problem found, one line each.
+    """
+    problems: list[str] = []
+    experiment: Experiment | None = None
+    experiment_origins: Origins = {}
+    try:
+        experiment, experiment_origins = read_experiment(experiment_file, overrides)
+    except UserError as exc:
+        problems.append(str(exc))
+    name, choice = _site_reference(experiment_file, site_name, experiment, experiment_origins)
+    site: Site | None = None
+    site_origins: Origins = {}
+    if name:
+        try:
+            path = find_site(name, env)
+        except UserError as exc:
+            prefix = "--site" if choice.source == "--site" else f"{choice.where()}: site"
+            problems.append(f"{prefix}: {exc}")
+        else:
+            try:
+                site, site_origins = read_site_file(path, env)
+            except UserError as exc:
+                problems.append(str(exc))
+    elif experiment is not None:
+        problems.append(
+            f"{experiment_file}: site: no site given; add `site:` or pass --site, one of: "
+            f"{', '.join(sorted(available(env)))}"
+        )
+    if problems or experiment is None or site is None:
+        raise UserError("\n".join(problems))
+
+    if env.get("HPCTF_RUNS_ROOT"):
+        site = site.model_copy(update={"runs_root": env["HPCTF_RUNS_ROOT"]})
+        site_origins[("runs_root",)] = Origin(
+            "environment", key="runs_root", detail="HPCTF_RUNS_ROOT"
+        )
+    origins = resolved_origins(experiment, experiment_origins, site, site_origins, choice)
+    try:
+        config = resolve(experiment_file, site, experiment, python=python, env=env)
+    except ConfigProblems as exc:
+        lines = [
+            _located(origins, path, message, experiment_file) for path, message in exc.problems
+        ]
+        raise UserError("\n".join(lines)) from None
+    if config.site.template:
+        try:
+            check_site_template(config.site.template)
+        except UserError as exc:
+            raise UserError(_located(origins, ("template",), str(exc), experiment_file)) from None
+    problem = entry_problem(config)
+    if problem:
+        raise UserError(_located(origins, ("train", "entry"), problem, experiment_file))
+    return Loaded(config, origins)
+
+
+def _located(origins: Mapping[KeyPath, Origin], path: KeyPath, message: str, file: Path) -> str:
+    """``file:line: key: message`` for a problem with a resolved value."""
+    origin = origins.get(path)
+    key = ".".join(path)
+    if origin is None or origin.source == "default":
+        return f"{file}: {key}: {message}"
+    if origin.source == "--set":
+        return f"{file}: {key}: {message} (from --set {origin.detail})"
+    if origin.source == "site" and origin.key != key:
+        return f"{origin.where()}: {origin.key}: {message}"
+    return f"{origin.where()}: {key}: {message}"
