@@ -30,9 +30,9 @@ from hpctf.cluster import (
     layout,
     port_for,
 )
-from hpctf.config import load_site
 from hpctf.errors import UserError
 from hpctf.runtime import check_port_free, check_resolves, prepare_environment, startup_checks
+from hpctf.sites import read_site_file
 from tests.conftest import write
 
 PORTS = (20000, 30000)
@@ -294,8 +294,10 @@ def test_bad_hostname_templates(template: str, message: str) -> None:
 def test_site_hostname_template_is_validated_with_file_and_key(tmp_path: Path) -> None:
     site = "name: s\nscheduler: slurm\nruns_root: /tmp\nhostname_template: '{host}_ib'\n"
     with pytest.raises(UserError, match=r"site.yaml:4: hostname_template: .*not a valid host"):
-        load_site(write(tmp_path / "site.yaml", site))
-    default = load_site(write(tmp_path / "ok.yaml", "name: s\nscheduler: slurm\nruns_root: /t\n"))
+        read_site_file(write(tmp_path / "site.yaml", site), {})
+    default, _ = read_site_file(
+        write(tmp_path / "ok.yaml", "name: s\nscheduler: slurm\nruns_root: /t\n"), {}
+    )
     assert default.hostname_template == "{host}"
 
 
