@@ -22,9 +22,17 @@ import click
 from hpctf import loader, scaffold, slurm
 from hpctf.config import Experiment, ResolvedConfig, Site
 from hpctf.errors import UserError
+from hpctf.preemption import PREEMPTED_EXIT
 from hpctf.render import explain as explain_script
 from hpctf.render import render
-from hpctf.rundir import RunDir, create_run_dir, job_history, plan_run_dir, write_atomic
+from hpctf.rundir import (
+    RunDir,
+    create_run_dir,
+    job_history,
+    plan_run_dir,
+    preempted_in_last_start,
+    write_atomic,
+)
 from hpctf.sites import describe_site, listing, load_named_site, read_site, search_path
 
 
@@ -231,9 +239,12 @@ def _start(run: RunDir, config: ResolvedConfig) -> int:
         click.echo(f"run directory: {run.path}")
         click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
         status = local.launch(config, run, os.environ, sys.stdout)
-        click.echo(
-            f"{'done' if status == 0 else f'failed (exit {status})'}; run directory: {run.path}"
-        )
+        if status == 0:
+            click.echo(f"done; run directory: {run.path}")
+        elif status == PREEMPTED_EXIT:
+            click.echo(f"stopped after a checkpoint; resume with: hpctf resubmit {run.path}")
+        else:
+            click.echo(f"failed (exit {status}); run directory: {run.path}")
         return status
     job_id = slurm.sbatch(run.script)
     run.record("submitted", job_id=job_id)
@@ -391,9 +402,25 @@ def job_start(run_dir: Path) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--exit-code", type=int, required=True)
 def job_end(run_dir: Path, exit_code: int) -> None:
-    """Record the end of a batch job's training step in RUN_DIR."""
+    """Record the end of a batch job's training step in RUN_DIR; requeue it when its ranks
+    stopped at an agreed preemption checkpoint, within the site's preemption.max_requeues."""
     run = _run_dir(run_dir)
-    run.record("ended", job_id=os.environ.get("SLURM_JOB_ID", "?"), exit_code=exit_code)
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise UserError("SLURM_JOB_ID is not set: job-end runs inside a Slurm batch job")
+    run.record("ended", job_id=job_id, exit_code=exit_code)
+    if not preempted_in_last_start(run.events(), job_id):
+        return
+    budget = run.load_config().site.preemption.max_requeues
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if restarts >= budget:
+        run.record("requeue-refused", job_id=job_id, restarts=restarts, budget=budget)
+        raise UserError(
+            f"job {job_id} was requeued {restarts} times, the site's preemption.max_requeues; "
+            f"not again: resume with hpctf resubmit {run.path}"
+        )
+    run.record("requeued", job_id=job_id, restarts=restarts + 1)
+    slurm.requeue(job_id)
 
 
 def main() -> None:

@@ -271,7 +271,9 @@ MANAGED_OPTIONS: dict[str, str] = {
     "gpus-per-task": "set resources.gpus_per_node",
     "output": "hpctf writes the job's output to the run directory",
     "error": "hpctf writes the job's output to the run directory",
-    "signal": "hpctf owns the job's signals (preemption)",
+    "signal": "hpctf owns the job's signals (set the site's preemption.signal)",
+    "requeue": "hpctf requeues preempted jobs itself (the site's preemption.max_requeues)",
+    "no-requeue": "hpctf requeues preempted jobs itself (the site's preemption.max_requeues)",
     "array": "one run per job; submit the experiment once per run instead",
     "wrap": "the rendered script is the job",
     "test-only": "use hpctf submit --dry-run",
@@ -483,15 +485,17 @@ class Experiment(_Strict):
 
 
 class Preemption(_Strict):
-    """How early Slurm should warn the job before preempting or ending it.
+    """How Slurm warns a job before preempting it or ending it at its time limit.
 
-    Validated and recorded, NOT YET SENT: the batch script does not request ``--signal`` until
-    the worker handles the warning (TensorFlow workers die of an unhandled SIGUSR2).
+    Slurm jobs of such a site are submitted with ``--signal=<signal>@<warning_seconds>`` and
+    ``--requeue``: on the warning every worker saves an agreed step and exits 75, and the batch
+    script requeues the job (at most ``max_requeues`` times), which resumes from that step.
     """
 
-    # Not USR1: NCCL uses SIGUSR1 itself.
-    signal: Literal["USR2", "TERM", "INT"] = "USR2"
+    # Not USR1: NCCL uses SIGUSR1 itself. The worker handles exactly these two.
+    signal: Literal["USR2", "TERM"] = "USR2"
     warning_seconds: int = Field(300, ge=1, le=65535)
+    max_requeues: int = Field(20, ge=0, description="requeues of one job after preemption")
 
 
 class Site(_Strict):

@@ -96,6 +96,8 @@ def resolved_origins(
     )
     for key in ("venv", "runs_root", "template"):
         out[(key,)] = from_site(key)
+    out[("preemption", "warning_seconds")] = from_site("preemption", "warning_seconds")
+    out[("preemption", "max_requeues")] = from_site("preemption", "max_requeues")
     if site.python:
         out[("python",)] = from_site("python")
     elif site.venv:

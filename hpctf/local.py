@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import IO
 
 from hpctf.config import ResolvedConfig
+from hpctf.preemption import PREEMPTED_EXIT
 from hpctf.rundir import RunDir
 
 
@@ -48,6 +49,10 @@ def _pump(source: IO[bytes], sink: IO[str]) -> None:
         sink.flush()
 
 
+# How long the other ranks may take to exit after one exited 75 (they passed the same barrier).
+PREEMPTION_GRACE_S = 60.0
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -71,15 +76,23 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
                 )
             )
     status = 0
+    preempted_at: float | None = None
     previous = signal.signal(signal.SIGTERM, _interrupt)
     with run.rank_log(0).open("rb") as chief_log:
         chief_log.seek(0, os.SEEK_END)
         try:
             while any(p.poll() is None for p in procs):
                 _pump(chief_log, echo)
-                failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-                if failed:
-                    status = failed[0]
+                codes = [p.returncode for p in procs if p.returncode not in (None, 0)]
+                # 75: a rank saved the agreed preemption step; the others are exiting too.
+                failed = [code for code in codes if code != PREEMPTED_EXIT]
+                if codes and preempted_at is None:
+                    preempted_at = time.monotonic()
+                overdue = preempted_at is not None and time.monotonic() > (
+                    preempted_at + PREEMPTION_GRACE_S
+                )
+                if failed or overdue:
+                    status = (failed or codes)[0]
                     break
                 time.sleep(0.2)
         except KeyboardInterrupt:

@@ -28,7 +28,7 @@ from jinja2 import nodes
 
 from hpctf import __version__
 from hpctf.assets import shipped_dir
-from hpctf.config import ResolvedConfig
+from hpctf.config import ResolvedConfig, slurm_time_seconds
 from hpctf.errors import UserError
 from hpctf.sources import KeyPath, Origin
 
@@ -200,6 +200,17 @@ def sbatch_options(config: ResolvedConfig, run_dir: Path) -> list[tuple[str, str
         options.append(("mail-user", res.mail_user))
     if res.dependency:
         options.append(("dependency", res.dependency))
+    if config.site.scheduler == "slurm":
+        warning = config.site.preemption
+        limit = slurm_time_seconds(res.time)
+        if warning.warning_seconds >= limit:
+            raise UserError(
+                f"the site's preemption.warning_seconds ({warning.warning_seconds}) must be "
+                f"shorter than resources.time ({res.time} = {limit} s)"
+            )
+        # To the job steps (no "B:"): the workers get the warning, save and exit 75.
+        options.append(("signal", f"{warning.signal}@{warning.warning_seconds}"))
+        options.append(("requeue", None))
     options.append(("output", f"{run_dir}/logs/slurm-%j.out"))
     return options
 
@@ -256,6 +267,8 @@ _FLAG_KEYS: dict[str, KeyPath] = {
     "gpus-per-node": ("resources", "gpus_per_node"),
     "gres": ("resources", "gpus_per_node"),
     "exclusive": ("resources", "exclusive"),
+    "signal": ("preemption", "warning_seconds"),
+    "requeue": ("preemption", "max_requeues"),
     "mail-type": ("resources", "mail_type"),
     "mail-user": ("resources", "mail_user"),
     "dependency": ("resources", "dependency"),

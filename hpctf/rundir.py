@@ -161,7 +161,7 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> None:
 
 
 def job_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fold journal events into one row per job: id, states seen, exit, last step."""
+    """Fold journal events into one row per job: id, starts (1 + requeues), nodes, exit."""
     jobs: dict[str, dict[str, Any]] = {}
     for event in events:
         job_id = event.get("job_id")
@@ -171,10 +171,28 @@ def job_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if event["event"] == "submitted":
             row["submitted"] = event["time"]
         elif event["event"] == "started":
+            # A requeued job starts again under the same id: it is running again.
+            row.pop("ended", None)
+            row.pop("exit_code", None)
             row["starts"] += 1
             row["started"] = event["time"]
             row["nodes"] = event.get("nodes")
+        elif event["event"] == "requeued":
+            row["requeued"] = event["time"]
         elif event["event"] == "ended":
             row["ended"] = event["time"]
             row["exit_code"] = event.get("exit_code")
     return list(jobs.values())
+
+
+def preempted_in_last_start(events: list[dict[str, Any]], job_id: str) -> bool:
+    """Whether the chief recorded a preemption checkpoint since job ``job_id`` last started."""
+    preempted = False
+    for event in events:
+        if event.get("job_id") != job_id:
+            continue
+        if event["event"] == "started":
+            preempted = False
+        elif event["event"] == "preempted":
+            preempted = True
+    return preempted

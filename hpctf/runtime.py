@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hpctf.cluster import ClusterSpec, cluster_spec
 from hpctf.errors import UserError
+from hpctf.preemption import install_early_handlers
 from hpctf.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -38,9 +39,6 @@ class _RankFormatter(logging.Formatter):
 def prepare_environment(env: MutableMapping[str, str], spec: ClusterSpec) -> None:
     """Set what TensorFlow reads at import and strategy creation."""
     env.update(spec.environment())
-    # PreemptionCheckpointHandler probes the GCE metadata server at construction (5 s timeout
-    # off GCE); a closed loopback port makes the probe fail at once.
-    env.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
@@ -120,6 +118,7 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
         log.info("run already complete (%s exists); nothing to do", run.done)
         return 0
     startup_checks(spec)
+    install_early_handlers()
     prepare_environment(os.environ, spec)
     sys.path[:0] = config.experiment.train.python_path
 

@@ -34,14 +34,10 @@ from hpctf.cluster import ClusterSpec
 from hpctf.config import ResolvedConfig, Train
 from hpctf.data import plan_shards, training_input
 from hpctf.errors import UserError
+from hpctf.preemption import PREEMPTED_EXIT, PREEMPTION_SIGNALS, early_signal
 from hpctf.rundir import RunDir, write_atomic
 
 log = logging.getLogger("hpctf.worker")
-
-# Exit status of a worker that saved because of a preemption warning; the batch script
-# requeues the job on it (sysexits.h EX_TEMPFAIL: "try again later").
-PREEMPTED_EXIT = 75
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
 
 def configure_failure_detection(spec: ClusterSpec, settings: Train) -> None:
@@ -103,7 +99,12 @@ class PreemptionWatch:
     """
 
     def __init__(self, strategy: Any) -> None:
-        self._signalled = 0
+        self._signalled = early_signal()
+        if self._signalled:
+            log.warning(
+                "got %s while starting: saving at the first agreed step",
+                signal.Signals(self._signalled).name,
+            )
         for signum in PREEMPTION_SIGNALS:
             signal.signal(signum, self._on_signal)
         flag = tf.Variable(0, dtype=tf.int32, trainable=False, name="preempted")
@@ -251,8 +252,12 @@ class Session:
         if checking and self._preemption.any_rank_signalled():
             if not saved:
                 self.save(step)
-            # One more collective as a barrier: no rank exits (and makes srun's
-            # --kill-on-bad-exit end the others) before the chief has finished writing.
+            if self.spec.is_chief:
+                # The batch script requeues on this record, not on srun's exit status: srun
+                # --kill-on-bad-exit may kill a rank that is still exiting after the save.
+                self.run.record("preempted", job_id=str(self.spec.job_id), step=step)
+            # One more collective as a barrier: no rank exits before the chief has finished
+            # writing the checkpoint and the record.
             self._preemption.any_rank_signalled()
             log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
             raise Preempted()

@@ -77,6 +77,11 @@ def job_info(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str
     return info
 
 
+def requeue(job_id: str, env: Mapping[str, str] | None = None) -> None:
+    """Put a running job back into the queue (it starts again with SLURM_RESTART_COUNT + 1)."""
+    run_command(["scontrol", "requeue", job_id], env=env)
+
+
 def cancel(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     if job_ids:
         run_command(["scancel", *job_ids], env=env)

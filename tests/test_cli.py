@@ -91,6 +91,12 @@ BAD_CASES = [
         "resources.extra_sbatch.1: '-N2' is --nodes",
     ),
     (
+        "extra_sbatch --no-requeue",
+        experiment_text(resources__extra_sbatch=["--no-requeue"]),
+        [],
+        "would override --no-requeue, which hpctf manages: hpctf requeues preempted jobs",
+    ),
+    (
         "extra_sbatch abbreviated --signal",
         experiment_text(resources__extra_sbatch=["--sig=USR2@60"]),
         [],

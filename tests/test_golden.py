@@ -35,7 +35,9 @@ def examples(tmp: Path) -> dict[str, Path]:
     return {**found, "init": tmp / "init" / "experiment.yaml", "full": GOLDEN / "full.yaml"}
 
 
-EXAMPLES = ["digits", "init", "full"]
+EXAMPLES = sorted(
+    [p.parent.name for p in (REPO / "examples").glob("*/experiment.yaml")] + ["init", "full"]
+)
 
 
 def rendered(site: str, experiment: Path, with_notes: bool = False) -> str:

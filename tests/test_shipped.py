@@ -25,9 +25,10 @@ from tests.conftest import REPO
 
 SITES = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))
 EXAMPLES = {
-    "digits": REPO / "examples" / "digits" / "experiment.yaml",
+    **{p.parent.name: p for p in sorted((REPO / "examples").glob("*/experiment.yaml"))},
     "full": REPO / "tests" / "golden" / "full.yaml",
 }
+NAMES = sorted([*EXAMPLES, "init"])
 HPCTF = [sys.executable, "-m", "hpctf"]
 
 
@@ -51,7 +52,7 @@ def login_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("example", ["digits", "init", "full"])
+@pytest.mark.parametrize("example", NAMES)
 @pytest.mark.parametrize("site", SITES)
 def test_rendered_script_passes_bash_n_and_shellcheck(
     tmp_path: Path, examples: dict[str, Path], login_env: dict[str, str], site: str, example: str

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctf import slurm
 from tests.conftest import DIGITS, wait_for_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
@@ -140,3 +141,66 @@ def test_second_job_resumes_from_latest_checkpoint(
 
 def _events(run_dir: Path) -> list[dict[str, object]]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "journal").iterdir())]
+
+
+def test_preempted_job_saves_requeues_itself_and_resumes(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    job_id, run_dir = submit(
+        env,
+        str(DIGITS),
+        "--site",
+        "local-slurm",
+        "--set",
+        "train.steps=3000",
+        "--set",
+        "checkpoint.every_steps=1000",
+    )
+    rank0 = run_dir / "logs" / "rank-0.log"
+    deadline = time.monotonic() + 180
+    while not (rank0.exists() and "step 100/" in rank0.read_text()):
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    # What Slurm does before a preemption or the time limit (--signal=USR2@T): the signal goes
+    # to the job steps only, here to rank 1 alone.
+    subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True)
+    while "requeued" not in [e["event"] for e in _events(run_dir)]:
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    # A requeued job waits for a BeginTime ~120 s away on Slurm 22.05; release it now.
+    while (state := (slurm.job_info(job_id) or {}).get("JobState")) not in ("RUNNING", "COMPLETED"):
+        assert time.monotonic() < deadline, f"job {job_id} stays {state}"
+        if state == "PENDING":
+            subprocess.run(
+                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                env=env,
+                check=False,
+                capture_output=True,
+            )
+        time.sleep(0.5)
+    info = wait_for_job(job_id)
+    assert info["JobState"] == "COMPLETED", logs_of(run_dir)
+    assert info["Restarts"] == "1"
+
+    log = rank0.read_text()
+    saved = int(log.split("preempted: saved step ")[1].split(";")[0])
+    assert 100 <= saved < 3000
+    assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 3000
+    events = _events(run_dir)
+    assert [e["event"] for e in events] == [
+        "created",
+        "submitted",
+        "started",
+        "preempted",
+        "ended",
+        "requeued",
+        "started",
+        "ended",
+    ]
+    assert events[3]["step"] == saved and events[-1]["exit_code"] == 0
+    status = subprocess.run(
+        [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
+    )
+    assert f"job {job_id}: ENDED exit 0 starts 2" in status.stdout
