@@ -205,8 +205,9 @@ def sbatch_options(config: ResolvedConfig, run_dir: Path) -> list[tuple[str, str
         limit = slurm_time_seconds(res.time)
         if warning.warning_seconds >= limit:
             raise UserError(
-                f"the site's preemption.warning_seconds ({warning.warning_seconds}) must be "
-                f"shorter than resources.time ({res.time} = {limit} s)"
+                f"{config.experiment_file}: resources.time: {res.time} ({limit} s) must be "
+                f"longer than site {config.site.name}'s preemption.warning_seconds "
+                f"({warning.warning_seconds}), or the warning comes at the start"
             )
         # To the job steps (no "B:"): the workers get the warning, save and exit 75.
         options.append(("signal", f"{warning.signal}@{warning.warning_seconds}"))

@@ -91,6 +91,12 @@ BAD_CASES = [
         "resources.extra_sbatch.1: '-N2' is --nodes",
     ),
     (
+        "time shorter than the preemption warning",
+        experiment_text(resources__time="4"),
+        [],
+        "resources.time: 4 (240 s) must be longer than site local-slurm's preemption.warning",
+    ),
+    (
         "extra_sbatch --no-requeue",
         experiment_text(resources__extra_sbatch=["--no-requeue"]),
         [],
