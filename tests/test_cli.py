@@ -449,7 +449,7 @@ def test_set_is_typed_by_the_schema(runs_root: Path) -> None:
         "--site",
         "local-slurm",
         "--set",
-        "resources.time=1:00",  # YAML 1.1 would make this the integer 60
+        "resources.time=10:00",  # YAML 1.1 would make this the integer 600
         "--set",
         "env.FLAG=yes",  # a string key keeps the text: not True, not "1"
         "--set",
@@ -459,7 +459,7 @@ def test_set_is_typed_by_the_schema(runs_root: Path) -> None:
         "--set",
         "resources.extra_sbatch=[--hold, --nice 5]",
     )
-    assert "#SBATCH --time=1:00\n" in script
+    assert "#SBATCH --time=10:00\n" in script
     assert "export FLAG='yes'\n" in script and "export ZERO='007'\n" in script
     assert "#SBATCH --exclusive=user\n" in script
     assert "#SBATCH --hold\n#SBATCH --nice=5\n" in script
