@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import re
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import hostlist
 
+from hpctf.config import check_hostname_template
 from hpctf.errors import UserError
 
 # Consecutive job ids start their port windows this far apart, so two jobs that share a node
@@ -39,7 +39,6 @@ _STEP_STRIDE = 101
 _NODELIST_RE = re.compile(r"^[A-Za-z0-9._\-\[\],]+$")
 _NUMBER_RE = re.compile(r"^[0-9]{1,9}$")
 _TASKS_RE = re.compile(r"^([0-9]{1,6})(?:\(x([0-9]{1,7})\))?$")
-_LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 _DEVICE_RE = re.compile(r"^[A-Za-z0-9_:/.-]+$")
 # Slurm's gres/gpu plugin sets CUDA_VISIBLE_DEVICES=NoDevFiles when the gres has no File=
 # (src/plugins/gres/common/gres_common.c); it means "no device", not a device name.
@@ -164,34 +163,6 @@ def port_for(job_id: int, step_id: int, slot: int, port_range: tuple[int, int]) 
     span = high - low
     offset = (job_id * _JOB_STRIDE + step_id * _STEP_STRIDE) % span
     return low + (offset + slot) % span
-
-
-def check_hostname_template(template: str) -> str:
-    """Return ``template`` if it is a valid hostname_template, else raise ValueError.
-
-    Valid: ``{host}`` (the Slurm node name) at least once, no other field, no conversion or
-    format spec, and a result that is a valid DNS name (labels of letters, digits, hyphens).
-    """
-    try:
-        fields = [
-            (name, spec, conversion)
-            for _, name, spec, conversion in string.Formatter().parse(template)
-            if name is not None
-        ]
-    except ValueError as exc:
-        raise ValueError(f"hostname_template {template!r}: {exc}") from None
-    if not fields or any(f != ("host", "", None) for f in fields):
-        raise ValueError(
-            f"hostname_template {template!r} must contain {{host}} and no other field, "
-            "e.g. '{host}-ib' or '{host}.ib.cluster'"
-        )
-    sample = template.format(host="node001")
-    if len(sample) > 253 or not all(_LABEL_RE.match(label) for label in sample.split(".")):
-        raise ValueError(
-            f"hostname_template {template!r} gives {sample!r} for node001, which is not a valid "
-            "host name (letters, digits and hyphens, dot-separated)"
-        )
-    return template
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import string
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -25,7 +26,6 @@ from pydantic import (
     model_validator,
 )
 
-from hpctf.cluster import check_hostname_template
 from hpctf.errors import UserError
 from hpctf.sources import (
     KeyPath,
@@ -358,6 +358,37 @@ ExtraSbatch = Annotated[
 # --- models --------------------------------------------------------------------------------
 
 
+_LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def check_hostname_template(template: str) -> str:
+    """Return ``template`` if it is a valid hostname_template, else raise ValueError.
+
+    Valid: ``{host}`` (the Slurm node name) at least once, no other field, no conversion or
+    format spec, and a result that is a valid DNS name (labels of letters, digits, hyphens).
+    """
+    try:
+        fields = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
+    except ValueError as exc:
+        raise ValueError(f"hostname_template {template!r}: {exc}") from None
+    if not fields or any(f != ("host", "", None) for f in fields):
+        raise ValueError(
+            f"hostname_template {template!r} must contain {{host}} and no other field, "
+            "e.g. '{host}-ib' or '{host}.ib.cluster'"
+        )
+    sample = template.format(host="node001")
+    if len(sample) > 253 or not all(_LABEL_RE.match(label) for label in sample.split(".")):
+        raise ValueError(
+            f"hostname_template {template!r} gives {sample!r} for node001, which is not a valid "
+            "host name (letters, digits and hyphens, dot-separated)"
+        )
+    return template
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
@@ -608,10 +639,6 @@ def read_experiment(path: Path, overrides: Iterable[str] = ()) -> tuple[Experime
     origins = file_origins("experiment", path, lines)
     data = apply_overrides(data, overrides, Experiment, origins)
     return validate_model(Experiment, data, origins, str(path)), origins
-
-
-def load_experiment(path: Path, overrides: Iterable[str] = ()) -> Experiment:
-    return read_experiment(path, overrides)[0]
 
 
 # --- resolution ----------------------------------------------------------------------------

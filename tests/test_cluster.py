@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from hpctf.cli import cli
 from hpctf.cluster import (
     ClusterSpec,
-    check_hostname_template,
     cluster_spec,
     expand_nodelist,
     expand_tasks_per_node,
@@ -30,6 +29,7 @@ from hpctf.cluster import (
     layout,
     port_for,
 )
+from hpctf.config import check_hostname_template
 from hpctf.errors import UserError
 from hpctf.runtime import check_port_free, check_resolves, prepare_environment, startup_checks
 from hpctf.sites import read_site_file
