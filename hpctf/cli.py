@@ -34,6 +34,7 @@ from hpctf.rundir import (
     write_atomic,
 )
 from hpctf.sites import describe_site, listing, load_named_site, read_site, search_path
+from hpctf.slurm import FINAL_STATES
 
 
 class _UserMistake(click.ClickException):
@@ -258,7 +259,22 @@ def _start(run: RunDir, config: ResolvedConfig) -> int:
 def resubmit(run_dir: Path) -> None:
     """Start a new job on RUN_DIR; it resumes from the latest checkpoint."""
     run = _run_dir(run_dir)
-    sys.exit(_start(run, run.load_config()))
+    config = run.load_config()
+    if run.done.exists():
+        raise UserError(f"{run.path} is complete ({run.done} exists): nothing to resume")
+    if config.site.scheduler == "slurm":
+        # Two jobs on one run directory would write the same checkpoints.
+        for job in job_history(run.events()):
+            if "ended" in job or not job["job_id"].isdigit():
+                continue
+            info = slurm.job_info(job["job_id"])
+            state = info.get("JobState", "") if info else ""
+            if state and state not in FINAL_STATES:
+                raise UserError(
+                    f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
+                    f"stop it with: hpctf cancel {run.path}"
+                )
+    sys.exit(_start(run, config))
 
 
 @cli.command()

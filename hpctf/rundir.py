@@ -178,6 +178,9 @@ def job_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["started"] = event["time"]
             row["nodes"] = event.get("nodes")
         elif event["event"] == "requeued":
+            # Back in the queue: not ended any more, whatever its last exit was.
+            row.pop("ended", None)
+            row.pop("exit_code", None)
             row["requeued"] = event["time"]
         elif event["event"] == "ended":
             row["ended"] = event["time"]

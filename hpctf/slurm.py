@@ -13,6 +13,21 @@ from pathlib import Path
 
 from hpctf.errors import UserError
 
+# Job states after which a job will not run again (squeue(1), JOB STATE CODES).
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+
 
 class SlurmError(UserError):
     """A Slurm command failed; the message keeps Slurm's own words."""

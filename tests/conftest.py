@@ -16,17 +16,6 @@ from hpctf import slurm
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
-FINAL_STATES = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "PREEMPTED",
-}
 
 
 @pytest.fixture
@@ -83,7 +72,7 @@ def wait_for_job(job_id: str, timeout: float = 300) -> dict[str, str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         info = slurm.job_info(job_id)
-        if info and info.get("JobState") in FINAL_STATES:
+        if info and info.get("JobState") in slurm.FINAL_STATES:
             return info
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} not finished after {timeout} s: {slurm.job_info(job_id)}")

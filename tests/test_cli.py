@@ -543,3 +543,26 @@ def test_explain_notes_defaults_env_modules_and_setup(tmp_path: Path, runs_root:
     # The notes are comments: the explained script is still a valid script.
     script = write(tmp_path / "explained.sh", result.output)
     subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_resubmit_refuses_a_complete_run_and_a_run_with_a_live_job(
+    tmp_path: Path, runs_root: Path, fake_sbatch: Path
+) -> None:
+    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = runs_root.iterdir()
+    scontrol = fake_sbatch.parent / "fakebin" / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho 'JobId=4242 JobName=digits JobState=RUNNING Restarts=0'\n")
+    scontrol.chmod(0o755)
+    live = CliRunner().invoke(cli, ["resubmit", str(run_dir)])
+    assert live.exit_code == 2
+    assert f"job 4242 of {run_dir} is still RUNNING; wait for it, or stop it with" in live.output
+
+    scontrol.write_text("#!/bin/sh\necho 'JobId=4242 JobName=digits JobState=CANCELLED'\n")
+    assert CliRunner().invoke(cli, ["resubmit", str(run_dir)]).exit_code == 0
+    assert fake_sbatch.read_text().count("--parsable") == 2
+
+    (run_dir / "DONE").write_text("{}\n")
+    done = CliRunner().invoke(cli, ["resubmit", str(run_dir)])
+    assert done.exit_code == 2 and "is complete" in done.output
+    assert fake_sbatch.read_text().count("--parsable") == 2
