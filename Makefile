@@ -17,7 +17,7 @@ demo: $(BIN)/.installed
 	$(BIN)/hpctf submit examples/digits/experiment.yaml --site local
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check hpctf tests examples
+	$(BIN)/ruff check hpctf tests examples benchmarks
 	$(BIN)/mypy
 
 # The real-Slurm tests start tests/slurm/cluster.sh themselves (installing slurm-wlm and
