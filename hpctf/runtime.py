@@ -105,6 +105,8 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     hpctf_logger.handlers[:] = [handler]
     hpctf_logger.setLevel(logging.INFO)
     hpctf_logger.propagate = False  # TF (absl) installs a root handler; do not print twice
+    # TF's Python logger reports every collective it builds at INFO: keep rank logs readable.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
     log.info(
         "host %s (SLURMD_NODENAME %s) SLURM_PROCID %s: %s",
         socket.gethostname(),
