@@ -28,6 +28,7 @@ from hpctf.render import render
 from hpctf.rundir import (
     RunDir,
     create_run_dir,
+    has_open_job,
     job_history,
     plan_run_dir,
     preempted_in_last_start,
@@ -308,7 +309,7 @@ def _last_metrics(run: RunDir) -> dict[str, Any]:
 @click.option("--rank", type=int, default=0, show_default=True, help="Which task's log.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
 def logs(run_dir: Path, rank: int, follow: bool) -> None:
-    """Print the log of one rank of RUN_DIR."""
+    """Print the log of one rank of RUN_DIR (with -f, until the run's jobs have ended)."""
     run = _run_dir(run_dir)
     path = run.rank_log(rank)
     if not path.exists():
@@ -321,7 +322,7 @@ def logs(run_dir: Path, rank: int, follow: bool) -> None:
             chunk = handle.read()
             if chunk:
                 click.echo(chunk, nl=False)
-            elif not follow or run.done.exists():
+            elif not follow or run.done.exists() or not has_open_job(run.events()):
                 return
             else:
                 time.sleep(1)

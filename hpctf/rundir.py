@@ -199,3 +199,13 @@ def preempted_in_last_start(events: list[dict[str, Any]], job_id: str) -> bool:
         elif event["event"] == "preempted":
             preempted = True
     return preempted
+
+
+def has_open_job(events: list[dict[str, Any]]) -> bool:
+    """Whether a job of the run may still write to it: one that has not ended, unless the run
+    was cancelled after its last start (a cancelled batch script records no end)."""
+    open_jobs = [job for job in job_history(events) if "ended" not in job]
+    if not open_jobs:
+        return False
+    last = [e["event"] for e in events if e["event"] in ("started", "requeued", "cancelled")]
+    return not last or last[-1] != "cancelled"

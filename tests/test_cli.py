@@ -566,3 +566,20 @@ def test_resubmit_refuses_a_complete_run_and_a_run_with_a_live_job(
     done = CliRunner().invoke(cli, ["resubmit", str(run_dir)])
     assert done.exit_code == 2 and "is complete" in done.output
     assert fake_sbatch.read_text().count("--parsable") == 2
+
+
+def test_logs_follow_stops_once_the_runs_jobs_have_ended(
+    runs_root: Path, fake_sbatch: Path
+) -> None:
+    assert CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"]).exit_code == 0
+    (run_dir,) = runs_root.iterdir()
+    (run_dir / "logs" / "rank-0.log").write_text("step 1\n")
+    from hpctf.rundir import RunDir, has_open_job
+
+    run = RunDir(run_dir)
+    assert has_open_job(run.events())  # submitted, not ended: -f would keep following
+    run.record("started", job_id="4242")
+    run.record("ended", job_id="4242", exit_code=1)
+    assert not has_open_job(run.events())
+    result = CliRunner().invoke(cli, ["logs", str(run_dir), "-f"])
+    assert result.exit_code == 0 and result.output == "step 1\n"
