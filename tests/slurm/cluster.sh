@@ -59,7 +59,9 @@ CONF=$ETC/slurm.conf
 MUNGE_DIR=$DIR/munge
 MUNGE_PID=$MUNGE_DIR/munged.pid
 MUNGE_KEY=/etc/munge/munge.key
-MUNGE_SOCKET_DIR=/run/munge
+# Each cluster has its own munged and socket, so clusters side by side (several developers,
+# or a test run beside another) never stop each other's authentication.
+MUNGE_SOCKET=$MUNGE_DIR/munge.socket
 
 log() { echo "cluster.sh: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -191,8 +193,9 @@ kill_namespace() {
 # ---------------------------------------------------------------- munge
 
 munge_ok() {
-    [[ -S $MUNGE_SOCKET_DIR/munge.socket.2 ]] &&
-        timeout 5 munge -n 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1
+    [[ -S $MUNGE_SOCKET ]] &&
+        timeout 5 munge --socket="$MUNGE_SOCKET" -n 2>/dev/null |
+        timeout 5 unmunge --socket="$MUNGE_SOCKET" >/dev/null 2>&1
 }
 
 ensure_munge() {
@@ -210,18 +213,18 @@ ensure_munge() {
     chmod 0400 "$MUNGE_KEY"
 
     if munge_ok; then
-        return 0 # a munged (ours or the system's) is already serving
+        return 0 # this cluster's munged is already serving
     fi
     if pid_alive "$MUNGE_PID" munged; then
         log "our munged is running but not answering; restarting it"
         kill_pidfiles "$MUNGE_PID:munged"
     fi
     log "starting munged"
-    mkdir -p "$MUNGE_DIR" "$MUNGE_SOCKET_DIR"
-    chown munge:munge "$MUNGE_DIR" "$MUNGE_SOCKET_DIR"
-    chmod 0700 "$MUNGE_DIR"
-    chmod 0755 "$MUNGE_SOCKET_DIR"
+    mkdir -p "$MUNGE_DIR"
+    chown munge:munge "$MUNGE_DIR"
+    chmod 0755 "$MUNGE_DIR"
     runuser -u munge -- munged \
+        --socket="$MUNGE_SOCKET" \
         --pid-file="$MUNGE_PID" \
         --log-file="$MUNGE_DIR/munged.log" \
         --seed-file="$MUNGE_DIR/munged.seed"
@@ -254,6 +257,7 @@ SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/pgid
