@@ -139,6 +139,10 @@ def test_second_job_resumes_from_latest_checkpoint(
     assert json.loads((run_dir / "DONE").read_text())["step"] == 3000
 
 
+def job_state(job_id: str) -> str | None:
+    return (slurm.job_info(job_id) or {}).get("JobState")
+
+
 def _events(run_dir: Path) -> list[dict[str, object]]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "journal").iterdir())]
 
@@ -168,8 +172,14 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     while "requeued" not in [e["event"] for e in _events(run_dir)]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
-    # A requeued job waits for a BeginTime ~120 s away on Slurm 22.05; release it now.
-    while (state := (slurm.job_info(job_id) or {}).get("JobState")) not in ("RUNNING", "COMPLETED"):
+    # A requeued job waits for a BeginTime ~120 s away on Slurm 22.05; release it sooner, but
+    # not within the second of the requeue: slurmd revokes the job's old credential with
+    # 1-second resolution, and a start in that same second fails ("Job credential revoked").
+    while (state := job_state(job_id)) != "PENDING":
+        assert time.monotonic() < deadline, f"job {job_id} is {state}, not requeued"
+        time.sleep(0.2)
+    time.sleep(2)
+    while (state := job_state(job_id)) not in ("RUNNING", "COMPLETED"):
         assert time.monotonic() < deadline, f"job {job_id} stays {state}"
         if state == "PENDING":
             subprocess.run(
