@@ -266,7 +266,7 @@ def resubmit(run_dir: Path) -> None:
     if config.site.scheduler == "slurm":
         # Two jobs on one run directory would write the same checkpoints.
         for job in job_history(run.events()):
-            if "ended" in job or not job["job_id"].isdigit():
+            if "ended" in job:
                 continue
             info = slurm.job_info(job["job_id"])
             state = info.get("JobState", "") if info else ""
@@ -333,9 +333,9 @@ def logs(run_dir: Path, rank: int, follow: bool) -> None:
 def cancel(run_dir: Path) -> None:
     """Cancel the jobs of RUN_DIR that have not ended."""
     run = _run_dir(run_dir)
-    open_jobs = [
-        j["job_id"] for j in job_history(run.events()) if "ended" not in j and j["job_id"].isdigit()
-    ]
+    if run.load_config().site.scheduler != "slurm":
+        raise UserError(f"{run.path} runs on a local site: stop its launcher (Ctrl-C) instead")
+    open_jobs = [j["job_id"] for j in job_history(run.events()) if "ended" not in j]
     slurm.cancel(open_jobs)
     run.record("cancelled", jobs=open_jobs)
     click.echo(f"cancelled: {' '.join(open_jobs) or 'nothing (no open jobs)'}")

@@ -183,11 +183,6 @@ def load_named_site(name: str, env: Mapping[str, str]) -> Site:
     return read_site(name, env)[0]
 
 
-def site_origin(origins: Origins, key: str) -> Origin:
-    """Where a top-level site key came from; ``default`` when no file gave it."""
-    return origins.get((key,), Origin("default", key=key))
-
-
 def describe_site(site: Site, origins: Origins) -> str:
     """The resolved site as YAML, each value followed by the file and line it came from."""
 

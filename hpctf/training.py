@@ -118,12 +118,17 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         return results
 
     for step in range(start + 1, total + 1):
-        loss = float(train_step(iterator))
-        if not math.isfinite(loss):
-            raise UserError(f"loss became {loss} at step {step}; lower the learning rate?")
+        loss = train_step(iterator)
+        # Reading the loss on the host waits for the step to finish; do it only when logging,
+        # so the other steps are dispatched back to back.
+        value = None
+        if step % settings.log_every_steps == 0 or step == total:
+            value = float(loss)
+            if not math.isfinite(value):
+                raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
         if settings.eval_every_steps and step % settings.eval_every_steps == 0 and step != total:
             evaluate(step)
-        session.step_done(step, loss=loss)
+        session.step_done(step, loss=value)
     session.finish(total, evaluate(total))
 
 

@@ -583,3 +583,16 @@ def test_logs_follow_stops_once_the_runs_jobs_have_ended(
     assert not has_open_job(run.events())
     result = CliRunner().invoke(cli, ["logs", str(run_dir), "-f"])
     assert result.exit_code == 0 and result.output == "step 1\n"
+
+
+def test_cancel_of_a_local_run_says_how_to_stop_it(tmp_path: Path, runs_root: Path) -> None:
+    out = tmp_path / "job.sbatch"
+    assert (
+        CliRunner()
+        .invoke(cli, ["render", str(DIGITS), "--site", "local", "-o", str(out)])
+        .exit_code
+        == 0
+    )
+    (run_dir,) = runs_root.iterdir()
+    result = CliRunner().invoke(cli, ["cancel", str(run_dir)])
+    assert result.exit_code == 2 and "runs on a local site" in result.output
