@@ -172,9 +172,15 @@ def load_yaml(path: Path) -> tuple[dict[str, Any], dict[KeyPath, int]]:
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, not a YAML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise UserError(_not_utf8(path, exc)) from None
+    except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc}") from None
-    loader = _Loader(text)
+    try:
+        # PyYAML checks every character of a str stream when the loader is made, not on load.
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:
+        raise UserError(_unprintable(path, text, exc)) from None
     try:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
@@ -190,6 +196,30 @@ def load_yaml(path: Path) -> tuple[dict[str, Any], dict[KeyPath, int]]:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of keys at the top, got {type(data).__name__}")
     return data, _key_lines(root)
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
+    """One line for a file that is not UTF-8: where its first undecodable byte is."""
+    data = exc.object
+    line = data.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    return (
+        f"{path}:{line}: not UTF-8 text: byte 0x{data[exc.start]:02x} at column {column} "
+        f"({exc.reason}); save the file as UTF-8"
+    )
+
+
+def _unprintable(path: Path, text: str, exc: yaml.reader.ReaderError) -> str:
+    """One line for a character YAML refuses in a stream (NUL, BEL, DEL, other controls)."""
+    line = text.count("\n", 0, exc.position) + 1
+    column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+    code = exc.character
+    escape = f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+    return (
+        f"{path}:{line}: invalid YAML: unprintable character U+{code:04X} at column {column}; "
+        "a YAML file may hold only printable characters, tabs and line breaks (if you mean "
+        f'it, write "{escape}" inside a double-quoted string)'
+    )
 
 
 def file_origins(

@@ -214,6 +214,40 @@ def test_bad_experiment_exits_2_with_one_line_and_writes_nothing(
     assert not fake_sbatch.exists()  # not even sbatch --test-only
 
 
+# (name, bytes put into the experiment's name value, what the one-line message must contain).
+UNREADABLE_BYTES = [
+    ("NUL", b"\x00", "invalid YAML: unprintable character U+0000 at column 10"),
+    ("BEL", b"\x07", "invalid YAML: unprintable character U+0007 at column 10"),
+    ("DEL", b"\x7f", "invalid YAML: unprintable character U+007F at column 10"),
+    ("invalid UTF-8", b"\xff", "not UTF-8 text: byte 0xff at column 10"),
+    ("Latin-1", b"\xe9", "not UTF-8 text: byte 0xe9 at column 10"),
+    ("truncated UTF-8", b"\xe2\x82", "not UTF-8 text: byte 0xe2 at column 10"),
+]
+
+
+@pytest.mark.parametrize(
+    ("bad", "expected"), [c[1:] for c in UNREADABLE_BYTES], ids=[c[0] for c in UNREADABLE_BYTES]
+)
+@pytest.mark.parametrize("command", ["validate", "render", "submit --dry-run"])
+def test_control_characters_and_bad_bytes_exit_2_with_file_and_line(
+    tmp_path: Path, runs_root: Path, fake_sbatch: Path, command: str, bad: bytes, expected: str
+) -> None:
+    text = experiment_text().encode()
+    assert text.count(b"\nname: digits\n") == 1
+    experiment = tmp_path / "exp" / "experiment.yaml"
+    experiment.parent.mkdir()
+    experiment.write_bytes(text.replace(b"\nname: digits\n", b"\nname: dig" + bad + b"its\n"))
+    line_no = text[: text.index(b"\nname: digits\n")].count(b"\n") + 2
+    result = CliRunner().invoke(cli, [*command.split(), str(experiment), "--site", "local-slurm"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = [line for line in result.output.splitlines() if line]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith(f"Error: {experiment}:{line_no}: {expected}"), lines[0]
+    assert "Traceback" not in result.output
+    assert not runs_root.exists()
+    assert not fake_sbatch.exists()
+
+
 def test_every_problem_at_once_one_line_each(tmp_path: Path, runs_root: Path) -> None:
     sites = tmp_path / "sites"
     write(sites / "mine.yaml", "name: mine\nscheduler: slurm\nruns_root: /r\ngpus_per_node: -1\n")

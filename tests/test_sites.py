@@ -64,6 +64,59 @@ def test_listing_survives_a_broken_site_file(tmp_path: Path) -> None:
     assert "ib-suffix" in result.output
 
 
+# (name, bytes put into a site file's description, what its one-line message must contain).
+UNREADABLE_SITE_BYTES = [
+    ("NUL", b"\x00", ":2: invalid YAML: unprintable character U+0000 at column 17"),
+    ("BEL", b"\x07", ":2: invalid YAML: unprintable character U+0007 at column 17"),
+    ("invalid UTF-8", b"\xff", ":2: not UTF-8 text: byte 0xff at column 17"),
+    ("Latin-1", b"\xe9", ":2: not UTF-8 text: byte 0xe9 at column 17"),
+]
+
+
+def _unreadable_site(sites: Path, bad: bytes) -> Path:
+    sites.mkdir(parents=True)
+    path = sites / "bad.yaml"
+    path.write_bytes(b"name: bad\ndescription: my " + bad + b"site\n" + MINIMAL.encode())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [c[1:] for c in UNREADABLE_SITE_BYTES],
+    ids=[c[0] for c in UNREADABLE_SITE_BYTES],
+)
+@pytest.mark.parametrize("command", ["validate", "render", "sites"])
+def test_a_site_file_with_control_characters_or_bad_bytes_exits_2_naming_it(
+    tmp_path: Path, runs_root: Path, command: str, bad: bytes, expected: str
+) -> None:
+    site = _unreadable_site(tmp_path / "sites", bad)
+    env = {"HPCTF_SITE_PATH": str(site.parent), "HOME": str(tmp_path)}
+    if command == "sites":
+        args = ["sites", "bad"]
+    else:
+        args = [command, str(experiment(tmp_path)), "--site", "bad"]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = [line for line in result.output.splitlines() if line]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith(f"Error: {site}{expected}"), lines[0]
+    assert "Traceback" not in result.output
+    assert not runs_root.exists()
+
+
+@pytest.mark.parametrize("bad", [c[1] for c in UNREADABLE_SITE_BYTES])
+def test_listing_says_why_a_site_file_with_bad_bytes_does_not_load(
+    tmp_path: Path, bad: bytes
+) -> None:
+    site = _unreadable_site(tmp_path / "sites", bad)
+    result = CliRunner().invoke(
+        cli, ["sites"], env={"HPCTF_SITE_PATH": str(site.parent), "HOME": str(tmp_path)}
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert f"bad          (does not load: {site}:2: " in result.output
+    assert "ib-suffix" in result.output
+
+
 def test_a_site_given_as_a_path(tmp_path: Path) -> None:
     path = write(tmp_path / "elsewhere" / "x.yaml", "name: x\n" + MINIMAL)
     site, _ = read_site(str(path), {})
