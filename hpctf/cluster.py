@@ -244,9 +244,15 @@ def gpu_binding(
 
     * One task per node: every visible GPU, environment untouched (one worker per node).
     * Several tasks per node (one worker per GPU): if Slurm already bound GPUs per task
-      (``--gpus-per-task``, ``--gpu-bind``: a single visible device), keep them; otherwise the
-      visible GPUs are split evenly and task ``SLURM_LOCALID`` takes its share (with as many
-      GPUs as tasks: the SLURM_LOCALID-th one).
+      (``--gpus-per-task``, ``--gpu-bind``), keep them; otherwise the visible GPUs are split
+      evenly and task ``SLURM_LOCALID`` takes its share (with as many GPUs as tasks: the
+      SLURM_LOCALID-th one). Fewer GPUs than tasks is a UserError: two workers on one GPU make
+      NCCL fail ("Duplicate GPU detected").
+
+    Slurm bound per task when SLURMD_TRES_BIND starts with ``gpu:`` or when the step's GPUs on
+    this node (SLURM_STEP_GPUS, else SLURM_JOB_GPUS) are more than this task sees. A single
+    visible GPU alone proves nothing: with ``--gpus-per-node=1 --ntasks-per-node=2`` both tasks
+    see the same one.
 
     The visible GPUs are CUDA_VISIBLE_DEVICES when set (Slurm sets it for gres/gpu, in the
     task's own numbering, also under cgroup device confinement), else SLURM_STEP_GPUS.
@@ -262,9 +268,16 @@ def gpu_binding(
         raise UserError(f"{source}={raw!r} is not a comma-separated list of GPU ids")
     if len(set(visible)) != len(visible):
         raise UserError(f"{source}={raw!r} names a GPU twice")
-    already_bound = env.get("SLURMD_TRES_BIND", "").startswith("gpu:")
-    if tasks_per_node == 1 or len(visible) == 1 or already_bound:
+    if tasks_per_node == 1 or _bound_per_task(env, len(visible)):
         return visible, False
+    if len(visible) < tasks_per_node:
+        gpus = "1 GPU" if len(visible) == 1 else f"{len(visible)} GPUs"
+        raise UserError(
+            f"{gpus} visible on {node} ({source}={raw}) cannot be shared by {tasks_per_node} "
+            "tasks per node: each TensorFlow worker needs a GPU of its own (NCCL fails on two "
+            "ranks of one GPU); ask for gpus_per_node equal to tasks_per_node (one worker per "
+            "GPU), or tasks_per_node: 1"
+        )
     if len(visible) % tasks_per_node:
         raise UserError(
             f"{len(visible)} GPUs visible on {node} ({source}={raw}) cannot be shared evenly "
@@ -273,6 +286,16 @@ def gpu_binding(
         )
     share = len(visible) // tasks_per_node
     return visible[local_id * share : (local_id + 1) * share], True
+
+
+def _bound_per_task(env: Mapping[str, str], visible: int) -> bool:
+    """Whether Slurm itself gave each task of the step its own GPUs (see :func:`gpu_binding`)."""
+    if env.get("SLURMD_TRES_BIND", "").startswith("gpu:"):
+        return True
+    step = env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or ""
+    if step.strip() in _NO_DEVICES:
+        return False
+    return len(step.split(",")) > visible
 
 
 def _require_step(env: Mapping[str, str]) -> tuple[int, int]:

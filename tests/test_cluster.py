@@ -311,8 +311,14 @@ def test_site_hostname_template_is_validated_with_file_and_key(tmp_path: Path) -
         ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 4, 2, ("2",), True),
         ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 2, 1, ("2", "3"), True),
         ({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, 2, 1, ("GPU-bb",), True),
-        # Slurm bound GPUs per task already (--gpus-per-task=1, --gpu-bind=single:1).
-        ({"CUDA_VISIBLE_DEVICES": "3"}, 2, 1, ("3",), False),
+        # Slurm bound GPUs per task already (--gpus-per-task=1, --gpu-bind=single:1): it says so
+        # in SLURMD_TRES_BIND, or the step's GPUs on this node are more than this task sees.
+        ({"CUDA_VISIBLE_DEVICES": "3", "SLURMD_TRES_BIND": "gpu:single:1"}, 2, 1, ("3",), False),
+        ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_STEP_GPUS": "2,3"}, 2, 1, ("0",), False),
+        ({"CUDA_VISIBLE_DEVICES": "1", "SLURM_JOB_GPUS": "0,1"}, 2, 1, ("1",), False),
+        ({"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_STEP_GPUS": "4,5,6,7"}, 2, 1, ("0", "1"), False),
+        # One GPU and one task per node: nothing to share.
+        ({"CUDA_VISIBLE_DEVICES": "0"}, 1, 0, ("0",), False),
         (
             {"CUDA_VISIBLE_DEVICES": "2,3", "SLURMD_TRES_BIND": "gpu:per_task:2"},
             2,
@@ -334,6 +340,27 @@ def test_gpu_binding(
     bind: bool,
 ) -> None:
     assert gpu_binding(variables, per_node, local_id, "n1") == (gpus, bind)
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"CUDA_VISIBLE_DEVICES": "0"},
+        {"CUDA_VISIBLE_DEVICES": "0", "SLURM_STEP_GPUS": "0"},
+        {"CUDA_VISIBLE_DEVICES": "0", "SLURMD_TRES_BIND": "cpu:cores"},
+        {"SLURM_STEP_GPUS": "5"},
+    ],
+)
+def test_one_gpu_is_not_shared_by_two_tasks(variables: dict[str, str]) -> None:
+    # --gpus-per-node=1 with --ntasks-per-node=2: both tasks see the same one GPU. Treating it
+    # as "already bound" put both workers on GPU 0, and NCCL fails on two ranks of one device.
+    with pytest.raises(UserError) as info:
+        gpu_binding(variables, 2, 1, "n1")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "1 GPU visible on n1" in message
+    assert "cannot be shared by 2 tasks per node" in message
+    assert "gpus_per_node equal to tasks_per_node" in message
 
 
 def test_one_worker_per_gpu_sets_cuda_visible_devices() -> None:
