@@ -1,11 +1,12 @@
 # Everything a fresh machine needs, from two commands:
 #   make demo   train the digits example on 2 local workers (--site local)
-#   make test   lint, type-check and run every test, the real Slurm cluster included
+#   make test   install the system packages the tests need (root), lint, type-check and run
+#               every test, the real Slurm cluster included
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint system-packages clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +21,14 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check hpctf tests examples benchmarks
 	$(BIN)/mypy
 
-# The real-Slurm tests start tests/slurm/cluster.sh themselves (installing slurm-wlm and
-# munge with apt on first use, as root). HPCTF_REQUIRE_SLURM turns their skip into a failure.
-test: lint
+# Debian's slurm-wlm, munge, shellcheck and the rest of tests/system-packages.sh's list, with
+# apt (root), before the first test; a no-op once they are installed. `make demo` needs none.
+system-packages:
+	@tests/system-packages.sh
+
+# The real-Slurm tests start tests/slurm/cluster.sh themselves. HPCTF_REQUIRE_SLURM turns a
+# missing tool or a cluster that does not start into a failure instead of a skip.
+test: system-packages lint
 	HPCTF_REQUIRE_SLURM=1 $(BIN)/python -m pytest -ra --durations=10
 
 clean:

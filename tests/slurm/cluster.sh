@@ -6,7 +6,7 @@
 #   tests/slurm/cluster.sh status  # exit 0 if running and healthy
 #   eval "$(tests/slurm/cluster.sh env)"   # export SLURM_CONF=...
 #
-# Needs root and Debian's slurm-wlm + munge (installed if missing).
+# Needs root and Debian's slurm-wlm + munge (tests/system-packages.sh installs them if missing).
 #
 # Layout: one slurmctld plus HPCTF_SLURM_NODES slurmd daemons (node1..nodeN,
 # multiple-slurmd build), node I at loopback address 127.0.10.I, port PORT+I.
@@ -43,6 +43,7 @@
 #     `scontrol show job` for MinJobAge seconds.
 set -euo pipefail
 
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIR=${HPCTF_SLURM_DIR:-/tmp/hpctf-slurm}
 NODES=${HPCTF_SLURM_NODES:-2}
 CPUS=${HPCTF_SLURM_CPUS:-2}
@@ -88,24 +89,11 @@ node_list() {
 
 # ---------------------------------------------------------------- packages
 
+# The packages (slurm-wlm, munge, ...) come from the one list in tests/system-packages.sh,
+# which `make test` runs before the first test; here it is a no-op unless this script runs
+# on its own on a machine that lacks them.
 ensure_packages() {
-    local i
-    # Another process may be installing them right now: give it a while.
-    for ((i = 0; i < 60; i++)); do
-        if dpkg -s slurm-wlm munge >/dev/null 2>&1 && command -v slurmd >/dev/null; then
-            return 0
-        fi
-        if ((i % 6 == 0)); then
-            log "installing slurm-wlm munge (attempt $((i / 6 + 1)))"
-            if apt-get update -q >&2 &&
-                DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-                    -o DPkg::Lock::Timeout=120 slurm-wlm munge >&2; then
-                continue
-            fi
-        fi
-        sleep 5
-    done
-    dpkg -s slurm-wlm munge >/dev/null 2>&1 || die "could not install slurm-wlm munge"
+    "$HERE/../system-packages.sh" >&2 || die "the Slurm packages are not installed (see above)"
 }
 
 # ---------------------------------------------------------------- pid helpers
