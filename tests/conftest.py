@@ -1,8 +1,11 @@
-"""Shared fixtures: a scratch runs root, a recording fake sbatch, the example experiment."""
+"""Shared fixtures: a scratch runs root, a recording fake sbatch, the example experiment, the
+test Slurm cluster, and the system tools the tests need (tests/system-packages.sh installs them).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -44,9 +47,47 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def tools_required() -> bool:
+    """Whether a missing tool or test cluster fails the tests (`make test`, CI) or skips them."""
+    return bool(os.environ.get("HPCTF_REQUIRE_SLURM") or os.environ.get("CI"))
+
+
+def require_tool(name: str) -> str:
+    """The path of command ``name``. Missing, it fails the calling test where tools are
+    required (HPCTF_REQUIRE_SLURM or CI) and skips it elsewhere: never an error from deep inside
+    the test, and never found only because an earlier test happened to install it."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed: run tests/system-packages.sh as root (make test does)"
+        if tools_required():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_job_output_in_the_checkout() -> Iterator[None]:
+    """No test leaves a job's output (sbatch's default slurm-<id>.out in the submitting
+    directory) in the checkout: every job a test submits writes inside its tmp dir."""
+    places = {REPO, Path.cwd()}
+    before = {p for place in places for p in place.glob("slurm-*.out")}
+    yield
+    left = sorted({p for place in places for p in place.glob("slurm-*.out")} - before)
+    if left:
+        pytest.fail(
+            f"a test left job output in the checkout: {', '.join(map(str, left))} "
+            "(give its sbatch --output inside tmp_path, or cwd=tmp_path)",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
-    """Start the test cluster once; failing to start is fatal where Slurm is required."""
+    """Start the test cluster once; failing to start is fatal where Slurm is required.
+
+    HPCTF_SLURM_DIR, HPCTF_SLURM_PORT and HPCTF_SLURM_FIRST_JOB_ID (tests/slurm/cluster.sh)
+    pass through, so a second test run can keep its cluster apart from one already running.
+    """
     # Not under pytest's tmp dir: munged runs as the munge user and cannot enter root's 0700 dirs.
     state = Path(os.environ.get("HPCTF_SLURM_DIR", "/tmp/hpctf-slurm"))
     env = {**os.environ, "HPCTF_SLURM_DIR": str(state)}
@@ -55,9 +96,11 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
     )
     if proc.returncode != 0:
         message = f"test Slurm cluster did not start:\n{proc.stdout}\n{proc.stderr}"
-        if os.environ.get("HPCTF_REQUIRE_SLURM") or os.environ.get("CI"):
+        if tools_required():
             pytest.fail(message)
         pytest.skip(message)
+    for tool in ("sbatch", "srun", "scontrol", "scancel"):  # what the Slurm tests call
+        require_tool(tool)
     conf = str(state / "etc" / "slurm.conf")
     os.environ["SLURM_CONF"] = conf
     try:

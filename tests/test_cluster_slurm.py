@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpctf.cluster import expand_nodelist
-from tests.conftest import DIGITS, wait_for_job, write
+from tests.conftest import DIGITS, require_tool, wait_for_job, write
 
 pytestmark = pytest.mark.slurm
 HPCTF = [sys.executable, "-m", "hpctf"]
@@ -37,11 +36,7 @@ HPCTF = [sys.executable, "-m", "hpctf"]
 @pytest.fixture(scope="module")
 def scontrol_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Environment in which `scontrol show hostnames` works without any daemon."""
-    if shutil.which("scontrol") is None:
-        message = "scontrol not installed (apt-get install slurm-client)"
-        if os.environ.get("HPCTF_REQUIRE_SLURM") or os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_tool("scontrol")
     conf = tmp_path_factory.mktemp("scontrol") / "slurm.conf"
     conf.write_text("ClusterName=hostnames\nSlurmctldHost=localhost\n")
     yield {**os.environ, "SLURM_CONF": str(conf)}

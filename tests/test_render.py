@@ -7,8 +7,6 @@ compared with what the config said, byte for byte.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,12 +22,11 @@ from hpctf.config import MANAGED_OPTIONS, normalize_sbatch_option
 from hpctf.errors import UserError
 from hpctf.render import ENVIRONMENT, sbatch_value, shell_quote
 from hpctf.rundir import RunDir
-from tests.conftest import DIGITS, write
+from tests.conftest import DIGITS, require_tool, write
 
 HOSTILE = "$(touch pwned) `touch pwned2` 'single' \"double\" * ; -rf & | > out ${HOME} \\ !x ~"
 # No $ here: $ in a path is refused (only $NAME expands in site paths), tested below.
 HOSTILE_DIR = "v 'q' \"d\" * `touch pwned3` ; & [x] -rf"
-HAS_SHELLCHECK = shutil.which("shellcheck") is not None
 
 
 def experiment_file(tmp_path: Path, **changes: object) -> Path:
@@ -220,9 +217,8 @@ def test_script_is_valid_bash_and_passes_shellcheck(tmp_path: Path, runs_root: P
         setup=['echo "setup on $(hostname)"', "ulimit -n 4096"],
     )
     subprocess.run(["bash", "-n", str(script)], check=True)
-    if not HAS_SHELLCHECK and not os.environ.get("CI"):
-        pytest.skip("no shellcheck")
-    proc = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True, check=False)
+    shellcheck = require_tool("shellcheck")
+    proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
 
 
@@ -330,8 +326,7 @@ def test_a_site_template_overrides_blocks_of_the_base(
     assert "srun --kill-on-bad-exit=1" in result.output  # the base's launch block is kept
     script = write(tmp_path / "s.sh", result.output)
     subprocess.run(["bash", "-n", str(script)], check=True)
-    if HAS_SHELLCHECK:
-        subprocess.run(["shellcheck", str(script)], check=True, capture_output=True)
+    subprocess.run([require_tool("shellcheck"), str(script)], check=True, capture_output=True)
 
 
 def test_a_site_template_cannot_write_unquoted_values(

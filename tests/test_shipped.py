@@ -12,7 +12,6 @@ those.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 import yaml
 
 from hpctf import scaffold
-from tests.conftest import REPO
+from tests.conftest import REPO, require_tool
 
 SITES = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))
 EXAMPLES = {
@@ -63,9 +62,7 @@ def test_rendered_script_passes_bash_n_and_shellcheck(
     script.write_text(proc.stdout)
     syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
-    if shutil.which("shellcheck") is None and not os.environ.get("CI"):
-        pytest.skip("no shellcheck")
-    lint = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    lint = subprocess.run([require_tool("shellcheck"), str(script)], capture_output=True, text=True)
     assert lint.returncode == 0 and lint.stdout == "", lint.stdout
 
 
