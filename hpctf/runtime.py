@@ -2,15 +2,20 @@
 
 Reads the run's frozen config, turns the SLURM environment into a cluster spec
 (:func:`hpctf.cluster.cluster_spec`, pure), checks what only this machine can check (the
-addresses resolve, this task's port is free), sets TF_CONFIG and CUDA_VISIBLE_DEVICES, then
-hands over to :mod:`hpctf.training`, the only module that imports TensorFlow.
+addresses resolve, this task's port is free), sets TF_CONFIG and CUDA_VISIBLE_DEVICES, checks
+that TensorFlow can use the GPUs Slurm gave the task (:mod:`hpctf.gpus`), then hands over to
+:mod:`hpctf.training`. TensorFlow is imported only from :func:`run_worker` on, never on the
+login path.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib.metadata
 import logging
 import os
+import platform
+import re
 import socket
 import sys
 from collections.abc import Mapping, MutableMapping
@@ -18,6 +23,7 @@ from pathlib import Path
 
 from hpctf.cluster import ClusterSpec, cluster_spec
 from hpctf.errors import UserError
+from hpctf.gpus import Grant, check_gpus, granted_gpus
 from hpctf.preemption import install_early_handlers
 from hpctf.rundir import RunDir
 
@@ -94,6 +100,41 @@ def startup_checks(spec: ClusterSpec) -> None:
     check_port_free(spec.host, spec.port)
 
 
+def check_tensorflow_gpus(grant: Grant) -> None:
+    """Import TensorFlow and stop with a UserError unless it can use the GPUs of ``grant``.
+
+    Runs after :func:`prepare_environment` (CUDA_VISIBLE_DEVICES is final) and before the
+    strategy exists; listing physical devices does not create TensorFlow's context, so MWMS
+    still configures the devices afterwards. The decision is :func:`hpctf.gpus.check_gpus`.
+    """
+    import tensorflow as tf  # the worker imports it next anyway (hpctf.training)
+
+    if not grant.count:
+        return
+    cuda_build = bool(tf.test.is_built_with_gpu_support())
+    seen = len(tf.config.list_physical_devices("GPU")) if cuda_build else 0
+    check_gpus(
+        grant.count,
+        seen,
+        cuda_build,
+        tf.__version__,
+        source=grant.source,
+        device_files=grant.device_files,
+        packages=_tensorflow_packages() if not cuda_build else (),
+        machine=platform.machine(),
+    )
+
+
+def _tensorflow_packages() -> tuple[str, ...]:
+    """The installed distributions that provide the ``tensorflow`` module (for messages)."""
+    try:
+        names = importlib.metadata.packages_distributions().get("tensorflow", [])
+    except Exception:  # metadata of some unrelated package is broken: say nothing
+        return ()
+    # As PEP 503 normalizes them: the wheel's metadata says tensorflow_cpu.
+    return tuple(sorted({re.sub(r"[-_.]+", "-", name).lower() for name in names}))
+
+
 def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     """Train this task's share of the run; return the process exit code."""
     run = RunDir(run_dir.resolve())
@@ -123,6 +164,13 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     install_early_handlers()
     prepare_environment(os.environ, spec)
     sys.path[:0] = config.experiment.train.python_path
+    grant = granted_gpus(
+        spec.gpus,
+        env.get("CUDA_VISIBLE_DEVICES"),
+        config.gpus_per_node,
+        config.experiment.resources.tasks_per_node,
+    )
+    check_tensorflow_gpus(grant)
 
     from hpctf import training  # TensorFlow is imported here and nowhere on the login path.
 

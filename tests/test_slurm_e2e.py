@@ -214,3 +214,59 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
     )
     assert f"job {job_id}: ENDED exit 0 starts 2" in status.stdout
+
+
+def _seconds(slurm_time: str) -> int:
+    """Slurm's [D-]HH:MM:SS as seconds."""
+    days, _, clock = slurm_time.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        # The venv's TensorFlow is tensorflow-cpu; the test cluster's fake GPUs are /dev/null,
+        # which Slurm hands out as CUDA_VISIBLE_DEVICES=0 all the same.
+        (
+            ["resources.gpus_per_node=1"],
+            r"Error: Slurm gave this task 1 GPU\(s\) \(GPUs 0\) but TensorFlow \S+ is a "
+            r"CPU-only build \([^)]*\) and sees none: install hpctf\[gpu\] "
+            r"\(tensorflow\[and-cuda\]\)",
+        ),
+        # One GPU per node for two tasks per node: both saw GPU 0 (as measured on Slurm 22.05:
+        # CUDA_VISIBLE_DEVICES=0 and SLURM_STEP_GPUS=0 in both tasks, no SLURMD_TRES_BIND).
+        (
+            ["resources.nodes=1", "resources.tasks_per_node=2", "resources.gpus_per_node=1"],
+            r"Error: 1 GPU visible on node1 \(CUDA_VISIBLE_DEVICES=0\) cannot be shared by 2 "
+            r"tasks per node: .* ask for gpus_per_node equal to tasks_per_node",
+        ),
+    ],
+    ids=["cpu-only-tensorflow", "one-gpu-two-tasks"],
+)
+def test_gpu_job_that_cannot_use_its_gpus_fails_at_once(
+    slurm_cluster: dict[str, str], tmp_path: Path, sets: list[str], message: str
+) -> None:
+    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    # 100,000 steps would train for many minutes: a job that ends within a minute never did.
+    overrides = [arg for item in [*sets, "train.steps=100000"] for arg in ("--set", item)]
+    job_id, run_dir = submit(env, str(DIGITS), "--site", "local-slurm", *overrides)
+    info = wait_for_job(job_id, timeout=120)
+    assert info["JobState"] == "FAILED", logs_of(run_dir)
+    assert info["Restarts"] == "0"
+    # Stopped before the first collective: no training, no checkpoint. Most of the time is two
+    # `import tensorflow` side by side on 2 cores (20-30 s here).
+    assert _seconds(info["RunTime"]) < 60, info["RunTime"]
+    assert _events(run_dir)[-1]["event"] == "ended"
+    assert _events(run_dir)[-1]["exit_code"] != 0
+    assert not (run_dir / "metrics.jsonl").exists()
+    assert not list((run_dir / "checkpoints").glob("ckpt-*"))
+    ranks = [p.read_text() for p in sorted((run_dir / "logs").glob("rank-*.log"))]
+    assert ranks, logs_of(run_dir)
+    # srun --kill-on-bad-exit may end the other rank before it says anything; whoever speaks
+    # says it in one line.
+    lines = [line for text in ranks for line in text.splitlines() if line.startswith("Error: ")]
+    assert lines, logs_of(run_dir)
+    for line in lines:
+        assert re.fullmatch(message + r".*", line), line
+    assert not any(" step " in text for text in ranks), logs_of(run_dir)
