@@ -471,7 +471,10 @@ class Train(_Strict):
     collective_timeout_seconds: int | None = Field(
         1800,
         ge=1,
-        description="a collective waiting longer than this (a live but stuck rank) fails",
+        description=(
+            "a rank that finishes no step, save or evaluation batch for this long (a live but "
+            "stuck peer, a hung collective) exits 124; null: wait for ever"
+        ),
     )
     startup_timeout_seconds: int = Field(
         300, ge=1, description="every rank must join the cluster within this"

@@ -35,7 +35,9 @@ from hpctf.config import ResolvedConfig, Train
 from hpctf.data import plan_shards, training_input
 from hpctf.errors import UserError
 from hpctf.preemption import PREEMPTED_EXIT, PREEMPTION_SIGNALS, early_signal
+from hpctf.procstat import process_usage
 from hpctf.rundir import RunDir, write_atomic
+from hpctf.watchdog import ProgressWatchdog
 
 log = logging.getLogger("hpctf.worker")
 
@@ -66,16 +68,41 @@ def configure_failure_detection(spec: ClusterSpec, settings: Train) -> None:
 
 
 def make_strategy(gpus: int, settings: Train) -> tf.distribute.MultiWorkerMirroredStrategy:
-    """MWMS over NCCL when this task sees GPUs, RING otherwise, unless the config says which."""
+    """MWMS over NCCL when this task sees GPUs, RING otherwise, unless the config says which.
+
+    No ``timeout_seconds`` in the options: on RING each collective then leaves a thread behind
+    until its timeout, and a run dies after a few thousand steps. A stuck rank is bounded by
+    :class:`hpctf.watchdog.ProgressWatchdog` instead.
+    """
     implementations = tf.distribute.experimental.CommunicationImplementation
     choice = settings.communication
     if choice == "auto":
         choice = "nccl" if gpus else "ring"
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=implementations.NCCL if choice == "nccl" else implementations.RING,
-        timeout_seconds=settings.collective_timeout_seconds,
     )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def precision_policy(enabled: bool, gpus: int) -> str | None:
+    """The Keras mixed-precision policy for ``train.mixed_precision``: float16 where GPUs
+    compute (tensor cores), bfloat16 on CPUs; None when off."""
+    if not enabled:
+        return None
+    return "mixed_float16" if gpus else "mixed_bfloat16"
+
+
+def with_loss_scaling(optimizer: Any, policy: str | None) -> Any:
+    """``optimizer`` wrapped in Keras's dynamic loss scaling when ``policy`` computes in
+    float16, whose small gradients underflow to zero without it; unchanged otherwise.
+
+    Keras 3 applies no loss scaling by itself: a plain optimizer's ``scale_loss`` is the
+    identity (keras.io/api/mixed_precision/loss_scale_optimizer). bfloat16 has float32's
+    exponent range and needs none.
+    """
+    if policy != "mixed_float16" or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer
+    return keras.optimizers.LossScaleOptimizer(optimizer)
 
 
 def _format_eta(seconds: float) -> str:
@@ -134,20 +161,39 @@ class ChiefRecords:
 
     def __init__(self, run: RunDir, chief: bool) -> None:
         self._run = run
-        self._writer = (
-            tf.summary.create_file_writer(str(run.path / "tensorboard")) if chief else None
-        )
+        self._chief = chief
+        self._writer = None
+        if chief and _tensorboard_installed():
+            self._writer = tf.summary.create_file_writer(str(run.path / "tensorboard"))
+        elif chief:
+            log.warning(
+                "the tensorboard package is not installed: no TensorBoard events, only %s "
+                "(pip install tensorboard, or hpctf[tf])",
+                run.metrics,
+            )
 
     def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
-        if self._writer is None:
+        if not self._chief:
             return
         line = {"step": step, group: values} if group else {"step": step, **values}
         with self._run.metrics.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
+        if self._writer is None:
+            return
         with self._writer.as_default(step=step):
             for name, value in values.items():
                 tf.summary.scalar(f"{group}/{name}" if group else name, value)
         self._writer.flush()
+
+
+def _tensorboard_installed() -> bool:
+    """Whether ``tf.summary.scalar`` will work: TF imports tensorboard only at the first
+    call, and raises TBNotInstalledError there, in the middle of training."""
+    try:
+        from tensorboard.summary.v2 import scalar  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class Session:
@@ -161,12 +207,13 @@ class Session:
         # Known from train.steps; with train.epochs the loop sets it once it knows the data.
         self.total_steps: int | None = self.settings.steps
         gpus = tf.config.list_physical_devices("GPU")
-        policy = None
-        if self.settings.mixed_precision:
-            policy = "mixed_float16" if gpus else "mixed_bfloat16"
+        policy = self.precision_policy = precision_policy(self.settings.mixed_precision, len(gpus))
+        if policy:
             keras.mixed_precision.set_global_policy(policy)
         configure_failure_detection(spec, self.settings)
         self.strategy = make_strategy(len(gpus), self.settings)
+        timeout = self.settings.collective_timeout_seconds
+        self._watchdog = ProgressWatchdog(timeout).start() if timeout else None
         replicas = self.strategy.num_replicas_in_sync
         if self.settings.global_batch_size % replicas:
             raise UserError(
@@ -181,6 +228,7 @@ class Session:
             "on" if self.settings.jit_compile else "off",
         )
         self._preemption = PreemptionWatch(self.strategy)
+        self._gather = _make_gather(self.strategy)
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self._checkpointer: Checkpointer | None = None
         self._records = ChiefRecords(run, spec.is_chief)
@@ -196,7 +244,16 @@ class Session:
         self._checkpointer = Checkpointer(
             checkpoint, self.run.checkpoints, self.spec, self.config.experiment.checkpoint.keep
         )
-        restored = self._checkpointer.restore_latest()
+        if self.precision_policy == "mixed_float16" and not any(
+            isinstance(o, keras.optimizers.LossScaleOptimizer) for o in objects.values()
+        ):
+            log.warning(
+                "mixed_float16 without loss scaling: small gradients underflow to zero; wrap "
+                "the optimizer with hpctf.session.with_loss_scaling(optimizer, "
+                "session.precision_policy)"
+            )
+        restored = self._checkpointer.restore_agreed(self._gather)
+        self.keepalive("restore")
         start = int(self._step.numpy())
         if restored:
             log.info("resumed from %s at step %d", restored, start)
@@ -214,7 +271,9 @@ class Session:
         if self._checkpointer is None:
             raise RuntimeError("call Session.track(...) before saving")
         self._step.assign(step)
+        self.keepalive(f"step {step}")
         self._checkpointer.save(step)
+        self.keepalive(f"checkpoint of step {step}")
 
     def distribute(self, source: DataSource, shuffle_buffer: int = 10_000) -> Any:
         """An iterator over ``source``, sharded (FILE or DATA, logged), batched to the global
@@ -241,6 +300,7 @@ class Session:
         """Call after every step, on every rank: logs progress, checkpoints every
         ``checkpoint.every_steps``, and on a preemption signal to any rank saves this step on
         all ranks and raises :class:`Preempted` (exit status 75)."""
+        self.keepalive(f"step {step}")
         total = self.total_steps
         if loss is not None and (step % self.settings.log_every_steps == 0 or step == total):
             self._log_progress(step, loss)
@@ -279,15 +339,37 @@ class Session:
             rate * batch,
             eta,
         )
-        self.record(step, {"loss": loss, "steps_per_s": round(rate, 3)})
+        # Threads and RSS with every logged step: a leak shows in metrics.jsonl long before
+        # it kills the process.
+        self.record(step, {"loss": loss, "steps_per_s": round(rate, 3), **process_usage()})
 
     def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
         """Chief only: one line of metrics.jsonl and TensorBoard scalars (``group/name``)."""
         self._records.record(step, values, group)
 
+    def keepalive(self, what: str = "progress") -> None:
+        """Tell the watchdog that training moves. :meth:`step_done` does it for every step; a
+        loop with long phases between steps (evaluation, a slow save) calls it within each
+        ``train.collective_timeout_seconds``, or the rank is taken as stuck."""
+        if self._watchdog is not None:
+            self._watchdog.beat(what)
+
     def finish(self, step: int, results: dict[str, float] | None = None) -> None:
         """Mark the run complete (the chief writes DONE)."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
         if self.spec.is_chief:
             write_atomic(self.run.done, json.dumps({"step": step, "eval": results or {}}) + "\n")
             log.info("training complete: %s", self.run.done)
         sys.stdout.flush()
+
+
+def _make_gather(strategy: Any) -> Any:
+    """A collective that returns every replica's integer, on every rank, as a list."""
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
+    def gather(value: Any) -> Any:
+        per_replica = strategy.run(lambda: tf.reshape(value, [1]))
+        return strategy.gather(per_replica, axis=0)
+
+    return lambda value: [int(v) for v in gather(tf.constant(value, tf.int64)).numpy()]

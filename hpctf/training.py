@@ -23,7 +23,7 @@ from hpctf.config import ResolvedConfig, Train
 from hpctf.data import cardinality, evaluation_dataset
 from hpctf.errors import UserError
 from hpctf.rundir import RunDir
-from hpctf.session import Preempted, Session
+from hpctf.session import Preempted, Session, with_loss_scaling
 
 log = logging.getLogger("hpctf.worker")
 
@@ -75,31 +75,82 @@ def total_steps(settings: Train, task: Task) -> int:
     return per_epoch * (settings.epochs or 1)
 
 
-def build_task(entry: Callable[..., Any], settings: Train, strategy: Any) -> Task:
-    """Call the user's entry inside the strategy's scope; check and finish what it returns."""
+def build_task(
+    entry: Callable[..., Any], settings: Train, strategy: Any, policy: str | None = None
+) -> Task:
+    """Call the user's entry inside the strategy's scope; check and finish what it returns
+    (loss scaling for float16, optimizer slots built)."""
     with strategy.scope():
         task = entry(**settings.args)
         if not isinstance(task, Task):
             raise UserError(
                 f"train.entry {settings.entry!r} returned {type(task).__name__}, not hpctf.Task"
             )
-        if settings.scale_learning_rate:
-            replicas = strategy.num_replicas_in_sync
-            base = float(keras.ops.convert_to_numpy(task.optimizer.learning_rate))
-            task.optimizer.learning_rate = base * replicas
-            log.info(
-                "learning rate scaled by %d replicas: %g -> %g", replicas, base, base * replicas
-            )
+        task.optimizer = with_loss_scaling(task.optimizer, policy)
         # Build optimizer slots now so a restore fills them instead of deferring.
         task.optimizer.build(task.model.trainable_variables)
     return task
 
 
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):  # type: ignore[misc]
+    """A user's learning-rate schedule times a constant factor."""
+
+    def __init__(self, schedule: Any, factor: float) -> None:
+        self.schedule = schedule
+        self.factor = factor
+
+    def __call__(self, step: Any) -> Any:
+        return self.schedule(step) * self.factor
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "schedule": keras.optimizers.schedules.serialize(self.schedule),
+            "factor": self.factor,
+        }
+
+
+def learning_rate_scaler(optimizer: Any, replicas: int) -> Callable[[], str]:
+    """For ``train.scale_learning_rate``: a function that sets ``optimizer``'s learning rate
+    to the rate the entry gave times ``replicas`` and says what it did.
+
+    Call it after restoring a checkpoint: a constant rate is an optimizer variable, so a
+    restore would bring back the rate scaled for the replica count of the job that saved it.
+    A schedule cannot be assigned a number (Keras raises TypeError) and is wrapped instead.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under LossScaleOptimizer
+    # Keras keeps the constructor's value in _learning_rate: a Variable, a schedule or a
+    # callable; the public property returns only the current number.
+    given = inner._learning_rate
+    if isinstance(given, keras.optimizers.schedules.LearningRateSchedule):
+        scaled: Any = ScaledSchedule(given, replicas)
+        text = f"{type(given).__name__} x {replicas}"
+    elif callable(given):  # Keras calls a plain callable without the step
+        scaled = ScaledSchedule(lambda step: given(), replicas)
+        text = f"{given!r} x {replicas}"
+    else:
+        base = float(keras.ops.convert_to_numpy(given))
+        scaled = base * replicas
+        text = f"{base:g} -> {scaled:g}"
+
+    def apply() -> str:
+        inner.learning_rate = scaled
+        return f"learning rate scaled by {replicas} replicas: {text}"
+
+    return apply
+
+
 def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     settings = session.settings
     strategy = session.strategy
-    task = build_task(entry, settings, strategy)
+    task = build_task(entry, settings, strategy, session.precision_policy)
+    rescale = (
+        learning_rate_scaler(task.optimizer, strategy.num_replicas_in_sync)
+        if settings.scale_learning_rate
+        else None
+    )
     start = session.track(model=task.model, optimizer=task.optimizer)
+    if rescale is not None:
+        log.info("%s", rescale())
     total = session.total_steps = total_steps(settings, task)
     iterator = session.distribute(task.train_data, task.shuffle_buffer)
     train_step = make_train_step(strategy, task, settings.global_batch_size, settings.jit_compile)
@@ -112,7 +163,7 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     def evaluate(step: int) -> dict[str, float]:
         if evaluator is None:
             return {}
-        results = evaluator()
+        results = evaluator(session.keepalive)
         log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
         session.record(step, results, group="eval")
         return results
@@ -197,10 +248,11 @@ class Evaluator:
 
         self._eval_step = eval_step
 
-    def __call__(self) -> dict[str, float]:
+    def __call__(self, keepalive: Callable[[str], None]) -> dict[str, float]:
         totals: dict[str, float] = {}
         for features, labels in self._strategy.experimental_distribute_dataset(self._dataset):
             for name, value in self._eval_step(features, labels).items():
                 totals[name] = totals.get(name, 0.0) + float(value)
+            keepalive("evaluation batch")
         count = totals.pop("count", 0.0)
         return {name: value / count for name, value in totals.items()} if count else {}

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hpctf.local import task_environment
-from tests.conftest import DIGITS, REPO
+from hpctf.watchdog import STALLED_EXIT
+from tests.conftest import DIGITS, REPO, write
 
 pytestmark = pytest.mark.tf
 HPCTF = [sys.executable, "-m", "hpctf"]
@@ -118,26 +119,19 @@ def test_damaged_latest_checkpoint_falls_back_to_the_one_before(
 
 
 def _start_two_workers(
-    tmp_path: Path, runs_root: Path
+    tmp_path: Path,
+    runs_root: Path,
+    experiment: Path = DIGITS,
+    sets: tuple[str, ...] = (),
+    ready: str = "step 100/",
 ) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
     """Two worker processes with srun's environment, started directly (no launcher that would
-    kill the survivor for us), training for a long time."""
+    kill the survivor for us), training for a long time; returns once rank 0 logged ``ready``."""
+    settings = ["train.steps=1000000", "train.log_every_steps=100"]
+    settings += ["checkpoint.every_steps=1000000", *sets]
     subprocess.run(
-        [
-            *HPCTF,
-            "render",
-            str(DIGITS),
-            "--site",
-            "local",
-            "-o",
-            str(tmp_path / "job.sbatch"),
-            "--set",
-            "train.steps=1000000",
-            "--set",
-            "train.log_every_steps=100",
-            "--set",
-            "checkpoint.every_steps=1000000",
-        ],
+        [*HPCTF, "render", str(experiment), "--site", "local", "-o", str(tmp_path / "job.sbatch")]
+        + [arg for setting in settings for arg in ("--set", setting)],
         check=True,
         capture_output=True,
     )
@@ -155,7 +149,7 @@ def _start_two_workers(
         for rank in range(2)
     ]
     deadline = time.monotonic() + 120
-    while "step 100/" not in logs[0].read_text():
+    while not any(ready in log.read_text() for log in logs):
         assert time.monotonic() < deadline, logs[0].read_text()[-2000:]
         time.sleep(0.1)
     return procs, logs
@@ -187,6 +181,87 @@ def test_a_dead_or_frozen_rank_ends_the_other_within_the_bound(
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def test_a_live_but_stuck_rank_ends_every_rank_within_the_bound(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """Rank 1 sleeps inside its loop (alive, heartbeats go on, no collectives): both ranks'
+    watchdogs end them within train.collective_timeout_seconds plus one check interval."""
+    timeout = 10
+    experiment = write(
+        tmp_path / "stuck.yaml",
+        f"""
+name: stuck
+site: local
+resources: {{nodes: 2, time: "00:15:00"}}
+train:
+  loop: custom
+  entry: entries:stuck_at
+  args: {{rank: 1, step: 40}}
+  steps: 1000
+  global_batch_size: 64
+  python_path: ["{REPO / "tests"}"]
+  collective_timeout_seconds: {timeout}
+""",
+    )
+    procs, logs = _start_two_workers(tmp_path, runs_root, experiment, ready="stuck at step 40")
+    try:
+        started = time.monotonic()
+        codes = [proc.wait(timeout=timeout + 60) for proc in procs]
+        elapsed = time.monotonic() - started
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    texts = [log.read_text() for log in logs]
+    print(f"stuck rank 1: exits {codes} after {elapsed:.1f} s")
+    assert codes == [STALLED_EXIT, STALLED_EXIT], [text[-1500:] for text in texts]
+    assert elapsed <= timeout * 1.1 + 5, f"{elapsed:.1f} s"
+    for text in texts:
+        assert "no progress for " in text
+        assert f"(train.collective_timeout_seconds {timeout}; last: step " in text
+
+
+def test_threads_and_memory_stay_flat_over_thousands_of_steps(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """With the default configuration (collective timeout on): the per-collective timeout of
+    TF leaked one thread per collective (~1,000/s here) and killed runs at ~3,800 steps."""
+    run_dir = submit_local(
+        "--set",
+        "train.steps=3000",
+        "--set",
+        "train.log_every_steps=250",
+        "--set",
+        "checkpoint.every_steps=1000",
+        cwd=tmp_path,
+    )
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    usage = {r["step"]: r for r in records if "threads" in r}
+    early, late = usage[500], usage[3000]
+    print(f"step 500: {early}\nstep 3000: {late}")
+    assert late["threads"] <= early["threads"] + 2
+    assert late["rss_mb"] <= early["rss_mb"] + 64
+
+
+def test_scaled_learning_rate_schedule_on_two_workers(runs_root: Path, tmp_path: Path) -> None:
+    """scale_learning_rate with a schedule raised TypeError ("not settable")."""
+    run_dir = submit_local(
+        "--set",
+        "train.entry=entries:digits_with_schedule",
+        "--set",
+        f"train.python_path=[{REPO / 'tests'}]",
+        "--set",
+        "train.scale_learning_rate=true",
+        "--set",
+        "train.steps=60",
+        cwd=tmp_path,
+    )
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "learning rate scaled by 2 replicas: ExponentialDecay x 2" in log
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 60
 
 
 def test_tfrecords_workers_read_disjoint_files(runs_root: Path, tmp_path: Path) -> None:

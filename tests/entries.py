@@ -1,0 +1,48 @@
+"""Training entries for tests: the digits example with twists a test needs.
+
+Workers import this module by ``train.entry: entries:NAME`` with this directory on
+``train.python_path``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import keras
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "custom_loop"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "digits"))
+
+import digits
+import loop
+
+import hpctf
+from hpctf.session import Session
+
+
+def digits_with_schedule(
+    hidden: int = 64, learning_rate: float = 0.01, decay_steps: int = 50
+) -> hpctf.Task:
+    """The digits task with a learning-rate schedule instead of a constant rate."""
+    task = digits.build(hidden=hidden, learning_rate=learning_rate)
+    schedule = keras.optimizers.schedules.ExponentialDecay(learning_rate, decay_steps, 0.5)
+    task.optimizer = keras.optimizers.Adam(schedule)
+    return task
+
+
+def stuck_at(session: Session, rank: int = 1, step: int = 40) -> None:
+    """The custom-loop example, except that rank ``rank`` stops calling collectives at
+    ``step`` while staying alive (heartbeats go on): a deadlock in user code."""
+    original = session.step_done
+
+    def step_done(current: int, loss: float | None = None) -> None:
+        if session.spec.task_index == rank and current == step:
+            print(f"rank {rank} stuck at step {step}", flush=True)
+            time.sleep(3600)
+        original(current, loss=loss)
+
+    session.step_done = step_done  # type: ignore[method-assign]
+    loop.main(session)
+

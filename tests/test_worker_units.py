@@ -1,0 +1,280 @@
+"""Compute-node pieces, in process with real TensorFlow and Keras objects: checkpoint agreement
+between ranks, loss scaling, learning-rate scaling, records without TensorBoard, the watchdog."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from hpctf.procstat import parse_status, process_usage
+from hpctf.watchdog import STALLED_EXIT, ProgressWatchdog
+
+pytestmark = pytest.mark.tf
+
+
+# --- checkpoint agreement --------------------------------------------------------------------
+
+
+class _Gather:
+    """An all-gather between ``ranks`` threads: each call blocks until every rank called."""
+
+    def __init__(self, ranks: int) -> None:
+        self._barrier = threading.Barrier(ranks)
+        self._slots = [0] * ranks
+        self._local = threading.local()
+
+    def join(self, rank: int) -> None:
+        self._local.rank = rank
+
+    def __call__(self, value: int) -> Sequence[int]:
+        self._slots[self._local.rank] = value
+        self._barrier.wait()
+        result = list(self._slots)
+        self._barrier.wait()  # nobody overwrites a slot before everyone has read this round
+        return result
+
+
+def _agree(views: list[dict[int, bool]]) -> list[object]:
+    """Run agree_on_step on one thread per rank; ``views[r]`` maps listed step -> readable."""
+    from hpctf.checkpoints import agree_on_step
+
+    gather = _Gather(len(views))
+    results: list[object] = [None] * len(views)
+    reads: list[list[int]] = [[] for _ in views]
+
+    def rank(index: int) -> None:
+        gather.join(index)
+        listed = {step: f"ckpt-{step}" for step in views[index]}
+
+        def readable(path: str) -> bool:
+            step = int(path.split("-")[1])
+            reads[index].append(step)
+            return views[index][step]
+
+        try:
+            results[index] = agree_on_step(listed, readable, gather, "/runs/x/checkpoints")
+        except Exception as exc:  # the test looks at what each rank got
+            results[index] = exc
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(len(views))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    for index, steps in enumerate(reads):
+        assert len(steps) == len(set(steps)), f"rank {index} read a checkpoint twice: {steps}"
+    return results
+
+
+@pytest.mark.parametrize(
+    ("views", "expected"),
+    [
+        # Everyone sees the same, newest readable: it.
+        ([{100: True, 200: True}, {100: True, 200: True}], 200),
+        # A stale view on rank 1 (200 not listed yet): every rank restores 100, not 200 and 100.
+        ([{100: True, 200: True}, {100: True}], 100),
+        # 300 damaged for rank 0 only (a bad read): both fall back to 200.
+        ([{200: True, 300: False}, {200: True, 300: True}], 200),
+        # Three ranks, each missing a different step: the newest step all can read.
+        (
+            [{1: True, 2: True, 3: True}, {1: True, 3: True}, {1: True, 2: True}],
+            1,
+        ),
+        # Nothing anywhere: a fresh start.
+        ([{}, {}], None),
+    ],
+    ids=["same", "stale-listing", "one-rank-damaged", "three-ranks", "fresh"],
+)
+def test_all_ranks_restore_the_same_step(
+    views: list[dict[int, bool]], expected: int | None
+) -> None:
+    assert _agree(views) == [expected] * len(views)
+
+
+def test_ranks_with_no_common_checkpoint_stop_with_a_clear_error() -> None:
+    """Rank 1 sees an empty directory (a run dir on node-local disk): never a silent restart
+    from step 0 on one rank and step 300 on another."""
+    from hpctf.errors import UserError
+
+    results = _agree([{300: True}, {}])
+    for result in results:
+        assert isinstance(result, UserError)
+        assert "newest readable per rank: 300, none" in str(result)
+        assert "shares" in str(result)
+
+
+# --- precision and learning rate ---------------------------------------------------------------
+
+
+@pytest.fixture
+def float16_policy() -> Iterator[None]:
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _tiny_step(optimizer: object, scale: float) -> float:
+    """One step of a float16 model on a loss times ``scale``; the largest weight change."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    before = [w.numpy().copy() for w in model.trainable_variables]
+    x = tf.constant(np.ones((8, 4), np.float32))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.cast(model(x), tf.float32)) * scale
+        scaled = optimizer.scale_loss(loss)  # type: ignore[attr-defined]
+    grads = tape.gradient(scaled, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))  # type: ignore[attr-defined]
+    after = model.trainable_variables
+    return max(float(np.abs(a.numpy() - b).max()) for a, b in zip(after, before, strict=True))
+
+
+def test_float16_training_gets_loss_scaling(float16_policy: None) -> None:
+    """Gradients of 1e-8 underflow in float16: without loss scaling the weights never move."""
+    import keras
+
+    from hpctf.session import with_loss_scaling
+
+    plain = keras.optimizers.SGD(1e6)
+    assert _tiny_step(plain, 1e-8) == 0.0  # the defect: a plain optimizer's scale is 1
+    wrapped = with_loss_scaling(keras.optimizers.SGD(1e6), "mixed_float16")
+    assert isinstance(wrapped, keras.optimizers.LossScaleOptimizer)
+    assert _tiny_step(wrapped, 1e-8) > 0.0
+    bf16 = keras.optimizers.SGD(0.1)
+    assert with_loss_scaling(bf16, "mixed_bfloat16") is bf16
+    assert with_loss_scaling(wrapped, "mixed_float16") is wrapped
+
+
+def test_scaled_constant_rate_survives_a_restore(tmp_path: Path) -> None:
+    """A checkpoint from a 2-replica job holds 0.02; resumed on 4 replicas the rate is the
+    entry's 0.01 x 4, not the restored 0.02 (nor 0.02 x 4)."""
+    import keras
+    import tensorflow as tf
+
+    from hpctf.training import learning_rate_scaler
+
+    saved = keras.optimizers.Adam(0.01)
+    saved.build([tf.Variable(1.0)])
+    learning_rate_scaler(saved, 2)()
+    path = tf.train.Checkpoint(optimizer=saved).save(str(tmp_path / "ckpt"))
+
+    resumed = keras.optimizers.Adam(0.01)
+    resumed.build([tf.Variable(1.0)])
+    rescale = learning_rate_scaler(resumed, 4)  # taken from the entry, before the restore
+    tf.train.Checkpoint(optimizer=resumed).restore(path)
+    assert float(resumed.learning_rate) == pytest.approx(0.02)  # what the restore brings back
+    assert rescale() == "learning rate scaled by 4 replicas: 0.01 -> 0.04"
+    assert float(resumed.learning_rate) == pytest.approx(0.04)
+
+
+def test_scaled_schedule(tmp_path: Path) -> None:
+    """A schedule cannot be assigned a number (Keras raises TypeError): it is wrapped."""
+    import keras
+    import tensorflow as tf
+
+    from hpctf.training import learning_rate_scaler
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5)
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(schedule))
+    optimizer.build([tf.Variable(1.0)])
+    message = learning_rate_scaler(optimizer, 3)()
+    assert message == "learning rate scaled by 3 replicas: ExponentialDecay x 3"
+    assert float(optimizer.learning_rate) == pytest.approx(0.03)  # at step 0
+    inner = optimizer.inner_optimizer
+    inner.iterations.assign(10)
+    assert float(inner.learning_rate) == pytest.approx(0.015)
+
+
+# --- records --------------------------------------------------------------------------------------
+
+
+def test_records_without_tensorboard_keep_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the tensorboard package tf.summary.scalar raises TBNotInstalledError at the first
+    logged step; the records go on with metrics.jsonl and say so once, at start."""
+    from hpctf.rundir import RunDir
+    from hpctf.session import ChiefRecords
+
+    monkeypatch.setitem(sys.modules, "tensorboard.summary.v2", None)
+    run = RunDir(tmp_path)
+    records = ChiefRecords(run, chief=True)
+    records.record(10, {"loss": 0.5})
+    records.record(20, {"accuracy": 0.9}, group="eval")
+    lines = [json.loads(line) for line in run.metrics.read_text().splitlines()]
+    assert lines == [{"step": 10, "loss": 0.5}, {"step": 20, "eval": {"accuracy": 0.9}}]
+    assert not (tmp_path / "tensorboard").exists()
+    assert "tensorboard package is not installed" in caplog.text
+
+
+def test_records_with_tensorboard_write_events(tmp_path: Path) -> None:
+    from hpctf.rundir import RunDir
+    from hpctf.session import ChiefRecords
+
+    ChiefRecords(RunDir(tmp_path), chief=True).record(10, {"loss": 0.5})
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+# --- watchdog and process usage ------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_watchdog_fires_only_after_the_timeout_without_a_beat() -> None:
+    clock = _Clock()
+    fired = threading.Event()
+    codes: list[int] = []
+
+    def on_stall(code: int) -> None:
+        codes.append(code)
+        fired.set()
+
+    dog = ProgressWatchdog(5, on_stall=on_stall, clock=clock).start()
+    try:
+        for _ in range(20):  # steps keep coming: 20 x 1 s, never 5 s without a beat
+            clock.now += 1
+            dog.beat("step")
+        assert not fired.wait(1.0)
+        clock.now += 5
+        assert fired.wait(2.0)
+        assert codes == [STALLED_EXIT]
+    finally:
+        dog.stop()
+
+
+def test_watchdog_costs_one_thread_whatever_the_steps() -> None:
+    before = threading.active_count()
+    dog = ProgressWatchdog(60).start()
+    try:
+        for _ in range(100_000):
+            dog.beat()
+        assert threading.active_count() == before + 1
+    finally:
+        dog.stop()
+    assert threading.active_count() == before
+
+
+def test_process_usage() -> None:
+    text = "Name:\tpython\nVmRSS:\t  204800 kB\nThreads:\t7\n"
+    assert parse_status(text) == {"rss_mb": 200.0, "threads": 7}
+    usage = process_usage()
+    assert usage["threads"] >= 1 and usage["rss_mb"] > 1
+    assert process_usage(Path("/nonexistent/status")) == {}
