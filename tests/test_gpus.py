@@ -1,17 +1,23 @@
-"""The worker's GPU check before it joins the cluster: pure unit tests (hpctf/gpus.py).
+"""The worker's GPU check before it joins the cluster: pure unit tests (hpctf/gpus.py), the
+glue with this machine's TensorFlow, and benchmarks/gpu_check.py in its CPU-sized --tiny mode.
 
 The same check on the real Slurm test cluster: tests/test_slurm_e2e.py
-(test_gpu_job_with_cpu_only_tensorflow_fails_at_once).
+(test_gpu_job_that_cannot_use_its_gpus_fails_at_once).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hpctf.errors import UserError
 from hpctf.gpus import Grant, check_gpus, granted_gpus
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize(
@@ -157,3 +163,30 @@ def test_worker_check_with_this_machines_tensorflow() -> None:
         "CPU-only build ("
     )
     assert "hpctf[gpu]" in message or "aarch64" in message
+
+
+@pytest.mark.tf
+def test_gpu_check_script_runs_tiny_on_cpu(tmp_path: Path) -> None:
+    # benchmarks/gpu_check.py is meant for a GPU node; --tiny runs the same two paths (hpctf's
+    # worker and the plain script) on CPUs in a minute or two, so the script cannot rot here.
+    out = tmp_path / "tiny.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+    results = json.loads(out.read_text())
+    assert results["hpctf_images_per_s"] > 0
+    assert results["plain_images_per_s"] > 0
+    assert results["ratio"] > 0
+    assert results["precision"] == "mixed_bfloat16"
+    assert results["setup"]["communication"] == "ring"
+    (hpctf_run,) = results["hpctf_runs"]
+    assert hpctf_run["worker_said"] == (
+        "1 replicas, 0 GPU(s) on this rank, mixed precision mixed_bfloat16, XLA on"
+    )
+    assert results["plain_runs"][0]["policy"] == "mixed_bfloat16"
+    assert "ratio hpctf/plain" in proc.stdout
