@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctf import slurm
+from hpctf.core import slurm
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"

@@ -19,7 +19,7 @@ import digits
 import loop
 
 import hpctf
-from hpctf.session import Session
+from hpctf.compute.session import Session
 
 
 def digits_with_schedule(

@@ -367,20 +367,75 @@ def test_dry_run_without_sbatch_on_path_still_renders(
     assert "test-only" not in result.output
 
 
-def test_sbatch_failure_is_reported_in_one_line(
-    tmp_path: Path, runs_root: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("said", "status", "whose"),
+    [
+        ("sbatch: error: Batch job submission failed: Invalid partition name specified", 2, "user"),
+        ("sbatch: error: invalid partition specified: debug", 2, "user"),
+        (
+            "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+            "(connect failure)",
+            3,
+            "environment",
+        ),
+        ("sbatch: error: Socket timed out on send/recv operation", 3, "environment"),
+    ],
+    ids=["refused", "refused-lowercase", "controller-down", "timeout"],
+)
+def test_sbatch_failure_is_one_line_by_whose_fault_and_leaves_no_run_dir(
+    tmp_path: Path,
+    runs_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    said: str,
+    status: int,
+    whose: str,
 ) -> None:
-    bin_dir = write(
-        tmp_path / "bin" / "sbatch",
-        "#!/bin/sh\necho 'sbatch: error: invalid partition specified: debug' >&2\nexit 1\n",
-    ).parent
+    """Slurm refusing the request is the user's mistake (exit 2); Slurm failing is the
+    environment's (exit 3). Either way the run directory made for the job is gone again."""
+    bin_dir = write(tmp_path / "bin" / "sbatch", f"#!/bin/sh\necho '{said}' >&2\nexit 1\n").parent
     (bin_dir / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"])
-    assert result.exit_code == 2
-    assert (
-        "sbatch failed (exit 1): sbatch: error: invalid partition specified: debug" in result.output
+    assert result.exit_code == status, (whose, result.output)
+    assert result.output.strip().splitlines() == [f"Error: sbatch failed (exit 1): {said}"]
+    assert not runs_root.exists() or not any(runs_root.iterdir())
+
+
+def test_a_full_disk_is_the_environments_fault(
+    tmp_path: Path, runs_root: Path, monkeypatch: pytest.MonkeyPatch, fake_sbatch: Path
+) -> None:
+    import errno
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("os.fsync", no_space)
+    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"])
+    assert result.exit_code == 3, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "No space left on device" in lines[0], lines
+    assert lines[0].startswith(f"Error: cannot write {runs_root}/")
+    assert not any(runs_root.iterdir())  # nothing half-made is left
+    assert not fake_sbatch.exists()  # nothing submitted
+
+
+def test_a_bug_in_hpctf_shows_its_traceback_and_asks_for_a_report(tmp_path: Path) -> None:
+    """Not a user mistake: the traceback stays, with a line saying whose it is (exit 70)."""
+    code = (
+        "import sys\n"
+        "import hpctf.login.commands as commands\n"
+        "def broken(*args, **kwargs):\n"
+        "    raise RuntimeError('an internal bug')\n"
+        "commands.load_config = broken\n"
+        f"sys.argv = ['hpctf', 'validate', {str(DIGITS)!r}]\n"
+        "from hpctf.cli import main\n"
+        "main()\n"
     )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 70, proc.stderr
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert "RuntimeError: an internal bug" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("hpctf: the error above is a bug")
 
 
 def test_status_of_a_non_run_dir(tmp_path: Path) -> None:
@@ -608,7 +663,7 @@ def test_logs_follow_stops_once_the_runs_jobs_have_ended(
     assert CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"]).exit_code == 0
     (run_dir,) = runs_root.iterdir()
     (run_dir / "logs" / "rank-0.log").write_text("step 1\n")
-    from hpctf.rundir import RunDir, has_open_job
+    from hpctf.core.rundir import RunDir, has_open_job
 
     run = RunDir(run_dir)
     assert has_open_job(run.events())  # submitted, not ended: -f would keep following

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctf.cli import cli
-from hpctf.cluster import (
+from hpctf.compute.cluster import (
     ClusterSpec,
     cluster_spec,
     expand_nodelist,
@@ -29,10 +29,15 @@ from hpctf.cluster import (
     layout,
     port_for,
 )
-from hpctf.config import check_hostname_template
-from hpctf.errors import UserError
-from hpctf.runtime import check_port_free, check_resolves, prepare_environment, startup_checks
-from hpctf.sites import read_site_file
+from hpctf.compute.runtime import (
+    check_port_free,
+    check_resolves,
+    prepare_environment,
+    startup_checks,
+)
+from hpctf.core.config import check_hostname_template
+from hpctf.core.errors import UserError
+from hpctf.login.sites import read_site_file
 from tests.conftest import write
 
 PORTS = (20000, 30000)

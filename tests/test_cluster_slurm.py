@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpctf.cluster import expand_nodelist
+from hpctf.compute.cluster import expand_nodelist
 from tests.conftest import DIGITS, require_tool, wait_for_job, write
 
 pytestmark = pytest.mark.slurm

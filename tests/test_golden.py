@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctf import __version__, scaffold
-from hpctf.loader import load_config
-from hpctf.render import explain, render
+from hpctf import __version__
+from hpctf.login import scaffold
+from hpctf.login.loader import load_config
+from hpctf.login.render import explain, render
 from tests.conftest import DIGITS, REPO
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

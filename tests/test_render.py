@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctf.cli import cli
-from hpctf.config import MANAGED_OPTIONS, normalize_sbatch_option
-from hpctf.errors import UserError
-from hpctf.render import ENVIRONMENT, sbatch_value, shell_quote
-from hpctf.rundir import RunDir
+from hpctf.core.config import MANAGED_OPTIONS, normalize_sbatch_option
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import RunDir
+from hpctf.login.render import ENVIRONMENT, sbatch_value, shell_quote
 from tests.conftest import DIGITS, require_tool, write
 
 HOSTILE = "$(touch pwned) `touch pwned2` 'single' \"double\" * ; -rf & | > out ${HOME} \\ !x ~"

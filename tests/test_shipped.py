@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctf import scaffold
+from hpctf.login import scaffold
 from tests.conftest import REPO, require_tool
 
 SITES = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctf import slurm
+from hpctf.core import slurm
 from tests.conftest import DIGITS, wait_for_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.local import task_environment
-from hpctf.watchdog import STALLED_EXIT
+from hpctf.core.errors import STALLED_EXIT
+from hpctf.login.local import task_environment
 from tests.conftest import DIGITS, REPO, write
 
 pytestmark = pytest.mark.tf
@@ -302,7 +302,7 @@ def test_tfrecords_workers_read_disjoint_files(runs_root: Path, tmp_path: Path) 
 
 def test_shard_plan_is_explicit() -> None:
     from hpctf.api import Files
-    from hpctf.data import plan_shards
+    from hpctf.compute.data import plan_shards
 
     files = Files([f"/d/f{i}" for i in (3, 1, 0, 2)], read=lambda names: names)
     assert plan_shards(files, 2, 0).files == ("/d/f0", "/d/f2")

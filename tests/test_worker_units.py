@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.procstat import parse_status, process_usage
-from hpctf.watchdog import STALLED_EXIT, ProgressWatchdog
+from hpctf.compute.procstat import parse_status, process_usage
+from hpctf.compute.watchdog import ProgressWatchdog
+from hpctf.core.errors import STALLED_EXIT
 
 pytestmark = pytest.mark.tf
 
@@ -41,7 +42,7 @@ class _Gather:
 
 def _agree(views: list[dict[int, bool]]) -> list[object]:
     """Run agree_on_step on one thread per rank; ``views[r]`` maps listed step -> readable."""
-    from hpctf.checkpoints import agree_on_step
+    from hpctf.compute.checkpoints import agree_on_step
 
     gather = _Gather(len(views))
     results: list[object] = [None] * len(views)
@@ -99,7 +100,7 @@ def test_all_ranks_restore_the_same_step(
 def test_ranks_with_no_common_checkpoint_stop_with_a_clear_error() -> None:
     """Rank 1 sees an empty directory (a run dir on node-local disk): never a silent restart
     from step 0 on one rank and step 300 on another."""
-    from hpctf.errors import UserError
+    from hpctf.core.errors import UserError
 
     results = _agree([{300: True}, {}])
     for result in results:
@@ -145,7 +146,7 @@ def test_float16_training_gets_loss_scaling(float16_policy: None) -> None:
     """Gradients of 1e-8 underflow in float16: without loss scaling the weights never move."""
     import keras
 
-    from hpctf.session import with_loss_scaling
+    from hpctf.compute.session import with_loss_scaling
 
     plain = keras.optimizers.SGD(1e6)
     assert _tiny_step(plain, 1e-8) == 0.0  # the defect: a plain optimizer's scale is 1
@@ -163,7 +164,7 @@ def test_scaled_constant_rate_survives_a_restore(tmp_path: Path) -> None:
     import keras
     import tensorflow as tf
 
-    from hpctf.training import learning_rate_scaler
+    from hpctf.compute.training import learning_rate_scaler
 
     saved = keras.optimizers.Adam(0.01)
     saved.build([tf.Variable(1.0)])
@@ -184,7 +185,7 @@ def test_scaled_schedule(tmp_path: Path) -> None:
     import keras
     import tensorflow as tf
 
-    from hpctf.training import learning_rate_scaler
+    from hpctf.compute.training import learning_rate_scaler
 
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5)
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(schedule))
@@ -205,8 +206,8 @@ def test_records_without_tensorboard_keep_metrics(
 ) -> None:
     """Without the tensorboard package tf.summary.scalar raises TBNotInstalledError at the first
     logged step; the records go on with metrics.jsonl and say so once, at start."""
-    from hpctf.rundir import RunDir
-    from hpctf.session import ChiefRecords
+    from hpctf.compute.session import ChiefRecords
+    from hpctf.core.rundir import RunDir
 
     monkeypatch.setitem(sys.modules, "tensorboard.summary.v2", None)
     run = RunDir(tmp_path)
@@ -220,8 +221,8 @@ def test_records_without_tensorboard_keep_metrics(
 
 
 def test_records_with_tensorboard_write_events(tmp_path: Path) -> None:
-    from hpctf.rundir import RunDir
-    from hpctf.session import ChiefRecords
+    from hpctf.compute.session import ChiefRecords
+    from hpctf.core.rundir import RunDir
 
     ChiefRecords(RunDir(tmp_path), chief=True).record(10, {"loss": 0.5})
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))

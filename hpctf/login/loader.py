@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctf.config import (
+from hpctf.core.config import (
     SITE_RESOURCE_KEYS,
     ConfigProblems,
     Experiment,
@@ -24,10 +24,10 @@ from hpctf.config import (
     read_experiment,
     resolve,
 )
-from hpctf.errors import UserError
-from hpctf.render import check_site_template
-from hpctf.sites import available, find_site, read_site_file
-from hpctf.sources import KeyPath, Origin, Origins, load_yaml, origin_of
+from hpctf.core.errors import UserError
+from hpctf.core.sources import KeyPath, Origin, Origins, load_yaml, origin_of
+from hpctf.login.render import check_site_template
+from hpctf.login.sites import available, find_site, read_site_file
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Shared by both wings: the login node validates and resolves; the worker reads the frozen
 result back from the run directory. Precedence is ``--set`` > experiment.yaml > site > defaults.
 Every problem in a file is reported at once, one line each, naming file, line and key path
-(the machinery for that is :mod:`hpctf.sources`).
+(the machinery for that is :mod:`hpctf.core.sources`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-from hpctf.errors import UserError
-from hpctf.sources import (
+from hpctf.core.errors import UserError
+from hpctf.core.sources import (
     KeyPath,
     Origins,
     apply_overrides,
@@ -650,7 +650,7 @@ def read_experiment(path: Path, overrides: Iterable[str] = ()) -> tuple[Experime
 class ConfigProblems(UserError):
     """Problems found only once experiment and site are combined, by resolved key path.
 
-    The message names the experiment file; :mod:`hpctf.loader` re-words each problem with the
+    The message names the experiment file; :mod:`hpctf.login.loader` re-words each problem with the
     file and line its value came from.
     """
 

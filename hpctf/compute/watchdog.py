@@ -19,10 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 
-log = logging.getLogger("hpctf.worker")
+from hpctf.core.errors import STALLED_EXIT
 
-# The worker's exit status when its watchdog fired, after timeout(1)'s "timed out".
-STALLED_EXIT = 124
+log = logging.getLogger("hpctf.worker")
 
 
 def _exit_now(code: int) -> None:

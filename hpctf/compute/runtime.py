@@ -1,10 +1,10 @@
 """``hpctf worker``: what runs on every task of the job, before TensorFlow is imported.
 
 Reads the run's frozen config, turns the SLURM environment into a cluster spec
-(:func:`hpctf.cluster.cluster_spec`, pure), checks what only this machine can check (the
+(:func:`hpctf.compute.cluster.cluster_spec`, pure), checks what only this machine can check (the
 addresses resolve, this task's port is free), sets TF_CONFIG and CUDA_VISIBLE_DEVICES, checks
-that TensorFlow can use the GPUs Slurm gave the task (:mod:`hpctf.gpus`), then hands over to
-:mod:`hpctf.training`. TensorFlow is imported only from :func:`run_worker` on, never on the
+that TensorFlow can use the GPUs Slurm gave the task (:mod:`hpctf.compute.gpus`), then hands over to
+:mod:`hpctf.compute.training`. TensorFlow is imported only from :func:`run_worker` on, never on the
 login path.
 """
 
@@ -21,11 +21,11 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from hpctf.cluster import ClusterSpec, cluster_spec
-from hpctf.errors import UserError
-from hpctf.gpus import Grant, check_gpus, granted_gpus
-from hpctf.preemption import install_early_handlers
-from hpctf.rundir import RunDir
+from hpctf.compute.cluster import ClusterSpec, cluster_spec
+from hpctf.compute.gpus import Grant, check_gpus, granted_gpus
+from hpctf.compute.preemption import install_early_handlers
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
 
@@ -67,7 +67,7 @@ def check_port_free(host: str, port: int) -> None:
     127.0.0.1 only) it fails with just "UNKNOWN: Could not start gRPC server", naming neither
     port nor host (measured with TF 2.21). The test socket binds the same wildcard address and
     is closed again at once (a small race remains; ports come from a window that moves with the
-    job id, see :func:`hpctf.cluster.port_for`).
+    job id, see :func:`hpctf.compute.cluster.port_for`).
     """
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -105,9 +105,9 @@ def check_tensorflow_gpus(grant: Grant) -> None:
 
     Runs after :func:`prepare_environment` (CUDA_VISIBLE_DEVICES is final) and before the
     strategy exists; listing physical devices does not create TensorFlow's context, so MWMS
-    still configures the devices afterwards. The decision is :func:`hpctf.gpus.check_gpus`.
+    still configures the devices afterwards. The decision is :func:`hpctf.compute.gpus.check_gpus`.
     """
-    import tensorflow as tf  # the worker imports it next anyway (hpctf.training)
+    import tensorflow as tf  # the worker imports it next anyway (hpctf.compute.training)
 
     if not grant.count:
         return
@@ -172,6 +172,6 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     )
     check_tensorflow_gpus(grant)
 
-    from hpctf import training  # TensorFlow is imported here and nowhere on the login path.
+    from hpctf.compute import training  # TensorFlow is imported here and nowhere on the login path.
 
     return training.train(config, run, spec)

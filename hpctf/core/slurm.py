@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hpctf.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 
 # Job states after which a job will not run again (squeue(1), JOB STATE CODES).
 FINAL_STATES = frozenset(
@@ -29,8 +29,31 @@ FINAL_STATES = frozenset(
 )
 
 
-class SlurmError(UserError):
-    """A Slurm command failed; the message keeps Slurm's own words."""
+# Slurm's words when it refuses what the job asks for (slurm/src/common/slurm_errno.c): the
+# user's request is wrong, not the cluster. Any other failure is the environment's.
+_REFUSALS = (
+    "Invalid partition",
+    "Invalid account",
+    "Invalid qos",
+    "Invalid feature specification",
+    "Invalid generic resource",
+    "Invalid node name specified",
+    "Invalid job array specification",
+    "Requested node configuration is not available",
+    "Requested partition configuration not available",
+    "Requested reservation is invalid",
+    "Requested time limit is invalid",
+    "Node count specification invalid",
+    "Job violates accounting/QOS policy",
+    "Job dependency problem",
+    "More processors requested than permitted",
+    "Memory specification can not be satisfied",
+    "Access/permission denied",
+)
+
+
+class SlurmFailure(Exception):
+    """A Slurm command that failed: its argv, exit status and output, Slurm's words kept."""
 
     def __init__(self, argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> None:
         self.argv = list(argv)
@@ -41,12 +64,30 @@ class SlurmError(UserError):
         super().__init__(f"{argv[0]} failed (exit {returncode}): {said}")
 
 
+class SlurmError(SlurmFailure, EnvironmentProblem):
+    """Slurm failed: the controller is down or slow, the command timed out (exit 3)."""
+
+
+class SlurmRefused(SlurmFailure, UserError):
+    """Slurm refused what was asked: a partition, account or QOS that does not exist, more than
+    a node has, a time limit over the partition's (exit 2)."""
+
+
+def failure(argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> SlurmFailure:
+    """The error for a failed Slurm command, by whose fault it is."""
+    said = f"{stdout}\n{stderr}".lower()
+    refused = any(words.lower() in said for words in _REFUSALS)
+    kind = SlurmRefused if refused else SlurmError
+    return kind(argv, returncode, stdout, stderr)
+
+
 def run_command(
     argv: Sequence[str],
     env: Mapping[str, str] | None = None,
     timeout: float = 60.0,
 ) -> str:
-    """Run one Slurm command; return its stdout or raise SlurmError."""
+    """Run one Slurm command; return its stdout, or raise SlurmRefused (the request was wrong)
+    or SlurmError (Slurm failed)."""
     if shutil.which(argv[0], path=(env or {}).get("PATH")) is None:
         raise UserError(
             f"{argv[0]} not found on PATH: run this on a Slurm login node, or use --site local"
@@ -62,8 +103,10 @@ def run_command(
         )
     except subprocess.TimeoutExpired as exc:
         raise SlurmError(argv, -1, "", f"timed out after {timeout:.0f} s") from exc
+    except OSError as exc:  # found on PATH a moment ago, but not executable or gone
+        raise SlurmError(argv, -1, "", str(exc)) from exc
     if proc.returncode != 0:
-        raise SlurmError(argv, proc.returncode, proc.stdout, proc.stderr)
+        raise failure(argv, proc.returncode, proc.stdout, proc.stderr)
     return proc.stdout
 
 
@@ -80,7 +123,7 @@ def job_info(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str
     """``scontrol show job -o`` as a dict, or None once Slurm has forgotten the job."""
     try:
         out = run_command(["scontrol", "show", "job", "-o", job_id], env=env)
-    except SlurmError as exc:
+    except SlurmFailure as exc:
         if "Invalid job id" in exc.stderr:
             return None
         raise
@@ -106,7 +149,7 @@ def test_only(script: str, env: Mapping[str, str] | None = None) -> None:
     """Ask ``sbatch --test-only`` whether Slurm would accept ``script``; submits nothing.
 
     The script goes through a temporary file (removed at once) because run_command takes no
-    stdin. Raises SlurmError with Slurm's reason when it would refuse the job.
+    stdin. Raises SlurmRefused (or SlurmError) with Slurm's reason when it would refuse the job.
     """
     import tempfile
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import tensorflow as tf
 
 from hpctf.api import DataSource, Files
-from hpctf.errors import UserError
+from hpctf.core.errors import UserError
 
 log = logging.getLogger("hpctf.worker")
 

@@ -27,10 +27,10 @@ import jinja2
 from jinja2 import nodes
 
 from hpctf import __version__
-from hpctf.assets import shipped_dir
-from hpctf.config import ResolvedConfig, slurm_time_seconds
-from hpctf.errors import UserError
-from hpctf.sources import KeyPath, Origin
+from hpctf.core.assets import shipped_dir
+from hpctf.core.config import ResolvedConfig, slurm_time_seconds
+from hpctf.core.errors import UserError
+from hpctf.core.sources import KeyPath, Origin
 
 TEMPLATE = "sbatch.sh.j2"
 # What sbatch reads as one argument of an #SBATCH line and nothing more: no whitespace (it

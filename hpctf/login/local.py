@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping
 from typing import IO
 
-from hpctf.config import ResolvedConfig
-from hpctf.preemption import PREEMPTED_EXIT
-from hpctf.rundir import RunDir
+from hpctf.core.config import ResolvedConfig
+from hpctf.core.errors import PREEMPTED_EXIT
+from hpctf.core.rundir import RunDir
 
 
 def task_environment(

@@ -4,7 +4,7 @@
 step in SLURM_PROCID order, which worker this task is, its port, the GPUs it may use and the
 TF_CONFIG JSON. Every task of a step computes the same worker list from the same variables, so
 no task has to talk to another to agree on it. What needs I/O (test-binding the port, resolving
-the addresses) lives in :mod:`hpctf.runtime`.
+the addresses) lives in :mod:`hpctf.compute.runtime`.
 
 TF's own SlurmClusterResolver is not used
 (tensorflow/python/distribute/cluster_resolver/slurm_cluster_resolver.py): it sorts hosts as
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import hostlist
 
-from hpctf.config import check_hostname_template
-from hpctf.errors import UserError
+from hpctf.core.config import check_hostname_template
+from hpctf.core.errors import UserError
 
 # Consecutive job ids start their port windows this far apart, so two jobs that share a node
 # collide only if their ids differ by a multiple of (span / gcd(span, stride)) -- not for

@@ -1,4 +1,4 @@
-"""hpctf's built-in training loop, a client of :class:`hpctf.session.Session`.
+"""hpctf's built-in training loop, a client of :class:`hpctf.compute.session.Session`.
 
 Not ``model.fit``: Keras 3's fit is broken under MultiWorkerMirroredStrategy
 (keras-team/keras#20585, ``strategy.reduce`` on a tuple of PerReplica). A custom loop --
@@ -18,12 +18,12 @@ import keras
 import tensorflow as tf
 
 from hpctf.api import Task
-from hpctf.cluster import ClusterSpec
-from hpctf.config import ResolvedConfig, Train
-from hpctf.data import cardinality, evaluation_dataset
-from hpctf.errors import UserError
-from hpctf.rundir import RunDir
-from hpctf.session import Preempted, Session, with_loss_scaling
+from hpctf.compute.cluster import ClusterSpec
+from hpctf.compute.data import cardinality, evaluation_dataset
+from hpctf.compute.session import Preempted, Session, with_loss_scaling
+from hpctf.core.config import ResolvedConfig, Train
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
 

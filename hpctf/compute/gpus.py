@@ -3,9 +3,9 @@
 A CPU-only TensorFlow (``tensorflow-cpu``, or PyPI's ``tensorflow`` for aarch64 Linux, whose
 2.21.0 wheel says ``is_cuda_build: False`` even when installed as ``tensorflow[and-cuda]``)
 trains happily on the CPUs of a GPU node: the job runs for hours at a fraction of the speed and
-nothing fails. So before a worker joins the cluster, :mod:`hpctf.runtime` asks TensorFlow what
-it is and sees, and :func:`check_gpus` stops the task with one line naming the fix. The worker
-then exits 2 and ``srun --kill-on-bad-exit=1`` ends the job before any training.
+nothing fails. So before a worker joins the cluster, :mod:`hpctf.compute.runtime` asks
+TensorFlow what it is and sees, and :func:`check_gpus` stops the task with one line naming the
+fix. The worker then exits 2 and ``srun --kill-on-bad-exit=1`` ends the job before any training.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpctf.errors import UserError
+from hpctf.core.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,11 @@ def granted_gpus(
 ) -> Grant:
     """The GPUs this task was given.
 
-    ``gpus`` are the task's GPUs from its cluster spec (:attr:`hpctf.cluster.ClusterSpec.gpus`:
-    CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS, this task's share when one worker runs per GPU).
-    When Slurm says ``NoDevFiles`` there is no list to count: the run's ``gpus_per_node`` over
-    its ``tasks_per_node`` is what Slurm allocated to the task (at least one when any).
+    ``gpus`` are the task's GPUs from its cluster spec
+    (:attr:`hpctf.compute.cluster.ClusterSpec.gpus`: CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS,
+    this task's share when one worker runs per GPU). When Slurm says ``NoDevFiles`` there is no
+    list to count: the run's ``gpus_per_node`` over its ``tasks_per_node`` is what Slurm
+    allocated to the task (at least one when any).
     """
     if gpus:
         return Grant(len(gpus), f"GPUs {','.join(gpus)}")

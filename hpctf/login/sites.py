@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctf.assets import shipped_dir
-from hpctf.config import Site
-from hpctf.errors import UserError
-from hpctf.sources import KeyPath, Origin, Origins, file_origins, load_yaml, validate_model
+from hpctf.core.assets import shipped_dir
+from hpctf.core.config import Site
+from hpctf.core.errors import UserError
+from hpctf.core.sources import KeyPath, Origin, Origins, file_origins, load_yaml, validate_model
 
 _NOT_INHERITED = ("name", "description")
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from hpctf.cluster import ClusterSpec
-from hpctf.errors import UserError
+from hpctf.compute.cluster import ClusterSpec
+from hpctf.core.errors import UserError
 
 log = logging.getLogger("hpctf.worker")
 

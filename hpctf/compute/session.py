@@ -2,10 +2,10 @@
 
 A :class:`Session` owns the strategy, the checkpoints (chief-only, verified, with fallback),
 the data position, the chief's records and the preemption hook. hpctf's built-in loop
-(:mod:`hpctf.training`) is one client; a user with a loop of their own (``train.loop: custom``)
-gets the same session, so their script has the same guarantees::
+(:mod:`hpctf.compute.training`) is one client; a user with a loop of their own
+(``train.loop: custom``) gets the same session, so their script has the same guarantees::
 
-    def main(session: hpctf.session.Session, **args) -> None:
+    def main(session: hpctf.compute.session.Session, **args) -> None:
         with session.strategy.scope():
             model, optimizer = build(...)
         start = session.track(model=model, optimizer=optimizer)   # restores, returns the step
@@ -29,15 +29,15 @@ import keras
 import tensorflow as tf
 
 from hpctf.api import DataSource
-from hpctf.checkpoints import Checkpointer
-from hpctf.cluster import ClusterSpec
-from hpctf.config import ResolvedConfig, Train
-from hpctf.data import plan_shards, training_input
-from hpctf.errors import UserError
-from hpctf.preemption import PREEMPTED_EXIT, PREEMPTION_SIGNALS, early_signal
-from hpctf.procstat import process_usage
-from hpctf.rundir import RunDir, write_atomic
-from hpctf.watchdog import ProgressWatchdog
+from hpctf.compute.checkpoints import Checkpointer
+from hpctf.compute.cluster import ClusterSpec
+from hpctf.compute.data import plan_shards, training_input
+from hpctf.compute.preemption import PREEMPTION_SIGNALS, early_signal
+from hpctf.compute.procstat import process_usage
+from hpctf.compute.watchdog import ProgressWatchdog
+from hpctf.core.config import ResolvedConfig, Train
+from hpctf.core.errors import PREEMPTED_EXIT, UserError
+from hpctf.core.rundir import RunDir, write_atomic
 
 log = logging.getLogger("hpctf.worker")
 
@@ -72,7 +72,7 @@ def make_strategy(gpus: int, settings: Train) -> tf.distribute.MultiWorkerMirror
 
     No ``timeout_seconds`` in the options: on RING each collective then leaves a thread behind
     until its timeout, and a run dies after a few thousand steps. A stuck rank is bounded by
-    :class:`hpctf.watchdog.ProgressWatchdog` instead.
+    :class:`hpctf.compute.watchdog.ProgressWatchdog` instead.
     """
     implementations = tf.distribute.experimental.CommunicationImplementation
     choice = settings.communication
@@ -249,7 +249,7 @@ class Session:
         ):
             log.warning(
                 "mixed_float16 without loss scaling: small gradients underflow to zero; wrap "
-                "the optimizer with hpctf.session.with_loss_scaling(optimizer, "
+                "the optimizer with hpctf.compute.session.with_loss_scaling(optimizer, "
                 "session.precision_policy)"
             )
         restored = self._checkpointer.restore_agreed(self._gather)

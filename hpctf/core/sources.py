@@ -1,7 +1,9 @@
 """Reading configuration sources: YAML files, ``--set`` overrides, and where each value came from.
 
-Independent of hpctf's own schemas (those live in :mod:`hpctf.config`): everything here takes the
-pydantic model it works for. Errors come out as one line per problem, naming file, line and key.
+Independent of hpctf's own schemas (those live in :mod:`hpctf.core.config`): everything here
+takes the pydantic model it works for. Errors come out as one line per problem, naming file,
+line and key.
+
 
 YAML is read with a safe loader that follows YAML 1.2's core schema instead of PyYAML's 1.1
 one: ``time: 1:00:00`` stays the string Slurm expects (1.1 reads it as the sexagesimal integer
@@ -24,7 +26,7 @@ from typing import Annotated, Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from hpctf.errors import UserError
+from hpctf.core.errors import UserError
 
 _M = TypeVar("_M", bound=BaseModel)
 KeyPath = tuple[str, ...]

@@ -2,7 +2,8 @@
 
 Slurm warns a job before preempting it or ending it at its time limit (``--signal=USR2@300``
 sends SIGUSR2 to every task 300 s before; a preemption sends SIGTERM). A warned worker saves an
-agreed step with all the others and exits :data:`PREEMPTED_EXIT`; the batch script then
+agreed step with all the others and exits
+:data:`hpctf.core.errors.PREEMPTED_EXIT`; the batch script then
 requeues the job and the next start resumes from that checkpoint. Not SIGUSR1: NCCL uses it.
 """
 
@@ -10,8 +11,6 @@ from __future__ import annotations
 
 import signal
 
-# sysexits.h EX_TEMPFAIL, "try again later": the batch script requeues on it.
-PREEMPTED_EXIT = 75
 PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
 _received = 0

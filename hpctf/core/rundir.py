@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,27 +29,42 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hpctf.config import ResolvedConfig
-from hpctf.errors import UserError
+from hpctf.core.config import ResolvedConfig
+from hpctf.core.errors import EnvironmentProblem, UserError
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old content or the new, never a part."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``text`` to ``path`` so readers see the old content or the new, never a part.
+
+    A filesystem that refuses (full, read-only, over quota) is an EnvironmentProblem naming the
+    file, with the OSError kept as its cause.
+    """
+    tmp: str | None = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise EnvironmentProblem(f"cannot write {path}: {exc.strerror or exc}") from exc
         raise
 
 
 @dataclass(frozen=True)
 class RunDir:
     path: Path
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        """An existing run directory, or a UserError saying ``path`` is not one."""
+        run = cls(path.resolve())
+        run.load_config()
+        return run
 
     @property
     def config_file(self) -> Path:
@@ -151,13 +167,24 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> None:
             f"{run.path} already exists; submit again for a new run directory"
         ) from None
     except OSError as exc:
-        raise UserError(f"cannot create run directory {run.path}: {exc.strerror}") from None
-    run.logs.mkdir()
-    run.checkpoints.mkdir()
-    write_atomic(run.config_file, config.model_dump_json(indent=2))
-    write_atomic(run.script, script)
-    run.script.chmod(0o755)
-    run.record("created", experiment=config.experiment_file, site=config.site.name)
+        raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
+    try:
+        run.logs.mkdir()
+        run.checkpoints.mkdir()
+        write_atomic(run.config_file, config.model_dump_json(indent=2))
+        write_atomic(run.script, script)
+        run.script.chmod(0o755)
+        run.record("created", experiment=config.experiment_file, site=config.site.name)
+    except (OSError, EnvironmentProblem) as exc:
+        remove_new_run_dir(run)  # nothing half-made is left behind
+        if isinstance(exc, EnvironmentProblem):
+            raise
+        raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
+
+
+def remove_new_run_dir(run: RunDir) -> None:
+    """Remove a run directory this process has just created and nothing has run in."""
+    shutil.rmtree(run.path, ignore_errors=True)
 
 
 def job_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

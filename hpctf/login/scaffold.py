@@ -6,9 +6,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpctf.assets import shipped_dir
-from hpctf.errors import UserError
-from hpctf.sites import find_site
+from hpctf.core.assets import shipped_dir
+from hpctf.core.errors import UserError
+from hpctf.login.sites import find_site
 
 FILES = ("experiment.yaml", "train.py")
 

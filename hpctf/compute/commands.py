@@ -1,0 +1,73 @@
+"""The compute-node commands: ``worker`` (what srun starts on every task) and ``tfconfig``
+(each task's TF_CONFIG, for debugging inside an allocation). TensorFlow is imported only once
+``worker`` hands over to :mod:`hpctf.compute.training`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from hpctf.core.config import Site
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import RunDir
+from hpctf.login.sites import load_named_site
+
+
+@click.command(hidden=True)
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def worker(run_dir: Path) -> None:
+    """Train one task of RUN_DIR (started by srun on every task)."""
+    from hpctf.compute.runtime import run_worker
+
+    sys.exit(run_worker(run_dir, os.environ))
+
+
+@click.command()
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Take port_range and hostname_template from this run's site.",
+)
+@click.option(
+    "--site",
+    "site_name",
+    metavar="NAME",
+    help="Take port_range and hostname_template from this site (name or path).",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Also run the worker's startup checks: addresses resolve, this task's port is free.",
+)
+def tfconfig(run_dir: Path | None, site_name: str | None, check: bool) -> None:
+    """Print this task's TF_CONFIG JSON; run it inside srun to see what a worker would get.
+
+    The JSON goes to stdout (`export TF_CONFIG=$(hpctf tfconfig)` works); one line about this
+    task (node, local id, GPUs) goes to stderr. Without --run-dir or --site the defaults are
+    used: port_range 20000-30000 and hostname_template {host}.
+    """
+    from hpctf.compute.cluster import cluster_spec
+
+    if run_dir is not None and site_name:
+        raise UserError("give at most one of --run-dir and --site")
+    port_range: tuple[int, int] = Site.model_fields["port_range"].default
+    template: str = Site.model_fields["hostname_template"].default
+    if run_dir is not None:
+        site = RunDir.open(run_dir).load_config().site
+        port_range, template = site.port_range, site.hostname_template
+    elif site_name:
+        site = load_named_site(site_name, os.environ)
+        port_range, template = site.port_range, site.hostname_template
+    spec = cluster_spec(os.environ, port_range, template)
+    if check:
+        from hpctf.compute.runtime import startup_checks
+
+        startup_checks(spec)
+    click.echo(spec.tf_config())
+    click.echo(f"hpctf: SLURM_PROCID {spec.task_index}: {spec.describe()}", err=True)
+
+
+COMMANDS = (worker, tfconfig)

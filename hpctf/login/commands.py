@@ -1,0 +1,311 @@
+"""The login-node commands: validate, render, submit, schema, sites, init, resubmit, status,
+logs, cancel. None of them imports TensorFlow; each raises UserError or EnvironmentProblem and
+leaves the reporting to the CLI edge (:mod:`hpctf.cli`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctf.core import slurm
+from hpctf.core.config import Experiment, ResolvedConfig, Site
+from hpctf.core.errors import PREEMPTED_EXIT, UserError
+from hpctf.core.rundir import (
+    RunDir,
+    create_run_dir,
+    has_open_job,
+    job_history,
+    plan_run_dir,
+    remove_new_run_dir,
+    write_atomic,
+)
+from hpctf.core.slurm import FINAL_STATES, SlurmFailure
+from hpctf.login import scaffold
+from hpctf.login.loader import load_config
+from hpctf.login.render import explain as explain_script
+from hpctf.login.render import render
+from hpctf.login.sites import describe_site, listing, read_site, search_path
+
+_site_option = click.option(
+    "--site",
+    "site_name",
+    metavar="NAME",
+    help="Site config name or path (default: the experiment's site).",
+)
+_set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override an experiment key, e.g. --set resources.nodes=4 (repeatable).",
+)
+_experiment_arg = click.argument("experiment", type=click.Path(path_type=Path, dir_okay=False))
+
+
+@click.command()
+@_experiment_arg
+@_site_option
+@_set_option
+def validate(experiment: Path, site_name: str | None, overrides: tuple[str, ...]) -> None:
+    """Check EXPERIMENT and its site: every problem, one line each (exit 2). Writes nothing.
+
+    Runs every check that render and submit run (the schema, the site and what it extends,
+    conflicting options, the training entry, values the script could not hold) without
+    printing a script.
+    """
+    loaded = load_config(experiment, site_name, overrides, os.environ)
+    config = loaded.config
+    render(config, plan_run_dir(config).path)  # the checks made while writing the script
+    res = config.experiment.resources
+    click.echo(
+        f"ok: {experiment} on site {config.site.name}: {res.nodes} node(s) x "
+        f"{res.tasks_per_node} task(s), {config.gpus_per_node} GPU(s) per node, time {res.time}"
+    )
+
+
+@click.command("render")
+@_experiment_arg
+@_site_option
+@_set_option
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also create the run directory and write the script here, ready for `sbatch` by hand.",
+)
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Beside each #SBATCH line and variable, say where its value came from.",
+)
+def render_command(
+    experiment: Path,
+    site_name: str | None,
+    overrides: tuple[str, ...],
+    output: Path | None,
+    explain: bool,
+) -> None:
+    """Print the sbatch script for EXPERIMENT. Without -o nothing is written.
+
+    With --explain the printed script carries a note (a comment) on each line whose value
+    comes from the config: default, site file and line, experiment file and line, or --set.
+    """
+    loaded = load_config(experiment, site_name, overrides, os.environ)
+    config = loaded.config
+    run = plan_run_dir(config)
+    script = render(config, run.path)
+    shown = explain_script(script, config, loaded.origins) if explain else script
+    if output is None:
+        click.echo(shown, nl=False)
+        return
+    create_run_dir(run, config, script)
+    write_atomic(output, script)
+    output.chmod(0o755)
+    if explain:
+        click.echo(shown, nl=False)
+    click.echo(f"wrote {output} (run directory {run.path}); submit it with: sbatch {output}")
+
+
+@click.command()
+@_experiment_arg
+@_site_option
+@_set_option
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate and render, and ask `sbatch --test-only` when sbatch is on PATH; "
+    "write and submit nothing.",
+)
+def submit(
+    experiment: Path, site_name: str | None, overrides: tuple[str, ...], dry_run: bool
+) -> None:
+    """Create a run directory for EXPERIMENT and start it (sbatch, or local processes)."""
+    config = load_config(experiment, site_name, overrides, os.environ).config
+    run = plan_run_dir(config)
+    script = render(config, run.path)
+    if dry_run:
+        click.echo(script, nl=False)
+        click.echo(
+            f"# dry run: nothing written, nothing submitted (run directory would be {run.path})",
+            err=True,
+        )
+        if config.site.scheduler == "slurm" and shutil.which("sbatch"):
+            slurm.test_only(script)  # a SlurmFailure carries Slurm's own words
+            click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
+        return
+    create_run_dir(run, config, script)
+    try:
+        status = _start(run, config)
+    except SlurmFailure:
+        remove_new_run_dir(run)  # sbatch refused or failed: no run was started
+        raise
+    sys.exit(status)
+
+
+@click.command()
+@click.argument("kind", type=click.Choice(["experiment", "site"]), default="experiment")
+def schema(kind: str) -> None:
+    """Print the JSON Schema of experiment files or site files, for editors."""
+    model = Experiment if kind == "experiment" else Site
+    document = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **model.model_json_schema(),
+    }
+    click.echo(json.dumps(document, indent=2))
+
+
+@click.command()
+@click.argument("name", required=False)
+def sites(name: str | None) -> None:
+    """List the sites on the search path, or print site NAME as resolved (extends followed).
+
+    Search order, first match wins: $HPCTF_SITE_PATH, ~/.config/hpctf/sites/, the shipped
+    site_configs/. Each value of a resolved site says which file and line it came from.
+    """
+    if name is None:
+        entries = listing(os.environ)
+        width = max((len(e.name) for e in entries), default=4)
+        for entry in entries:
+            click.echo(f"{entry.name.ljust(width)}  {entry.description}")
+            click.echo(f"{''.ljust(width)}  {entry.path}")
+            for hidden in entry.shadowed:
+                click.echo(f"{''.ljust(width)}  (hides {hidden})")
+        click.echo("search path: " + ":".join(str(d) for d in search_path(os.environ)))
+        return
+    site, origins = read_site(name, os.environ)
+    click.echo(describe_site(site, origins), nl=False)
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--site", "site_name", default="local", show_default=True, metavar="NAME")
+@click.option("--name", metavar="NAME", help="Experiment name (default: from DIRECTORY).")
+@click.option("--force", is_flag=True, help="Overwrite experiment.yaml and train.py.")
+def init(directory: Path, site_name: str, name: str | None, force: bool) -> None:
+    """Start a new experiment in DIRECTORY: a commented experiment.yaml and train.py.
+
+    Both pass `hpctf validate` as written, and train.py trains a small model on made-up data,
+    so the first run works before any of it is yours.
+    """
+    written = scaffold.write(directory, site_name, name, force, os.environ)
+    for path in written:
+        click.echo(f"wrote {path}")
+    click.echo(f"next: hpctf validate {written[0]} && hpctf submit {written[0]}")
+
+
+def _start(run: RunDir, config: ResolvedConfig) -> int:
+    """Start one job on ``run``: sbatch for Slurm sites, local processes for local ones."""
+    if config.site.scheduler == "local":
+        from hpctf.login import local
+
+        click.echo(f"run directory: {run.path}")
+        click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
+        status = local.launch(config, run, os.environ, sys.stdout)
+        if status == 0:
+            click.echo(f"done; run directory: {run.path}")
+        elif status == PREEMPTED_EXIT:
+            click.echo(f"stopped after a checkpoint; resume with: hpctf resubmit {run.path}")
+        else:
+            click.echo(f"failed (exit {status}); run directory: {run.path}")
+        return status
+    job_id = slurm.sbatch(run.script)
+    run.record("submitted", job_id=job_id)
+    click.echo(f"submitted job {job_id}")
+    click.echo(f"run directory: {run.path}")
+    return 0
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def resubmit(run_dir: Path) -> None:
+    """Start a new job on RUN_DIR; it resumes from the latest checkpoint."""
+    run = RunDir.open(run_dir)
+    config = run.load_config()
+    if run.done.exists():
+        raise UserError(f"{run.path} is complete ({run.done} exists): nothing to resume")
+    if config.site.scheduler == "slurm":
+        # Two jobs on one run directory would write the same checkpoints.
+        for job in job_history(run.events()):
+            if "ended" in job:
+                continue
+            info = slurm.job_info(job["job_id"])
+            state = info.get("JobState", "") if info else ""
+            if state and state not in FINAL_STATES:
+                raise UserError(
+                    f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
+                    f"stop it with: hpctf cancel {run.path}"
+                )
+    sys.exit(_start(run, config))
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def status(run_dir: Path) -> None:
+    """Show the job history of RUN_DIR: job ids, states, restarts, last step."""
+    run = RunDir.open(run_dir)
+    config = run.load_config()
+    for job in job_history(run.events()):
+        state = "ENDED" if "ended" in job else "PENDING/RUNNING"
+        if config.site.scheduler == "slurm" and "ended" not in job:
+            info = slurm.job_info(job["job_id"])
+            state = info.get("JobState", "?") if info else "UNKNOWN (gone from Slurm)"
+        exit_text = f" exit {job['exit_code']}" if "exit_code" in job else ""
+        nodes = job.get("nodes") or "-"
+        click.echo(f"job {job['job_id']}: {state}{exit_text} starts {job['starts']} nodes {nodes}")
+    last = _last_metrics(run)
+    click.echo(f"last logged step: {last.get('step', '-')}")
+    click.echo(f"done: {run.done.read_text().strip() if run.done.exists() else 'no'}")
+
+
+def _last_metrics(run: RunDir) -> dict[str, Any]:
+    if not run.metrics.exists():
+        return {}
+    lines = run.metrics.read_text(encoding="utf-8").splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--rank", type=int, default=0, show_default=True, help="Which task's log.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
+def logs(run_dir: Path, rank: int, follow: bool) -> None:
+    """Print the log of one rank of RUN_DIR (with -f, until the run's jobs have ended)."""
+    run = RunDir.open(run_dir)
+    path = run.rank_log(rank)
+    if not path.exists():
+        ranks = sorted(p.stem.split("-")[1] for p in run.logs.glob("rank-*.log"))
+        raise UserError(
+            f"{path}: no log for rank {rank}; ranks with logs: {', '.join(ranks) or 'none yet'}"
+        )
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        while True:
+            chunk = handle.read()
+            if chunk:
+                click.echo(chunk, nl=False)
+            elif not follow or run.done.exists() or not has_open_job(run.events()):
+                return
+            else:
+                time.sleep(1)
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def cancel(run_dir: Path) -> None:
+    """Cancel the jobs of RUN_DIR that have not ended."""
+    run = RunDir.open(run_dir)
+    if run.load_config().site.scheduler != "slurm":
+        raise UserError(f"{run.path} runs on a local site: stop its launcher (Ctrl-C) instead")
+    open_jobs = [j["job_id"] for j in job_history(run.events()) if "ended" not in j]
+    slurm.cancel(open_jobs)
+    run.record("cancelled", jobs=open_jobs)
+    click.echo(f"cancelled: {' '.join(open_jobs) or 'nothing (no open jobs)'}")
+
+
+COMMANDS = (validate, render_command, submit, schema, sites, init, resubmit, status, logs, cancel)
