@@ -27,7 +27,7 @@ from hpctf.compute.cluster import (
     expand_tasks_per_node,
     gpu_binding,
     layout,
-    port_for,
+    port_window,
 )
 from hpctf.compute.runtime import (
     check_port_free,
@@ -35,8 +35,8 @@ from hpctf.compute.runtime import (
     prepare_environment,
     startup_checks,
 )
-from hpctf.core.config import check_hostname_template
 from hpctf.core.errors import UserError
+from hpctf.core.hostnames import check_hostname_template
 from hpctf.login.sites import read_site_file
 from tests.conftest import write
 
@@ -213,22 +213,22 @@ def test_every_rank_computes_the_same_cluster(
 
 
 def test_ports_distinct_when_all_hosts_share_one_address() -> None:
-    ports = [port_for(123456, 0, rank, PORTS) for rank in range(4000)]
+    ports = [port_window(123456, 0, PORTS)(rank) for rank in range(4000)]
     assert len(set(ports)) == 4000
     assert all(PORTS[0] <= p < PORTS[1] for p in ports)
 
 
 def test_neighbouring_jobs_and_steps_get_disjoint_windows() -> None:
-    first = {port_for(1000, 0, rank, PORTS) for rank in range(64)}
-    assert not first & {port_for(1001, 0, rank, PORTS) for rank in range(64)}
-    assert not first & {port_for(1000, 1, rank, PORTS) for rank in range(64)}
+    first = {port_window(1000, 0, PORTS)(rank) for rank in range(64)}
+    assert not first & {port_window(1001, 0, PORTS)(rank) for rank in range(64)}
+    assert not first & {port_window(1000, 1, PORTS)(rank) for rank in range(64)}
 
 
 @given(st.integers(0, 2**31), st.integers(0, 1000), st.integers(1025, 60000), st.data())
 def test_ports_stay_in_range(job: int, step: int, low: int, data: st.DataObject) -> None:
     high = data.draw(st.integers(low + 1, 65535))
     slots = range(min(high - low, 300))
-    ports = [port_for(job, step, slot, (low, high)) for slot in slots]
+    ports = [port_window(job, step, (low, high))(slot) for slot in slots]
     assert all(low <= p < high for p in ports)
     assert len(set(ports)) == len(ports)
 

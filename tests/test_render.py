@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctf.cli import cli
-from hpctf.core.config import MANAGED_OPTIONS, normalize_sbatch_option
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import RunDir
+from hpctf.core.sbatch_options import MANAGED as MANAGED_OPTIONS
+from hpctf.core.sbatch_options import normalize_sbatch_option
 from hpctf.login.render import ENVIRONMENT, sbatch_value, shell_quote
 from tests.conftest import DIGITS, require_tool, write
 
@@ -354,3 +355,56 @@ def test_unsafe_runs_root_refused_before_anything_is_written(
     assert result.exit_code == 2
     assert "cannot go into an #SBATCH line" in result.output
     assert not root.exists() and not (tmp_path / "j").exists()
+
+
+# Every resource key a site can give a default for, with that default; and for the keys that
+# may be null, the #SBATCH token the default renders as.
+SITE_DEFAULTS: dict[str, tuple[object, str | None]] = {
+    "partition": ("gpu", "--partition=gpu"),
+    "account": ("proj1", "--account=proj1"),
+    "qos": ("high", "--qos=high"),
+    "constraint": ("a100", "--constraint=a100"),
+    "reservation": ("maint", "--reservation=maint"),
+    "gpus_per_node": (2, "--gpus-per-node=2"),
+    "mem": ("64G", "--mem=64G"),
+    "mail_user": ("me@example.org", "--mail-user=me@example.org"),
+    "tasks_per_node": (2, None),
+    "cpus_per_task": (4, None),
+    "time": ("02:00:00", None),
+    "exclusive": (True, None),
+    "mail_type": ("END", None),
+}
+
+
+def test_site_defaults_cover_every_site_resource_key() -> None:
+    from hpctf.core.config import SITE_RESOURCE_KEYS
+
+    assert set(SITE_DEFAULTS) == set(SITE_RESOURCE_KEYS) - {"extra_sbatch"}
+
+
+@pytest.mark.parametrize("key", sorted(SITE_DEFAULTS))
+def test_null_drops_the_site_default_everywhere(tmp_path: Path, key: str) -> None:
+    """`--set resources.KEY=null` removes the site's default from the script, and --explain
+    says so (it drifted once: the partition came back from the site, labelled as the --set)."""
+    sites = tmp_path / "sites"
+    site = {"name": "full", "scheduler": "slurm", "runs_root": str(tmp_path / "runs")}
+    site |= {k: v for k, (v, _) in SITE_DEFAULTS.items()}
+    write(sites / "full.yaml", yaml.safe_dump(site))
+    env = {"HPCTF_SITE_PATH": str(sites), "HOME": str(tmp_path)}
+    args = ["render", str(DIGITS), "--site", "full"]
+    default, token = SITE_DEFAULTS[key]
+    with_default = CliRunner().invoke(cli, args, env=env)
+    assert with_default.exit_code == 0, with_default.output
+    dropped = CliRunner().invoke(
+        cli, [*args, "--set", f"resources.{key}=null", "--explain"], env=env
+    )
+    if token is None:  # not nullable: refused in one line, naming the key
+        assert dropped.exit_code == 2, dropped.output
+        assert f"resources.{key}" in dropped.output and "Traceback" not in dropped.output
+        return
+    assert dropped.exit_code == 0, dropped.output
+    assert f"#SBATCH {token}\n" in with_default.output
+    assert f"#SBATCH {token}" not in dropped.output
+    flag = token.split("=")[0]
+    note = next(line for line in dropped.output.splitlines() if line.startswith(f"# {flag}: none"))
+    assert f"<- --set resources.{key}=null" in note and f"dropping site full's {default!r}" in note

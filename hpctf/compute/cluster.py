@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import hostlist
 
-from hpctf.core.config import check_hostname_template
 from hpctf.core.errors import UserError
+from hpctf.core.hostnames import check_hostname_template
 
 # Consecutive job ids start their port windows this far apart, so two jobs that share a node
 # collide only if their ids differ by a multiple of (span / gcd(span, stride)) -- not for
@@ -154,15 +154,19 @@ def expand_tasks_per_node(text: str, max_nodes: int = 1_000_000) -> list[int]:
     return counts
 
 
-def port_for(job_id: int, step_id: int, slot: int, port_range: tuple[int, int]) -> int:
-    """The port of ``slot`` (a task's rank, see :func:`cluster_spec`) in ``[low, high)``.
+def port_window(job_id: int, step_id: int, port_range: tuple[int, int]) -> Callable[[int], int]:
+    """The port of each slot (a task's rank, see :func:`cluster_spec`) in ``[low, high)``.
 
     Slots 0..span-1 of one step get distinct ports; the window start moves with job and step id.
     """
     low, high = port_range
     span = high - low
     offset = (job_id * _JOB_STRIDE + step_id * _STEP_STRIDE) % span
-    return low + (offset + slot) % span
+
+    def port(slot: int) -> int:
+        return low + (offset + slot) % span
+
+    return port
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
@@ -382,13 +386,12 @@ def cluster_spec(
         addresses = hosts
     else:
         addresses = [hostname_template.format(host=host) for host in hosts]
-    offset = (job_id * _JOB_STRIDE + step_id * _STEP_STRIDE) % span
+    port_of = port_window(job_id, step_id, port_range)
     slots = range(ntasks) if ntasks <= span else local_of
     # Distinct: hosts are distinct, the template is injective, and slots are distinct per
-    # step (ranks) or per node (local ids). port_for inlined: this loop runs once per rank.
+    # step (ranks) or per node (local ids).
     workers = tuple(
-        f"{addresses[node]}:{low + (offset + slot) % span}"
-        for node, slot in zip(node_of, slots, strict=True)
+        f"{addresses[node]}:{port_of(slot)}" for node, slot in zip(node_of, slots, strict=True)
     )
 
     node_index, local_id = node_of[proc_id], local_of[proc_id]

@@ -67,7 +67,7 @@ def check_port_free(host: str, port: int) -> None:
     127.0.0.1 only) it fails with just "UNKNOWN: Could not start gRPC server", naming neither
     port nor host (measured with TF 2.21). The test socket binds the same wildcard address and
     is closed again at once (a small race remains; ports come from a window that moves with the
-    job id, see :func:`hpctf.compute.cluster.port_for`).
+    job id, see :func:`hpctf.compute.cluster.port_window`).
     """
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:

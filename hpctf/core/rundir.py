@@ -137,13 +137,8 @@ class RunDir:
 
 
 def runs_root(config: ResolvedConfig) -> Path:
-    """The site's runs_root with ~ and $VARS expanded."""
-    root = Path(os.path.expandvars(config.site.runs_root)).expanduser()
-    if "$" in str(root):
-        raise UserError(
-            f"site {config.site.name}: runs_root {config.site.runs_root!r} names an unset variable"
-        )
-    return root.resolve()
+    """The site's runs_root, as resolved (``~`` and ``$VARS`` were expanded then, once)."""
+    return Path(config.site.runs_root).resolve()
 
 
 def plan_run_dir(config: ResolvedConfig) -> RunDir:

@@ -11,103 +11,14 @@ import ast
 import importlib.machinery
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from hpctf.core.config import (
-    SITE_RESOURCE_KEYS,
-    ConfigProblems,
-    Experiment,
-    ResolvedConfig,
-    Resources,
-    Site,
-    read_experiment,
-    resolve,
-)
+from hpctf.core.config import Experiment, ResolvedConfig, Site
 from hpctf.core.errors import UserError
-from hpctf.core.sources import KeyPath, Origin, Origins, load_yaml, origin_of
+from hpctf.core.sources import KeyPath, Origin, Origins, load_yaml
 from hpctf.login.render import check_site_template
+from hpctf.login.resolve import ConfigProblems, Loaded, read_experiment, resolve
 from hpctf.login.sites import available, find_site, read_site_file
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """A resolved config and, by resolved key path, where each value came from.
-
-    Keys: ``("name",)``, ``("resources", KEY)``, ``("resources", "extra_sbatch", I)``,
-    ``("env", NAME)``, ``("setup", I)``, ``("modules", I)``, ``("python",)``, ``("venv",)``,
-    ``("runs_root",)``, ``("run_dir",)``, ``("site",)``, ``("template",)``,
-    ``("train", "entry")``.
-    """
-
-    config: ResolvedConfig
-    origins: Origins
-
-
-def _default(key: str) -> Origin:
-    return Origin("default", key=key)
-
-
-def resolved_origins(
-    experiment: Experiment,
-    experiment_origins: Origins,
-    site: Site,
-    site_origins: Origins,
-    site_choice: Origin,
-) -> Origins:
-    """Where each value of the resolved config came from (keys as in :class:`Loaded`)."""
-
-    def from_experiment(*path: str) -> Origin:
-        return origin_of(experiment_origins, path) or _default(".".join(path))
-
-    def from_site(*path: str) -> Origin:
-        return origin_of(site_origins, path) or _default(".".join(path))
-
-    res = experiment.resources
-    out: Origins = {
-        ("name",): from_experiment("name"),
-        ("site",): site_choice,
-        ("train", "entry"): from_experiment("train", "entry"),
-    }
-    for key in Resources.model_fields:
-        if key == "extra_sbatch":
-            continue
-        if key in res.model_fields_set:
-            out[("resources", key)] = from_experiment("resources", key)
-        elif key in SITE_RESOURCE_KEYS and getattr(site, key) is not None:
-            out[("resources", key)] = from_site(key)
-        else:
-            out[("resources", key)] = _default(f"resources.{key}")
-    extras = [from_site("extra_sbatch", str(i)) for i in range(len(site.extra_sbatch))]
-    extras += [
-        from_experiment("resources", "extra_sbatch", str(i)) for i in range(len(res.extra_sbatch))
-    ]
-    out.update({("resources", "extra_sbatch", str(i)): o for i, o in enumerate(extras)})
-    for name in site.env:
-        out[("env", name)] = from_site("env", name)
-    for name in experiment.env:
-        out[("env", name)] = from_experiment("env", name)
-    out[("env", "PYTHONUNBUFFERED")] = Origin("hpctf", detail="worker logs unbuffered")
-    setups = [from_site("setup", str(i)) for i in range(len(site.setup))]
-    setups += [from_experiment("setup", str(i)) for i in range(len(experiment.setup))]
-    out.update({("setup", str(i)): o for i, o in enumerate(setups)})
-    out.update(
-        {("modules", str(i)): from_site("modules", str(i)) for i in range(len(site.modules))}
-    )
-    for key in ("venv", "runs_root", "template"):
-        out[(key,)] = from_site(key)
-    out[("preemption", "warning_seconds")] = from_site("preemption", "warning_seconds")
-    out[("preemption", "max_requeues")] = from_site("preemption", "max_requeues")
-    if site.python:
-        out[("python",)] = from_site("python")
-    elif site.venv:
-        out[("python",)] = from_site("venv")
-    else:
-        out[("python",)] = Origin("hpctf", detail="the interpreter running hpctf")
-    out[("run_dir",)] = Origin(
-        "hpctf", detail=f"a new run directory under runs_root, from {out[('runs_root',)]}"
-    )
-    return out
 
 
 def entry_problem(config: ResolvedConfig) -> str | None:
@@ -229,14 +140,17 @@ def load_config(
         site_origins[("runs_root",)] = Origin(
             "environment", key="runs_root", detail="HPCTF_RUNS_ROOT"
         )
-    origins = resolved_origins(experiment, experiment_origins, site, site_origins, choice)
     try:
-        config = resolve(experiment_file, site, experiment, python=python, env=env)
+        loaded = resolve(
+            experiment_file, experiment, experiment_origins, site, site_origins, choice, python, env
+        )
     except ConfigProblems as exc:
+        origins = exc.origins
         lines = [
             _located(origins, path, message, experiment_file) for path, message in exc.problems
         ]
         raise UserError("\n".join(lines)) from None
+    config, origins = loaded.config, loaded.origins
     if config.site.template:
         try:
             check_site_template(config.site.template)
@@ -245,7 +159,7 @@ def load_config(
     problem = entry_problem(config)
     if problem:
         raise UserError(_located(origins, ("train", "entry"), problem, experiment_file))
-    return Loaded(config, origins)
+    return loaded
 
 
 def _located(origins: Mapping[KeyPath, Origin], path: KeyPath, message: str, file: Path) -> str:

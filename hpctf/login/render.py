@@ -27,8 +27,9 @@ import jinja2
 from jinja2 import nodes
 
 from hpctf import __version__
+from hpctf.core import sbatch_options
 from hpctf.core.assets import shipped_dir
-from hpctf.core.config import ResolvedConfig, slurm_time_seconds
+from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import UserError
 from hpctf.core.sources import KeyPath, Origin
 
@@ -164,58 +165,6 @@ def check_site_template(path: str) -> None:
         )
 
 
-def sbatch_options(config: ResolvedConfig, run_dir: Path) -> list[tuple[str, str | int | None]]:
-    """The ``#SBATCH`` options hpctf manages, in Slurm's names, in a stable order.
-
-    A value of None is a flag without a value (``--exclusive``).
-    """
-    res = config.experiment.resources
-    options: list[tuple[str, str | int | None]] = [
-        ("job-name", config.experiment.name),
-        ("nodes", res.nodes),
-        ("ntasks-per-node", res.tasks_per_node),
-        ("cpus-per-task", res.cpus_per_task),
-        ("time", res.time),
-    ]
-    for flag, value in (
-        ("partition", config.partition),
-        ("account", res.account),
-        ("qos", res.qos),
-        ("constraint", res.constraint),
-        ("reservation", res.reservation),
-        ("mem", res.mem),
-    ):
-        if value:
-            options.append((flag, value))
-    if config.gpus_per_node:
-        if config.site.gpu_request == "gres":
-            options.append(("gres", f"gpu:{config.gpus_per_node}"))
-        else:
-            options.append(("gpus-per-node", config.gpus_per_node))
-    if res.exclusive:
-        options.append(("exclusive", None if res.exclusive is True else res.exclusive))
-    if res.mail_type:
-        options.append(("mail-type", ",".join(res.mail_type)))
-    if res.mail_user:
-        options.append(("mail-user", res.mail_user))
-    if res.dependency:
-        options.append(("dependency", res.dependency))
-    if config.site.scheduler == "slurm":
-        warning = config.site.preemption
-        limit = slurm_time_seconds(res.time)
-        if warning.warning_seconds >= limit:
-            raise UserError(
-                f"{config.experiment_file}: resources.time: {res.time} ({limit} s) must be "
-                f"longer than site {config.site.name}'s preemption.warning_seconds "
-                f"({warning.warning_seconds}), or the warning comes at the start"
-            )
-        # To the job steps (no "B:"): the workers get the warning, save and exit 75.
-        options.append(("signal", f"{warning.signal}@{warning.warning_seconds}"))
-        options.append(("requeue", None))
-    options.append(("output", f"{run_dir}/logs/slurm-%j.out"))
-    return options
-
-
 def render(config: ResolvedConfig, run_dir: Path) -> str:
     """The complete batch script for ``config`` running in ``run_dir``."""
     res = config.experiment.resources
@@ -224,7 +173,7 @@ def render(config: ResolvedConfig, run_dir: Path) -> str:
         "version": __version__,
         "name": config.experiment.name,
         "site": config.site.name,
-        "sbatch_options": sbatch_options(config, run_dir),
+        "sbatch_options": sbatch_options.rendered(config, run_dir),
         "extra_sbatch": list(res.extra_sbatch),
         "run_dir": str(run_dir),
         "python": config.python,
@@ -252,29 +201,6 @@ def render(config: ResolvedConfig, run_dir: Path) -> str:
 
 # --- render --explain ------------------------------------------------------------------------
 
-# #SBATCH flag -> the resolved key path whose origin explains it.
-_FLAG_KEYS: dict[str, KeyPath] = {
-    "job-name": ("name",),
-    "nodes": ("resources", "nodes"),
-    "ntasks-per-node": ("resources", "tasks_per_node"),
-    "cpus-per-task": ("resources", "cpus_per_task"),
-    "time": ("resources", "time"),
-    "partition": ("resources", "partition"),
-    "account": ("resources", "account"),
-    "qos": ("resources", "qos"),
-    "constraint": ("resources", "constraint"),
-    "reservation": ("resources", "reservation"),
-    "mem": ("resources", "mem"),
-    "gpus-per-node": ("resources", "gpus_per_node"),
-    "gres": ("resources", "gpus_per_node"),
-    "exclusive": ("resources", "exclusive"),
-    "signal": ("preemption", "warning_seconds"),
-    "requeue": ("preemption", "max_requeues"),
-    "mail-type": ("resources", "mail_type"),
-    "mail-user": ("resources", "mail_user"),
-    "dependency": ("resources", "dependency"),
-    "output": ("run_dir",),
-}
 _COLUMN = 48
 
 
@@ -316,8 +242,8 @@ def explain(script: str, config: ResolvedConfig, origins: Mapping[KeyPath, Origi
             if extra_index < len(extra) and token == extra[extra_index]:
                 origin = origins.get(("resources", "extra_sbatch", str(extra_index)))
                 extra_index += 1
-            elif flag in _FLAG_KEYS:
-                origin = origins.get(_FLAG_KEYS[flag])
+            elif flag in sbatch_options.EXPLAINED_BY:
+                origin = origins.get(sbatch_options.EXPLAINED_BY[flag])
         elif line.startswith("export "):
             key = line[len("export ") :].split("=", 1)[0]
             origin = origins.get(("env", key))
@@ -331,4 +257,34 @@ def explain(script: str, config: ResolvedConfig, origins: Mapping[KeyPath, Origi
         elif line.startswith("source ") and "/bin/activate" in line:
             origin = origins.get(("venv",))
         out.append(_annotate(line, origin))
+    last_sbatch = max((i for i, line in enumerate(out) if line.startswith("#SBATCH ")), default=0)
+    out[last_sbatch + 1 : last_sbatch + 1] = _dropped_defaults(config, origins)
     return "\n".join(out)
+
+
+def _dropped_defaults(config: ResolvedConfig, origins: Mapping[KeyPath, Origin]) -> list[str]:
+    """A note for each site default the experiment or ``--set`` removed with null: no
+    ``#SBATCH`` line says so otherwise."""
+    notes = []
+    resources = config.experiment.resources
+    for option in sbatch_options.OPTIONS:
+        if option.key is None or option.key[0] != "resources" or option.flag == "gres":
+            continue
+        key = option.key[1]
+        site_value = getattr(config.site, key, None)
+        origin = origins.get(option.key)
+        if (
+            getattr(resources, key) is None
+            and site_value
+            and origin
+            and origin.source
+            in {
+                "experiment",
+                "--set",
+            }
+        ):
+            notes.append(
+                _annotate(f"# --{option.flag}: none", origin)
+                + f", dropping site {config.site.name}'s {site_value!r}"
+            )
+    return notes
