@@ -4,10 +4,13 @@ test Slurm cluster, and the system tools the tests need (tests/system-packages.s
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,3 +122,35 @@ def wait_for_job(job_id: str, timeout: float = 300) -> dict[str, str]:
             return info
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} not finished after {timeout} s: {slurm.job_info(job_id)}")
+
+
+# --- reading what a run left behind (one copy, used by every layer of tests) -----------------
+
+HPCTF = [sys.executable, "-m", "hpctf"]
+
+
+def submitted(stdout: str) -> tuple[str | None, Path]:
+    """The job id (None for a local site) and run directory that `hpctf submit` printed."""
+    job = re.search(r"^submitted job (\d+)$", stdout, re.M)
+    run_dir = re.search(r"^run directory: (\S+)$", stdout, re.M)
+    assert run_dir, f"no run directory in: {stdout}"
+    return (job.group(1) if job else None), Path(run_dir.group(1))
+
+
+def run_dir_from(stdout: str) -> Path:
+    return submitted(stdout)[1]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Loss per step from metrics.jsonl; a step logged twice (before a kill, after the resume)
+    keeps its last value."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of the chief's checkpoints, oldest first."""
+    return sorted(
+        int(p.name.split("-")[1].split(".")[0])
+        for p in (run_dir / "checkpoints").glob("ckpt-*.index")
+    )

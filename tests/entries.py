@@ -45,4 +45,3 @@ def stuck_at(session: Session, rank: int = 1, step: int = 40) -> None:
 
     session.step_done = step_done  # type: ignore[method-assign]
     loop.main(session)
-

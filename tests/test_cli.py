@@ -273,7 +273,8 @@ def test_error_names_the_line(tmp_path: Path, runs_root: Path) -> None:
     line_no = next(
         i for i, text in enumerate(experiment.read_text().splitlines(), 1) if "nodes: -3" in text
     )
-    assert f"{experiment}:{line_no}: resources.nodes" in result.output
+    assert result.exit_code == 2
+    assert result.output.startswith(f"Error: {experiment}:{line_no}: resources.nodes")
 
 
 def test_render_prints_script_and_writes_nothing(runs_root: Path) -> None:
@@ -300,6 +301,7 @@ def test_set_overrides_experiment(runs_root: Path) -> None:
             "resources.time=1-00:00",
         ],
     )
+    assert result.exit_code == 0, result.output
     assert "#SBATCH --nodes=4\n" in result.output
     assert "#SBATCH --time=1-00:00\n" in result.output
 

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,10 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpctf.compute.cluster import expand_nodelist
-from tests.conftest import DIGITS, require_tool, wait_for_job, write
+from tests.conftest import DIGITS, HPCTF, require_tool, submitted, wait_for_job, write
 
 pytestmark = pytest.mark.slurm
-HPCTF = [sys.executable, "-m", "hpctf"]
 
 
 # --- nodelists: python-hostlist against scontrol -------------------------------------------
@@ -304,11 +302,9 @@ def test_two_nodes_train_with_two_tasks_per_node(
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    job_id = re.search(r"submitted job (\d+)", proc.stdout)
-    run_dir = re.search(r"run directory: (\S+)", proc.stdout)
-    assert job_id and run_dir, proc.stdout
-    run = Path(run_dir.group(1))
-    info = wait_for_job(job_id.group(1), timeout=400)
+    job_id, run = submitted(proc.stdout)
+    assert job_id, proc.stdout
+    info = wait_for_job(job_id, timeout=400)
     logs = {p.name: p.read_text() for p in sorted((run / "logs").glob("rank-*.log"))}
     assert info["JobState"] == "COMPLETED", "\n".join(
         f"--- {k}\n{v[-2000:]}" for k, v in logs.items()

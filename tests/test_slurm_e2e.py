@@ -9,17 +9,15 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from hpctf.core import slurm
-from tests.conftest import DIGITS, wait_for_job
+from tests.conftest import DIGITS, HPCTF, checkpoint_steps, submitted, wait_for_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
-HPCTF = [sys.executable, "-m", "hpctf"]
 
 
 def submit(env: dict[str, str], *args: str) -> tuple[str, Path]:
@@ -27,10 +25,9 @@ def submit(env: dict[str, str], *args: str) -> tuple[str, Path]:
         [*HPCTF, "submit", *args], env=env, capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    job_id = re.search(r"submitted job (\d+)", proc.stdout)
-    run_dir = re.search(r"run directory: (\S+)", proc.stdout)
-    assert job_id and run_dir, proc.stdout
-    return job_id.group(1), Path(run_dir.group(1))
+    job_id, run_dir = submitted(proc.stdout)
+    assert job_id, proc.stdout
+    return job_id, run_dir
 
 
 def logs_of(run_dir: Path) -> str:
@@ -115,24 +112,21 @@ def test_second_job_resumes_from_latest_checkpoint(
         "checkpoint.every_steps=50",
     )
     deadline = time.monotonic() + 180
-    while not list((run_dir / "checkpoints").glob("ckpt-*.index")):
+    while not checkpoint_steps(run_dir):
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     subprocess.run([*HPCTF, "cancel", str(run_dir)], env=env, check=True, capture_output=True)
     assert wait_for_job(job_id)["JobState"] == "CANCELLED"
     assert not (run_dir / "DONE").exists()
-    saved = max(
-        int(p.name.split("-")[1].split(".")[0])
-        for p in (run_dir / "checkpoints").glob("ckpt-*.index")
-    )
+    saved = checkpoint_steps(run_dir)[-1]
     assert 0 < saved < 3000
 
     proc = subprocess.run(
         [*HPCTF, "resubmit", str(run_dir)], env=env, capture_output=True, text=True, check=True
     )
-    second = re.search(r"submitted job (\d+)", proc.stdout)
-    assert second and second.group(1) != job_id
-    info = wait_for_job(second.group(1))
+    second, _ = submitted(proc.stdout)
+    assert second and second != job_id
+    info = wait_for_job(second)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     rank0 = (run_dir / "logs" / "rank-0.log").read_text()
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in rank0

@@ -15,10 +15,17 @@ import pytest
 
 from hpctf.core.errors import STALLED_EXIT
 from hpctf.login.local import task_environment
-from tests.conftest import DIGITS, REPO, write
+from tests.conftest import (
+    DIGITS,
+    HPCTF,
+    REPO,
+    checkpoint_steps,
+    losses,
+    run_dir_from,
+    write,
+)
 
 pytestmark = pytest.mark.tf
-HPCTF = [sys.executable, "-m", "hpctf"]
 TFRECORDS = REPO / "examples" / "tfrecords" / "experiment.yaml"
 SHORT = [
     "--set",
@@ -28,25 +35,6 @@ SHORT = [
     "--set",
     "checkpoint.every_steps=30",
 ]
-
-
-def run_dir_from(stdout: str) -> Path:
-    line = next(line for line in stdout.splitlines() if line.startswith("run directory: "))
-    return Path(line.removeprefix("run directory: "))
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    """Loss per step from metrics.jsonl; a step logged twice (before a kill, after the resume)
-    keeps its last value."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if "loss" in r}
-
-
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    return sorted(
-        int(p.name.split("-")[1].split(".")[0])
-        for p in (run_dir / "checkpoints").glob("ckpt-*.index")
-    )
 
 
 def submit_local(*args: str, cwd: Path) -> Path:

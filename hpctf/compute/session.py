@@ -31,11 +31,11 @@ import tensorflow as tf
 from hpctf.api import DataSource
 from hpctf.compute.checkpoints import Checkpointer
 from hpctf.compute.cluster import ClusterSpec
-from hpctf.compute.data import plan_shards, training_input
+from hpctf.compute.data import cardinality, evaluation_dataset, plan_shards, training_input
 from hpctf.compute.preemption import PREEMPTION_SIGNALS, early_signal
 from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
-from hpctf.core.config import ResolvedConfig, Train
+from hpctf.core.config import Checkpoint, Train
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.rundir import RunDir, write_atomic
 
@@ -199,9 +199,11 @@ def _tensorboard_installed() -> bool:
 class Session:
     """One rank's share of a run: strategy, checkpoints, data position, records, signals."""
 
-    def __init__(self, config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> None:
-        self.config = config
-        self.settings = config.experiment.train
+    def __init__(
+        self, settings: Train, checkpoint: Checkpoint, run: RunDir, spec: ClusterSpec
+    ) -> None:
+        self.settings = settings
+        self._checkpoint_settings = checkpoint
         self.run = run
         self.spec = spec
         # Known from train.steps; with train.epochs the loop sets it once it knows the data.
@@ -242,7 +244,7 @@ class Session:
         checkpoint into them; return the step to continue after (0 for a fresh run)."""
         checkpoint = tf.train.Checkpoint(step=self._step, **objects)
         self._checkpointer = Checkpointer(
-            checkpoint, self.run.checkpoints, self.spec, self.config.experiment.checkpoint.keep
+            checkpoint, self.run.checkpoints, self.spec, self._checkpoint_settings.keep
         )
         if self.precision_policy == "mixed_float16" and not any(
             isinstance(o, keras.optimizers.LossScaleOptimizer) for o in objects.values()
@@ -294,6 +296,15 @@ class Session:
         )
         return iter(self.strategy.distribute_datasets_from_function(dataset_fn))
 
+    def examples_in(self, source: DataSource) -> int | None:
+        """How many examples ``source`` holds, or None when that is not known up front."""
+        return cardinality(source)
+
+    def evaluation_dataset(self, source: DataSource) -> Any:
+        """``source`` in global batches, every example once (the last batch may be smaller);
+        build it once, distribute it for each evaluation."""
+        return evaluation_dataset(source, self.settings.global_batch_size)
+
     # --- the loop's hook -------------------------------------------------------------------
 
     def step_done(self, step: int, loss: float | None = None) -> None:
@@ -305,7 +316,7 @@ class Session:
         if loss is not None and (step % self.settings.log_every_steps == 0 or step == total):
             self._log_progress(step, loss)
         saved = False
-        if step % self.config.experiment.checkpoint.every_steps == 0 or step == total:
+        if step % self._checkpoint_settings.every_steps == 0 or step == total:
             self.save(step)
             saved = True
         checking = step % self.settings.preemption_check_every_steps == 0 or step == total

@@ -17,9 +17,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hpctf.api import Task
+from hpctf.api import DataSource, Task
 from hpctf.compute.cluster import ClusterSpec
-from hpctf.compute.data import cardinality, evaluation_dataset
 from hpctf.compute.session import Preempted, Session, with_loss_scaling
 from hpctf.core.config import ResolvedConfig, Train
 from hpctf.core.errors import UserError
@@ -44,7 +43,7 @@ def load_entry(entry: str) -> Callable[..., Any]:
 def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint."""
     settings = config.experiment.train
-    session = Session(config, run, spec)
+    session = Session(settings, config.experiment.checkpoint, run, spec)
     entry = load_entry(settings.entry)
     try:
         if settings.loop == "custom":
@@ -56,11 +55,12 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     return 0
 
 
-def total_steps(settings: Train, task: Task) -> int:
+def total_steps(session: Session, task: Task) -> int:
     """train.steps, or train.epochs times the full global batches in one pass."""
+    settings = session.settings
     if settings.steps is not None:
         return settings.steps
-    examples = cardinality(task.train_data)
+    examples = session.examples_in(task.train_data)
     if examples is None:
         raise UserError(
             "train.epochs needs a training set of known size (a finite dataset, or "
@@ -151,19 +151,15 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     start = session.track(model=task.model, optimizer=task.optimizer)
     if rescale is not None:
         log.info("%s", rescale())
-    total = session.total_steps = total_steps(settings, task)
+    total = session.total_steps = total_steps(session, task)
     iterator = session.distribute(task.train_data, task.shuffle_buffer)
     train_step = make_train_step(strategy, task, settings.global_batch_size, settings.jit_compile)
-    evaluator = (
-        Evaluator(strategy, task, settings.global_batch_size)
-        if task.eval_data is not None
-        else None
-    )
+    evaluator = Evaluator(session, task.eval_data, task) if task.eval_data is not None else None
 
     def evaluate(step: int) -> dict[str, float]:
         if evaluator is None:
             return {}
-        results = evaluator(session.keepalive)
+        results = evaluator()
         log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
         session.record(step, results, group="eval")
         return results
@@ -223,10 +219,10 @@ class Evaluator:
     smaller batch), not at every evaluation.
     """
 
-    def __init__(self, strategy: Any, task: Task, global_batch: int) -> None:
-        assert task.eval_data is not None
-        self._strategy = strategy
-        self._dataset = evaluation_dataset(task.eval_data, global_batch)
+    def __init__(self, session: Session, eval_data: DataSource, task: Task) -> None:
+        strategy = self._strategy = session.strategy
+        self._keepalive = session.keepalive
+        self._dataset = session.evaluation_dataset(eval_data)
         functions = {"loss": task.loss, **task.metrics}
 
         def replica_sums(features: Any, labels: Any) -> dict[str, Any]:
@@ -248,11 +244,11 @@ class Evaluator:
 
         self._eval_step = eval_step
 
-    def __call__(self, keepalive: Callable[[str], None]) -> dict[str, float]:
+    def __call__(self) -> dict[str, float]:
         totals: dict[str, float] = {}
         for features, labels in self._strategy.experimental_distribute_dataset(self._dataset):
             for name, value in self._eval_step(features, labels).items():
                 totals[name] = totals.get(name, 0.0) + float(value)
-            keepalive("evaluation batch")
+            self._keepalive("evaluation batch")
         count = totals.pop("count", 0.0)
         return {name: value / count for name, value in totals.items()} if count else {}
