@@ -3,8 +3,10 @@ what ``extra_sbatch`` may not say (in the spirit of submitit's ``_make_sbatch_st
 table drives the flags, the keys and the errors).
 
 Each :class:`Option` is one sbatch long option. ``value`` computes it from the resolved config
-(:data:`ABSENT`: no line; None: a flag without a value); ``key`` names the resolved value it
-comes from, for ``render --explain``; ``instead`` says what to use when ``extra_sbatch`` names
+(:data:`ABSENT`: no line; None: a flag without a value); the config is a
+:class:`hpctf.core.config.ResolvedConfig`, typed ``Any`` here because the schemas validate
+``extra_sbatch`` with this module and it must not import them. ``key`` names the resolved
+value it comes from, for ``render --explain``; ``instead`` says what to use when ``extra_sbatch`` names
 it, which makes it managed. sbatch reads #SBATCH lines with getopt_long, so it accepts any
 unambiguous prefix of a long option (``--ntasks-per-n=2``) and a later option overrides an
 earlier one: every spelling of a managed option is refused, not only its full name.
@@ -16,12 +18,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from hpctf.core.config import ResolvedConfig
+from typing import Any
 
 KeyPath = tuple[str, ...]
+Config = Any  # a hpctf.core.config.ResolvedConfig
 Value = str | int | None
 
 
@@ -31,7 +31,7 @@ class _Absent:
 
 
 ABSENT: Any = _Absent()  # the option is not rendered for this config
-_NOT_RENDERED: Callable[[ResolvedConfig, Path], Any] = lambda config, run_dir: ABSENT  # noqa: E731
+_NOT_RENDERED: Callable[[Config, Path], Any] = lambda config, run_dir: ABSENT  # noqa: E731
 
 
 @dataclass(frozen=True)
@@ -40,21 +40,21 @@ class Option:
     key: KeyPath | None = None
     instead: str | None = None  # managed: what to use instead of extra_sbatch
     short: str | None = None
-    value: Callable[[ResolvedConfig, Path], Any] = _NOT_RENDERED
+    value: Callable[[Config, Path], Any] = _NOT_RENDERED
 
 
-def _resource(name: str) -> Callable[[ResolvedConfig, Path], Any]:
+def _resource(name: str) -> Callable[[Config, Path], Any]:
     """The resource ``name`` when it is set, else no line."""
 
-    def value(config: ResolvedConfig, run_dir: Path) -> Any:
+    def value(config: Config, run_dir: Path) -> Any:
         given = getattr(config.experiment.resources, name)
         return ABSENT if given is None or given == "" else given
 
     return value
 
 
-def _gpus(request: str) -> Callable[[ResolvedConfig, Path], Any]:
-    def value(config: ResolvedConfig, run_dir: Path) -> Any:
+def _gpus(request: str) -> Callable[[Config, Path], Any]:
+    def value(config: Config, run_dir: Path) -> Any:
         gpus = config.experiment.resources.gpus_per_node or 0
         if not gpus or config.site.gpu_request != request:
             return ABSENT
@@ -63,25 +63,25 @@ def _gpus(request: str) -> Callable[[ResolvedConfig, Path], Any]:
     return value
 
 
-def _exclusive(config: ResolvedConfig, run_dir: Path) -> Any:
+def _exclusive(config: Config, run_dir: Path) -> Any:
     exclusive = config.experiment.resources.exclusive
     if exclusive is False:
         return ABSENT
     return None if exclusive is True else exclusive
 
 
-def _mail_type(config: ResolvedConfig, run_dir: Path) -> Any:
+def _mail_type(config: Config, run_dir: Path) -> Any:
     return ",".join(config.experiment.resources.mail_type) or ABSENT
 
 
-def _on_slurm(value: Callable[[ResolvedConfig], Value]) -> Callable[[ResolvedConfig, Path], Any]:
-    def on_slurm(config: ResolvedConfig, run_dir: Path) -> Any:
+def _on_slurm(value: Callable[[Config], Value]) -> Callable[[Config, Path], Any]:
+    def on_slurm(config: Config, run_dir: Path) -> Any:
         return value(config) if config.site.scheduler == "slurm" else ABSENT
 
     return on_slurm
 
 
-def _signal(config: ResolvedConfig) -> Value:
+def _signal(config: Config) -> Value:
     # To the job steps (no "B:"): the workers get the warning, save and exit 75.
     return f"{config.site.preemption.signal}@{config.site.preemption.warning_seconds}"
 
@@ -181,7 +181,7 @@ MANAGED_SHORT: dict[str, str] = {o.short: o.flag for o in OPTIONS if o.short}
 EXPLAINED_BY: dict[str, KeyPath] = {o.flag: o.key for o in OPTIONS if o.key}
 
 
-def rendered(config: ResolvedConfig, run_dir: Path) -> list[tuple[str, Value]]:
+def rendered(config: Config, run_dir: Path) -> list[tuple[str, Value]]:
     """The ``#SBATCH`` options hpctf writes for ``config``, in the table's order."""
     options = []
     for option in OPTIONS:
