@@ -5,9 +5,9 @@ table drives the flags, the keys and the errors).
 Each :class:`Option` is one sbatch long option. ``value`` computes it from the resolved config
 (:data:`ABSENT`: no line; None: a flag without a value); the config is a
 :class:`hpctf.core.config.ResolvedConfig`, typed ``Any`` here because the schemas validate
-``extra_sbatch`` with this module and it must not import them. ``key`` names the resolved
-value it comes from, for ``render --explain``; ``instead`` says what to use when
-``extra_sbatch`` names it, which makes it managed. sbatch reads #SBATCH lines with getopt_long, so it accepts any
+``extra_sbatch`` with this module and it must not import them. ``key`` names the resolved value
+it comes from, for ``render --explain``; ``instead`` says what to use when ``extra_sbatch``
+names it, which makes it managed. sbatch reads #SBATCH lines with getopt_long, so it accepts any
 unambiguous prefix of a long option (``--ntasks-per-n=2``) and a later option overrides an
 earlier one: every spelling of a managed option is refused, not only its full name.
 """
