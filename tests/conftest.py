@@ -22,6 +22,8 @@ from hpctf.core import slurm
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
+# train.python_path for tests/entries.py: it and the examples it builds on.
+ENTRIES_PATH = [str(REPO / p) for p in ("tests", "examples/digits", "examples/custom_loop")]
 
 
 @pytest.fixture

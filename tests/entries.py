@@ -1,21 +1,16 @@
 """Training entries for tests: the digits example with twists a test needs.
 
-Workers import this module by ``train.entry: entries:NAME`` with this directory on
-``train.python_path``.
+Workers import this module by ``train.entry: entries:NAME`` with
+``tests.conftest.ENTRIES_PATH`` as ``train.python_path``: this directory and the examples it
+builds on, so the run's code snapshot holds all of them.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
+import digits  # found on train.python_path in a worker
 import keras
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "custom_loop"))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "digits"))
-
-import digits
 import loop
 
 import hpctf
@@ -45,3 +40,8 @@ def stuck_at(session: Session, rank: int = 1, step: int = 40) -> None:
 
     session.step_done = step_done  # type: ignore[method-assign]
     loop.main(session)
+
+
+def crash_at_start(**args: object) -> hpctf.Task:
+    """An entry with a bug: it raises before the first step, on every start."""
+    raise RuntimeError("a bug in the user's entry")

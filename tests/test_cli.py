@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from tests.conftest import DIGITS, REPO, write
+from tests.conftest import DIGITS, REPO, run_dir_from, write
 
 GOOD = yaml.safe_load(DIGITS.read_text())
 # Experiments written to a scratch directory still find digits.py (the entry is checked).
@@ -687,3 +687,25 @@ def test_cancel_of_a_local_run_says_how_to_stop_it(tmp_path: Path, runs_root: Pa
     (run_dir,) = runs_root.iterdir()
     result = CliRunner().invoke(cli, ["cancel", str(run_dir)])
     assert result.exit_code == 2 and "runs on a local site" in result.output
+
+
+def test_submits_of_one_experiment_at_once_get_their_own_run_directories(
+    tmp_path: Path, runs_root: Path, fake_sbatch: Path
+) -> None:
+    """Started in the same second they plan the same name: the losers take the next one."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hpctf", "submit", str(DIGITS), "--site", "local-slurm"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4, outputs
+    run_dirs = {run_dir_from(out) for out, _ in outputs}
+    assert len(run_dirs) == 4 and set(runs_root.iterdir()) == run_dirs
+    for run_dir in run_dirs:
+        assert f"RUN_DIR='{run_dir}'" in (run_dir / "job.sbatch").read_text()
+        assert json.loads((run_dir / "config.json").read_text())["experiment"]["name"] == "digits"

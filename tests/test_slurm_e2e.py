@@ -7,7 +7,9 @@ real TensorFlow workers under MultiWorkerMirroredStrategy, real files in the run
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from hpctf.core import slurm
-from tests.conftest import DIGITS, HPCTF, checkpoint_steps, submitted, wait_for_job
+from tests.conftest import (
+    DIGITS,
+    ENTRIES_PATH,
+    HPCTF,
+    checkpoint_steps,
+    submitted,
+    wait_for_job,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 
@@ -137,6 +146,36 @@ def job_state(job_id: str) -> str | None:
     return (slurm.job_info(job_id) or {}).get("JobState")
 
 
+def release_requeued(job_id: str, env: dict[str, str], deadline: float) -> None:
+    """Wait until requeued job ``job_id`` is pending again, then let it start at once.
+
+    A requeued job waits for a BeginTime ~120 s away on Slurm 22.05; release it sooner, but
+    not within the second of the requeue: slurmd revokes the job's old credential with
+    1-second resolution, and a start in that same second fails ("Job credential revoked").
+    """
+    while (state := job_state(job_id)) != "PENDING":
+        assert time.monotonic() < deadline, f"job {job_id} is {state}, not requeued"
+        time.sleep(0.2)
+    time.sleep(2)
+    while (state := job_state(job_id)) not in ("RUNNING", "COMPLETED", "FAILED"):
+        assert time.monotonic() < deadline, f"job {job_id} stays {state}"
+        if state == "PENDING":
+            subprocess.run(
+                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                env=env,
+                check=False,
+                capture_output=True,
+            )
+        time.sleep(0.5)
+
+
+def wait_for_log(path: Path, text: str, run_dir: Path, deadline: float) -> str:
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    return path.read_text()
+
+
 def _events(run_dir: Path) -> list[dict[str, object]]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "journal").iterdir())]
 
@@ -166,23 +205,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     while "requeued" not in [e["event"] for e in _events(run_dir)]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
-    # A requeued job waits for a BeginTime ~120 s away on Slurm 22.05; release it sooner, but
-    # not within the second of the requeue: slurmd revokes the job's old credential with
-    # 1-second resolution, and a start in that same second fails ("Job credential revoked").
-    while (state := job_state(job_id)) != "PENDING":
-        assert time.monotonic() < deadline, f"job {job_id} is {state}, not requeued"
-        time.sleep(0.2)
-    time.sleep(2)
-    while (state := job_state(job_id)) not in ("RUNNING", "COMPLETED"):
-        assert time.monotonic() < deadline, f"job {job_id} stays {state}"
-        if state == "PENDING":
-            subprocess.run(
-                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                env=env,
-                check=False,
-                capture_output=True,
-            )
-        time.sleep(0.5)
+    release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     assert info["Restarts"] == "1"
@@ -264,3 +287,106 @@ def test_gpu_job_that_cannot_use_its_gpus_fails_at_once(
     for line in lines:
         assert re.fullmatch(message + r".*", line), line
     assert not any(" step " in text for text in ranks), logs_of(run_dir)
+
+
+# --- faults: how each kind of end is recorded and whether the run goes on --------------------
+
+
+def test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    job_id, run_dir = submit(
+        env,
+        str(DIGITS),
+        "--site",
+        "local-slurm",
+        "--set",
+        "train.entry=entries:crash_at_start",
+        "--set",
+        f"train.python_path={json.dumps(ENTRIES_PATH)}",
+    )
+    info = wait_for_job(job_id)
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", logs_of(run_dir)
+    events = _events(run_dir)
+    assert [e["event"] for e in events] == ["created", "submitted", "started", "ended", "gave_up"]
+    assert events[3]["reason"] == "failed" and events[3]["step"] == 0
+    assert str(events[4]["why"]).startswith("failed without progress")
+    status = subprocess.run(
+        [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
+    )
+    assert status.stdout.startswith("run: gave_up (failed without progress"), status.stdout
+    assert "a bug in the user's entry" in (run_dir / "logs" / "rank-0.log").read_text()
+
+
+def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGKILL to one rank (an OOM kill): srun ends the step, the run had advanced, so the
+    job is requeued within the failure budget and resumes from its last checkpoint."""
+    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    job_id, run_dir = submit(
+        env,
+        str(DIGITS),
+        "--site",
+        "local-slurm",
+        "--set",
+        "train.steps=3000",
+        "--set",
+        "checkpoint.every_steps=100",
+    )
+    deadline = time.monotonic() + 300
+    rank1 = wait_for_log(run_dir / "logs" / "rank-1.log", "pid ", run_dir, deadline)
+    pid = int(rank1.split(" pid ")[1].split()[0])
+    while not checkpoint_steps(run_dir):
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)  # the "nodes" share this machine's process table
+    while "requeued" not in [e["event"] for e in _events(run_dir)]:
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    release_requeued(job_id, env, deadline)
+    info = wait_for_job(job_id)
+    assert info["JobState"] == "COMPLETED", logs_of(run_dir)
+    events = _events(run_dir)
+    ends = [e for e in events if e["event"] == "ended"]
+    assert [e["reason"] for e in ends] == ["failed", "done"]
+    saved = int(ends[0]["step"])  # type: ignore[call-overload]
+    assert saved >= 100
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 3000
+
+
+def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Slurm requeues the job itself (as after a node failure): the batch shell's trap records
+    the signal, the next start counts it against the failure budget and resumes."""
+    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    job_id, run_dir = submit(
+        env,
+        str(DIGITS),
+        "--site",
+        "local-slurm",
+        "--set",
+        "train.steps=3000",
+        "--set",
+        "checkpoint.every_steps=100",
+    )
+    deadline = time.monotonic() + 300
+    while not checkpoint_steps(run_dir):
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
+    release_requeued(job_id, env, deadline)
+    info = wait_for_job(job_id)
+    assert info["JobState"] == "COMPLETED", logs_of(run_dir)
+    starts = [e for e in _events(run_dir) if e["event"] == "started"]
+    assert len(starts) == 2 and int(starts[1]["step"]) >= 100  # type: ignore[call-overload]
+    status = subprocess.run(
+        [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
+    )
+    assert status.stdout.startswith("run: done; requeues after preemption 0/20, after failures 1/3")
+    assert "start 1: job" in status.stdout and ": node_fail at step" in status.stdout
+    assert "start 2: job" in status.stdout and ": done at step 3000 (exit 0)" in status.stdout

@@ -17,6 +17,7 @@ from hpctf.core.errors import STALLED_EXIT
 from hpctf.login.local import task_environment
 from tests.conftest import (
     DIGITS,
+    ENTRIES_PATH,
     HPCTF,
     REPO,
     checkpoint_steps,
@@ -175,7 +176,7 @@ def test_a_live_but_stuck_rank_ends_every_rank_within_the_bound(
     runs_root: Path, tmp_path: Path
 ) -> None:
     """Rank 1 sleeps inside its loop (alive, heartbeats go on, no collectives): both ranks'
-    watchdogs end them within train.collective_timeout_seconds plus one check interval."""
+    watchdogs end them within train.stall_timeout_seconds plus one check interval."""
     timeout = 10
     experiment = write(
         tmp_path / "stuck.yaml",
@@ -189,8 +190,8 @@ train:
   args: {{rank: 1, step: 40}}
   steps: 1000
   global_batch_size: 64
-  python_path: ["{REPO / "tests"}"]
-  collective_timeout_seconds: {timeout}
+  python_path: {json.dumps(ENTRIES_PATH)}
+  stall_timeout_seconds: {timeout}
 """,
     )
     procs, logs = _start_two_workers(tmp_path, runs_root, experiment, ready="stuck at step 40")
@@ -209,7 +210,11 @@ train:
     assert elapsed <= timeout * 1.1 + 5, f"{elapsed:.1f} s"
     for text in texts:
         assert "no progress for " in text
-        assert f"(train.collective_timeout_seconds {timeout}; last: step " in text
+        assert f"(train.stall_timeout_seconds {timeout}; last: step " in text
+        assert "the stacks of this rank follow" in text
+    # The stuck rank's own stack shows where it is stuck: the user's sleep, in its loop.
+    assert 'in step_done' in texts[1] and "entries.py" in texts[1]
+    assert texts[0].count("rank 0 on localhost: no progress") == 1
 
 
 def test_threads_and_memory_stay_flat_over_thousands_of_steps(
@@ -240,7 +245,7 @@ def test_scaled_learning_rate_schedule_on_two_workers(runs_root: Path, tmp_path:
         "--set",
         "train.entry=entries:digits_with_schedule",
         "--set",
-        f"train.python_path=[{REPO / 'tests'}]",
+        f"train.python_path={json.dumps(ENTRIES_PATH)}",
         "--set",
         "train.scale_learning_rate=true",
         "--set",

@@ -136,10 +136,10 @@ class Checkpointer:
             ) from None
         return path
 
-    def save(self, step: int) -> None:
+    def save(self, step: int) -> str | None:
+        """Save ``step``; returns the path on the chief, None on the other ranks."""
         if self._manager is not None:
-            log.info("checkpoint %s", self._manager.save(checkpoint_number=step))
-            return
+            return str(self._manager.save(checkpoint_number=step))
         throwaway = tempfile.mkdtemp(prefix=f"hpctf-worker{self._task_index}-ckpt-")
         try:
             tf.train.CheckpointManager(self._checkpoint, throwaway, max_to_keep=1).save(
@@ -147,6 +147,7 @@ class Checkpointer:
             )
         finally:
             shutil.rmtree(throwaway, ignore_errors=True)
+        return None
 
 
 def _readable(path: str) -> bool:

@@ -149,8 +149,9 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     # TF's Python logger reports every collective it builds at INFO: keep rank logs readable.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
     log.info(
-        "host %s (SLURMD_NODENAME %s) SLURM_PROCID %s: %s",
+        "host %s pid %d (SLURMD_NODENAME %s) SLURM_PROCID %s: %s",
         socket.gethostname(),
+        os.getpid(),
         env.get("SLURMD_NODENAME", "-"),
         env.get("SLURM_PROCID"),
         spec.describe(),

@@ -23,6 +23,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -122,38 +123,53 @@ class PreemptionWatch:
     """Turns a preemption warning to any rank into the same decision on every rank.
 
     Install it after the strategy exists: TF's own C++ handler takes SIGTERM once the strategy
-    is created, so a Python handler installed before never runs.
+    is created, so a Python handler installed before never runs. The handlers are installed
+    before the early handler's record is read, so a signal between the two is not lost.
     """
 
-    def __init__(self, strategy: Any) -> None:
-        self._signalled = early_signal()
-        if self._signalled:
-            log.warning(
-                "got %s while starting: saving at the first agreed step",
-                signal.Signals(self._signalled).name,
-            )
+    def __init__(self, gather: Callable[[int], list[int]]) -> None:
+        self._signalled = 0
         for signum in PREEMPTION_SIGNALS:
             signal.signal(signum, self._on_signal)
-        flag = tf.Variable(0, dtype=tf.int32, trainable=False, name="preempted")
-        self._flag = flag
-
-        @tf.function
-        def agree() -> Any:
-            # ReduceOp has no MAX: the sum is non-zero when any rank was signalled.
-            per_replica = strategy.run(lambda: tf.identity(flag))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        self._agree = agree
+        early = early_signal()
+        if early and not self._signalled:
+            self._signalled = early
+            log.warning(
+                "got %s while starting: saving at the first agreed step",
+                signal.Signals(early).name,
+            )
+        self._gather = gather
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if not self._signalled:
             log.warning("got %s: saving at the next agreed step", signal.Signals(signum).name)
         self._signalled = signum
 
-    def any_rank_signalled(self) -> bool:
-        """A collective: every rank must call it at the same step, and all get one answer."""
-        self._flag.assign(1 if self._signalled else 0)
-        return bool(int(self._agree()))
+    def agree(self, step_seconds: float) -> tuple[int, float]:
+        """A collective: every rank calls it at the same step. Returns the signal any rank got
+        (SIGTERM, a preemption, wins over the walltime warning; 0 for none) and the slowest
+        rank's seconds per step, the same on every rank."""
+        micros = min(max(round(step_seconds * 1e6), 0), _MICROS_MASK)
+        values = self._gather(self._signalled << _SIGNAL_SHIFT | micros)
+        signum = max(value >> _SIGNAL_SHIFT for value in values)
+        slowest = max(value & _MICROS_MASK for value in values) / 1e6
+        return signum, slowest
+
+
+# One int64 per rank carries both answers of PreemptionWatch.agree: the signal number above bit
+# 40, the step time in microseconds (up to 12 days) below.
+_SIGNAL_SHIFT = 40
+_MICROS_MASK = (1 << _SIGNAL_SHIFT) - 1
+
+
+def check_interval(configured: int, slowest_step: float, warning_seconds: int | None) -> int:
+    """Steps until the ranks next agree on a warning: ``train.preemption_check_every_steps``,
+    fewer when steps are slow, so that a warning waits at most a quarter of the site's
+    ``preemption.warning_seconds`` for the agreement (the rest is for the save and the exit).
+    Pure, and fed the same values on every rank, so every rank picks the same step."""
+    if not warning_seconds or slowest_step <= 0:
+        return configured
+    return max(1, min(configured, int(warning_seconds / 4 / slowest_step)))
 
 
 class ChiefRecords:
@@ -200,9 +216,17 @@ class Session:
     """One rank's share of a run: strategy, checkpoints, data position, records, signals."""
 
     def __init__(
-        self, settings: Train, checkpoint: Checkpoint, run: RunDir, spec: ClusterSpec
+        self,
+        settings: Train,
+        checkpoint: Checkpoint,
+        run: RunDir,
+        spec: ClusterSpec,
+        warning_seconds: int | None = None,
     ) -> None:
+        """``warning_seconds``: how long before the time limit Slurm warns (None off Slurm);
+        it bounds how long a warning may wait for the ranks' agreement, in seconds."""
         self.settings = settings
+        self._warning_seconds = warning_seconds
         self._checkpoint_settings = checkpoint
         self.run = run
         self.spec = spec
@@ -214,8 +238,9 @@ class Session:
             keras.mixed_precision.set_global_policy(policy)
         configure_failure_detection(spec, self.settings)
         self.strategy = make_strategy(len(gpus), self.settings)
-        timeout = self.settings.collective_timeout_seconds
-        self._watchdog = ProgressWatchdog(timeout).start() if timeout else None
+        timeout = self.settings.stall_timeout_seconds
+        where = f"rank {spec.task_index} on {spec.node}"
+        self._watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
         replicas = self.strategy.num_replicas_in_sync
         if self.settings.global_batch_size % replicas:
             raise UserError(
@@ -229,8 +254,12 @@ class Session:
             policy or "off",
             "on" if self.settings.jit_compile else "off",
         )
-        self._preemption = PreemptionWatch(self.strategy)
         self._gather = _make_gather(self.strategy)
+        self._preemption = PreemptionWatch(self._gather)
+        self._next_check = settings.preemption_check_every_steps
+        self._last_check = (time.perf_counter(), 0)
+        self._save_seconds: float | None = None  # the last save, until warned about
+        self._last_save_seconds: float | None = None  # the last save, for the records
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self._checkpointer: Checkpointer | None = None
         self._records = ChiefRecords(run, spec.is_chief)
@@ -261,7 +290,8 @@ class Session:
             log.info("resumed from %s at step %d", restored, start)
         else:
             log.info("no checkpoint in %s: starting at step 0", self.run.checkpoints)
-        self._window = (time.perf_counter(), start)
+        self._window = self._last_check = (time.perf_counter(), start)
+        self._next_check = start + self.settings.preemption_check_every_steps
         return start
 
     @property
@@ -274,7 +304,11 @@ class Session:
             raise RuntimeError("call Session.track(...) before saving")
         self._step.assign(step)
         self.keepalive(f"step {step}")
-        self._checkpointer.save(step)
+        started = time.perf_counter()
+        path = self._checkpointer.save(step)
+        self._save_seconds = self._last_save_seconds = time.perf_counter() - started
+        if path is not None:
+            log.info("checkpoint %s (%.2f s)", path, self._save_seconds)
         self.keepalive(f"checkpoint of step {step}")
 
     def distribute(self, source: DataSource, shuffle_buffer: int = 10_000) -> Any:
@@ -319,19 +353,50 @@ class Session:
         if step % self._checkpoint_settings.every_steps == 0 or step == total:
             self.save(step)
             saved = True
-        checking = step % self.settings.preemption_check_every_steps == 0 or step == total
-        if checking and self._preemption.any_rank_signalled():
-            if not saved:
-                self.save(step)
-            if self.spec.is_chief:
-                # The batch script requeues on this record, not on srun's exit status: srun
-                # --kill-on-bad-exit may kill a rank that is still exiting after the save.
-                self.run.record("preempted", job_id=str(self.spec.job_id), step=step)
-            # One more collective as a barrier: no rank exits before the chief has finished
-            # writing the checkpoint and the record.
-            self._preemption.any_rank_signalled()
-            log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
-            raise Preempted()
+        if not (step >= self._next_check or step == total):
+            return
+        now = time.perf_counter()
+        then, then_step = self._last_check
+        signum, slowest = self._preemption.agree((now - then) / max(step - then_step, 1))
+        self._last_check = (time.perf_counter(), step)
+        self._next_check = step + check_interval(
+            self.settings.preemption_check_every_steps, slowest, self._warning_seconds
+        )
+        self._warn_if_saves_outlast_the_warning(slowest)
+        if not signum:
+            return
+        name = signal.Signals(signum).name
+        if step == total:
+            log.warning("got %s at the last step: finishing instead of requeuing", name)
+            return
+        if not saved:
+            self.save(step)
+        if self.spec.is_chief:
+            # The batch script requeues on this record, not on srun's exit status: srun
+            # --kill-on-bad-exit may kill a rank that is still exiting after the save.
+            self.run.record("preempted", job_id=str(self.spec.job_id), step=step, signal=name)
+        # One more collective as a barrier: no rank exits before the chief has finished
+        # writing the checkpoint and the record.
+        self._preemption.agree(0.0)
+        log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
+        raise Preempted()
+
+    def _warn_if_saves_outlast_the_warning(self, slowest_step: float) -> None:
+        """Once, on the chief: a warning of fewer seconds than about three saves plus a step
+        cannot be acted on in time."""
+        warning, save = self._warning_seconds, self._save_seconds
+        if not (self.spec.is_chief and warning and save is not None):
+            return
+        if 3 * save + slowest_step > warning:
+            log.warning(
+                "a checkpoint takes %.1f s and a step %.2f s: the site's "
+                "preemption.warning_seconds (%d) is shorter than three saves and a step; "
+                "ask for a longer warning",
+                save,
+                slowest_step,
+                warning,
+            )
+        self._save_seconds = None  # said once per measurement, not at every check
 
     def _log_progress(self, step: int, loss: float) -> None:
         now = time.perf_counter()
@@ -352,7 +417,10 @@ class Session:
         )
         # Threads and RSS with every logged step: a leak shows in metrics.jsonl long before
         # it kills the process.
-        self.record(step, {"loss": loss, "steps_per_s": round(rate, 3), **process_usage()})
+        values = {"loss": loss, "steps_per_s": round(rate, 3), **process_usage()}
+        if self._last_save_seconds is not None:
+            values["save_s"] = round(self._last_save_seconds, 3)
+        self.record(step, values)
 
     def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
         """Chief only: one line of metrics.jsonl and TensorBoard scalars (``group/name``)."""
@@ -361,7 +429,7 @@ class Session:
     def keepalive(self, what: str = "progress") -> None:
         """Tell the watchdog that training moves. :meth:`step_done` does it for every step; a
         loop with long phases between steps (evaluation, a slow save) calls it within each
-        ``train.collective_timeout_seconds``, or the rank is taken as stuck."""
+        ``train.stall_timeout_seconds``, or the rank is taken as stuck."""
         if self._watchdog is not None:
             self._watchdog.beat(what)
 

@@ -43,7 +43,8 @@ def load_entry(entry: str) -> Callable[..., Any]:
 def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint."""
     settings = config.experiment.train
-    session = Session(settings, config.experiment.checkpoint, run, spec)
+    warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
+    session = Session(settings, config.experiment.checkpoint, run, spec, warning)
     entry = load_entry(settings.entry)
     try:
         if settings.loop == "custom":

@@ -12,6 +12,7 @@ length: one thread, and a float written per step.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import sys
@@ -40,7 +41,8 @@ class ProgressWatchdog:
     :meth:`beat` is the whole per-step cost: one monotonic clock read and one attribute store,
     safe without a lock under the GIL. The thread wakes every ``timeout / 10`` seconds (between
     0.5 and 10 s), so the process ends between ``timeout`` and ``1.1 * timeout`` after the last
-    beat. ``what`` names the last thing that made progress, for the message.
+    beat. ``what`` names the last thing that made progress and ``where`` this rank (rank and
+    host), for the message.
     """
 
     def __init__(
@@ -49,10 +51,12 @@ class ProgressWatchdog:
         *,
         on_stall: Callable[[int], None] = _exit_now,
         clock: Callable[[], float] = time.monotonic,
+        where: str = "this rank",
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.timeout = timeout
+        self.where = where
         self._on_stall = on_stall
         self._clock = clock
         self._last = clock()
@@ -84,12 +88,19 @@ class ProgressWatchdog:
             idle = self.stalled_for()
             if idle >= self.timeout:
                 log.error(
-                    "no progress for %.0f s (train.collective_timeout_seconds %g; last: %s): "
-                    "a rank is stuck or a collective hangs; exiting %d so the job ends",
+                    "%s: no progress for %.0f s (train.stall_timeout_seconds %g; last: %s): "
+                    "this rank or a peer is stuck; the stacks of this rank follow; exiting %d "
+                    "so the job ends",
+                    self.where,
                     idle,
                     self.timeout,
                     self._what,
                     STALLED_EXIT,
                 )
+                for handler in logging.getLogger("hpctf").handlers:
+                    handler.flush()
+                # Where every thread of this rank is: the stuck rank's stack shows the cause
+                # (an input pipeline, a lock, a hung filesystem); the others show a collective.
+                faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
                 self._on_stall(STALLED_EXIT)
                 return

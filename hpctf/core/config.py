@@ -108,7 +108,7 @@ class Train(_Strict):
         ge=1,
         description="a rank whose heartbeats stop (dead or frozen) fails the job after this",
     )
-    collective_timeout_seconds: int | None = Field(
+    stall_timeout_seconds: int | None = Field(
         1800,
         ge=1,
         description=(
@@ -169,7 +169,15 @@ class Preemption(_Strict):
     # Not USR1: NCCL uses SIGUSR1 itself. The worker handles exactly these two.
     signal: Literal["USR2", "TERM"] = "USR2"
     warning_seconds: int = Field(300, ge=1, le=65535)
-    max_requeues: int = Field(20, ge=0, description="requeues of one job after preemption")
+    max_requeues: int = Field(
+        20, ge=0, description="requeues of one run after a warned preemption or walltime"
+    )
+    max_failure_requeues: int = Field(
+        3,
+        ge=0,
+        description="requeues of one run after a crash, a stall or a node failure (a crash or "
+        "stall only when the run advanced since its start)",
+    )
 
 
 class Site(_Strict):

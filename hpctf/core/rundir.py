@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -29,8 +30,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from hpctf.core import snapshot
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.runstate import end_reason
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -94,6 +97,16 @@ class RunDir:
     def done(self) -> Path:
         return self.path / "DONE"
 
+    def checkpoint_step(self) -> int:
+        """The step of the newest checkpoint the chief listed (0 for none), read without
+        TensorFlow from the ``checkpoint`` state file (``model_checkpoint_path: "ckpt-300"``)."""
+        try:
+            text = (self.checkpoints / "checkpoint").read_text(encoding="utf-8")
+        except OSError:
+            return 0
+        match = re.search(r'^model_checkpoint_path: ".*?-(\d+)"$', text, re.M)
+        return int(match.group(1)) if match else 0
+
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
 
@@ -123,6 +136,41 @@ class RunDir:
         }
         write_atomic(self.journal / f"{stamp:020d}-{os.getpid()}-{event}.json", json.dumps(entry))
 
+    def record_start(self, job_id: str, **fields: Any) -> None:
+        """A job (or a local launch) starts: with the checkpoint step it resumes from."""
+        self.record("started", job_id=job_id, step=self.checkpoint_step(), **fields)
+
+    def record_end(self, job_id: str, exit_code: int, walltime_signal: str) -> str:
+        """A start ended with ``exit_code``: record why (:func:`hpctf.core.runstate.end_reason`)
+        and the checkpoint step reached; returns the reason."""
+        since_start = self.events_since_last_start()
+        # The signal the ranks saved on, as the chief recorded it with the agreed checkpoint.
+        warned = next(
+            (
+                str(e.get("signal", "TERM"))
+                for e in reversed(since_start)
+                if e["event"] == "preempted"
+            ),
+            None,
+        )
+        reason = end_reason(
+            exit_code,
+            done=self.done.exists(),
+            warned_by=warned,
+            signalled=any(e["event"] == "signalled" for e in since_start),
+            cancelled=any(e["event"] == "cancelled" for e in since_start),
+            walltime_signal=walltime_signal,
+        )
+        self.record(
+            "ended", job_id=job_id, exit_code=exit_code, reason=reason, step=self.checkpoint_step()
+        )
+        return reason
+
+    def events_since_last_start(self) -> list[dict[str, Any]]:
+        events = self.events()
+        last = max((i for i, e in enumerate(events) if e["event"] == "started"), default=-1)
+        return events[last + 1 :]
+
     def events(self) -> list[dict[str, Any]]:
         """All journal events, oldest first."""
         if not self.journal.is_dir():
@@ -141,6 +189,10 @@ def runs_root(config: ResolvedConfig) -> Path:
     return Path(config.site.runs_root).resolve()
 
 
+class RunDirTaken(UserError):
+    """Another submit took the planned run directory first (two submits in one second)."""
+
+
 def plan_run_dir(config: ResolvedConfig) -> RunDir:
     """Choose a new run directory's path (``<runs_root>/<name>-<timestamp>``); creates nothing."""
     root = runs_root(config)
@@ -152,13 +204,15 @@ def plan_run_dir(config: ResolvedConfig) -> RunDir:
     raise UserError(f"cannot find a free run directory name under {root}")
 
 
-def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> None:
-    """Create the planned run directory holding the frozen config and the batch script."""
+def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> ResolvedConfig:
+    """Create the planned run directory: the code snapshot (:mod:`hpctf.core.snapshot`), the
+    frozen config (its python_path pointing at the snapshot), the batch script. Returns the
+    frozen config. On any failure nothing is left behind."""
     try:
         run.path.parent.mkdir(parents=True, exist_ok=True)
         run.path.mkdir()
     except FileExistsError:
-        raise UserError(
+        raise RunDirTaken(
             f"{run.path} already exists; submit again for a new run directory"
         ) from None
     except OSError as exc:
@@ -166,15 +220,34 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> None:
     try:
         run.logs.mkdir()
         run.checkpoints.mkdir()
-        write_atomic(run.config_file, config.model_dump_json(indent=2))
+        frozen = with_snapshot(config, run)
         write_atomic(run.script, script)
         run.script.chmod(0o755)
         run.record("created", experiment=config.experiment_file, site=config.site.name)
-    except (OSError, EnvironmentProblem) as exc:
+    except (OSError, EnvironmentProblem, UserError) as exc:
         remove_new_run_dir(run)  # nothing half-made is left behind
-        if isinstance(exc, EnvironmentProblem):
+        if isinstance(exc, EnvironmentProblem | UserError):
             raise
         raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
+    return frozen
+
+
+def with_snapshot(
+    config: ResolvedConfig, run: RunDir, sources: list[str] | None = None
+) -> ResolvedConfig:
+    """Copy the code into ``run`` (from ``sources``, default the config's python_path) and
+    write the config, its python_path pointing at the copies; returns that config."""
+    copied = snapshot.take(
+        sources if sources is not None else config.experiment.train.python_path,
+        run.path,
+        runs_root(config),
+    )
+    train = config.experiment.train.model_copy(update={"python_path": [s.copy for s in copied]})
+    frozen = config.model_copy(
+        update={"experiment": config.experiment.model_copy(update={"train": train})}
+    )
+    write_atomic(run.config_file, frozen.model_dump_json(indent=2))
+    return frozen
 
 
 def remove_new_run_dir(run: RunDir) -> None:

@@ -6,6 +6,7 @@ on failure a :class:`SlurmError` carrying the command, exit code, stdout and std
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -110,13 +111,30 @@ def run_command(
     return proc.stdout
 
 
-def sbatch(script: Path, env: Mapping[str, str] | None = None) -> str:
-    """Submit ``script``; return the job id (``sbatch --parsable`` prints ``id[;cluster]``)."""
-    out = run_command(["sbatch", "--parsable", str(script)], env=env)
+def without_sbatch_overrides(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """``env`` without the ``SBATCH_*`` variables, and their names.
+
+    sbatch reads ``SBATCH_*`` input variables over the script's ``#SBATCH`` lines
+    (sbatch(1), INPUT ENVIRONMENT VARIABLES): a stray ``SBATCH_NO_REQUEUE=1`` or
+    ``SBATCH_TIMELIMIT`` in a user's shell would silently change the job hpctf rendered. A run's
+    options come from its experiment and site only.
+    """
+    dropped = sorted(name for name in env if name.startswith("SBATCH_"))
+    return {k: v for k, v in env.items() if k not in dropped}, dropped
+
+
+def sbatch(
+    script: Path, env: Mapping[str, str], extra: Sequence[str] = ()
+) -> tuple[str, list[str]]:
+    """Submit ``script`` with ``extra`` sbatch options (e.g. ``--exclude=node7``); return the job
+    id (``sbatch --parsable`` prints ``id[;cluster]``) and the ``SBATCH_*`` variables of
+    ``env`` that were left out (:func:`without_sbatch_overrides`)."""
+    clean, dropped = without_sbatch_overrides(env)
+    out = run_command(["sbatch", "--parsable", *extra, str(script)], env=clean)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(["sbatch"], 0, out, "sbatch --parsable printed no job id")
-    return job_id
+    return job_id, dropped
 
 
 def job_info(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
@@ -156,4 +174,5 @@ def test_only(script: str, env: Mapping[str, str] | None = None) -> None:
     with tempfile.NamedTemporaryFile("w", prefix="hpctf-test-only-", suffix=".sbatch") as handle:
         handle.write(script)
         handle.flush()
-        run_command(["sbatch", "--test-only", handle.name], env=env)
+        clean, _ = without_sbatch_overrides(os.environ if env is None else env)
+        run_command(["sbatch", "--test-only", handle.name], env=clean)

@@ -1,6 +1,11 @@
-"""What the batch script runs around srun: ``job-start`` and ``job-end`` record the job in the
-run directory's journal, and ``job-end`` requeues a job whose ranks stopped at an agreed
-preemption checkpoint. They run on the job's first node but never import TensorFlow."""
+"""What the batch script runs around srun, never importing TensorFlow.
+
+``job-start`` records the start (and the checkpoint step it resumes from) and refuses to go on
+once the run has given up or Slurm restarted it past its failure budget; ``job-signal`` is the
+batch shell's SIGTERM trap; ``job-end`` records why the start ended (done, preempted, timeout,
+stalled, failed, node_fail, cancelled) and requeues the job when the run's budgets allow
+(:mod:`hpctf.core.runstate` decides, from the journal alone).
+"""
 
 from __future__ import annotations
 
@@ -10,49 +15,79 @@ from pathlib import Path
 import click
 
 from hpctf.core import slurm
+from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import UserError
-from hpctf.core.rundir import RunDir, preempted_in_last_start
+from hpctf.core.rundir import RunDir
+from hpctf.core.runstate import Budgets, after_end, before_start, run_state
+
+_run_dir_argument = click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+
+
+def budgets(config: ResolvedConfig) -> Budgets:
+    preemption = config.site.preemption
+    return Budgets(preemption=preemption.max_requeues, failure=preemption.max_failure_requeues)
+
+
+def _job_id(command: str) -> str:
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise UserError(f"SLURM_JOB_ID is not set: {command} runs inside a Slurm batch job")
+    return job_id
+
+
+class _GaveUp(click.ClickException):
+    exit_code = 1
 
 
 @click.command("job-start", hidden=True)
-@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@_run_dir_argument
 def job_start(run_dir: Path) -> None:
-    """Record the start of a batch job in RUN_DIR (called by the batch script)."""
+    """Record the start of a batch job in RUN_DIR; exit 1 if the run must not go on."""
     run = RunDir.open(run_dir)
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        raise UserError("SLURM_JOB_ID is not set: job-start runs inside a Slurm batch job")
-    run.record(
-        "started",
-        job_id=job_id,
+    job_id = _job_id("job-start")
+    decision = before_start(run_state(run.events()), budgets(run.load_config()))
+    run.record_start(
+        job_id,
         nodes=os.environ.get("SLURM_JOB_NODELIST"),
         restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
     )
+    if decision.go:
+        return
+    if decision.gave_up:
+        run.record("gave_up", job_id=job_id, why=decision.why)
+        raise _GaveUp(f"hpctf: not starting job {job_id}: {decision.why}")
+    click.echo(f"hpctf: not starting job {job_id}: {decision.why}")
+
+
+@click.command("job-signal", hidden=True)
+@_run_dir_argument
+@click.argument("name")
+def job_signal(run_dir: Path, name: str) -> None:
+    """Record that the batch shell got signal NAME (its trap calls this)."""
+    RunDir.open(run_dir).record("signalled", job_id=_job_id("job-signal"), signal=name)
 
 
 @click.command("job-end", hidden=True)
-@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@_run_dir_argument
 @click.option("--exit-code", type=int, required=True)
 def job_end(run_dir: Path, exit_code: int) -> None:
-    """Record the end of a batch job's training step in RUN_DIR; requeue it when its ranks
-    stopped at an agreed preemption checkpoint, within the site's preemption.max_requeues."""
+    """Record why the batch job's training step ended in RUN_DIR; requeue it when the run's
+    budgets allow, recording the requeue only once Slurm has accepted it."""
     run = RunDir.open(run_dir)
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        raise UserError("SLURM_JOB_ID is not set: job-end runs inside a Slurm batch job")
-    run.record("ended", job_id=job_id, exit_code=exit_code)
-    if not preempted_in_last_start(run.events(), job_id):
-        return
-    budget = run.load_config().site.preemption.max_requeues
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    if restarts >= budget:
-        run.record("requeue-refused", job_id=job_id, restarts=restarts, budget=budget)
-        raise UserError(
-            f"job {job_id} was requeued {restarts} times, the site's preemption.max_requeues; "
-            f"not again: resume with hpctf resubmit {run.path}"
+    config = run.load_config()
+    job_id = _job_id("job-end")
+    run.record_end(job_id, exit_code, config.site.preemption.signal)
+    decision = after_end(run_state(run.events()), budgets(config))
+    if decision.go:
+        slurm.requeue(job_id)  # a SlurmFailure leaves no "requeued" record behind
+        run.record("requeued", job_id=job_id, why=decision.why)
+        click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
+    elif decision.gave_up:
+        run.record("gave_up", job_id=job_id, why=decision.why)
+        raise _GaveUp(
+            f"hpctf: job {job_id} not requeued: {decision.why}; after a fix, resume with "
+            f"hpctf resubmit {run.path}"
         )
-    run.record("requeued", job_id=job_id, restarts=restarts + 1)
-    slurm.requeue(job_id)
 
 
-COMMANDS = (job_start, job_end)
+COMMANDS = (job_start, job_signal, job_end)

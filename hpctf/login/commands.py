@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -14,24 +15,30 @@ from typing import Any
 
 import click
 
-from hpctf.core import slurm
+from hpctf.core import slurm, snapshot
 from hpctf.core.config import Experiment, ResolvedConfig, Site
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.rundir import (
     RunDir,
+    RunDirTaken,
     create_run_dir,
     has_open_job,
     job_history,
     plan_run_dir,
     remove_new_run_dir,
+    with_snapshot,
     write_atomic,
 )
+from hpctf.core.runstate import run_state
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login import scaffold
 from hpctf.login.loader import load_config
 from hpctf.login.render import explain as explain_script
 from hpctf.login.render import render
 from hpctf.login.sites import describe_site, listing, read_site, search_path
+
+# A Slurm node list as scontrol writes one: names, ranges in brackets, commas.
+_NODELIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*")
 
 _site_option = click.option(
     "--site",
@@ -105,7 +112,7 @@ def render_command(
     if output is None:
         click.echo(shown, nl=False)
         return
-    create_run_dir(run, config, script)
+    config = create_run_dir(run, config, script)
     write_atomic(output, script)
     output.chmod(0o755)
     if explain:
@@ -140,7 +147,7 @@ def submit(
             slurm.test_only(script)  # a SlurmFailure carries Slurm's own words
             click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
         return
-    create_run_dir(run, config, script)
+    run, config, script = _new_run(config)
     try:
         status = _start(run, config)
     except SlurmFailure:
@@ -200,8 +207,25 @@ def init(directory: Path, site_name: str, name: str | None, force: bool) -> None
     click.echo(f"next: hpctf validate {written[0]} && hpctf submit {written[0]}")
 
 
-def _start(run: RunDir, config: ResolvedConfig) -> int:
-    """Start one job on ``run``: sbatch for Slurm sites, local processes for local ones."""
+def _new_run(config: ResolvedConfig) -> tuple[RunDir, ResolvedConfig, str]:
+    """Create a new run directory and its script; the frozen config comes back with them.
+
+    Two submits of one experiment in the same second plan the same directory: the one that
+    loses the race plans the next free name and renders again (the script names its run
+    directory)."""
+    for _ in range(10):
+        run = plan_run_dir(config)
+        script = render(config, run.path)
+        try:
+            return run, create_run_dir(run, config, script), script
+        except RunDirTaken:
+            continue
+    raise RunDirTaken(f"no free run directory under {plan_run_dir(config).path.parent}")
+
+
+def _start(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> int:
+    """Start one job on ``run``: sbatch for Slurm sites (``exclude``: nodes to leave out),
+    local processes for local ones."""
     if config.site.scheduler == "local":
         from hpctf.login import local
 
@@ -215,8 +239,15 @@ def _start(run: RunDir, config: ResolvedConfig) -> int:
         else:
             click.echo(f"failed (exit {status}); run directory: {run.path}")
         return status
-    job_id = slurm.sbatch(run.script)
-    run.record("submitted", job_id=job_id)
+    extra = [f"--exclude={exclude}"] if exclude else []
+    job_id, dropped = slurm.sbatch(run.script, os.environ, extra)
+    if dropped:
+        click.echo(
+            f"note: left out {', '.join(dropped)} from your shell: a run's sbatch options come "
+            "from its experiment and site",
+            err=True,
+        )
+    run.record("submitted", job_id=job_id, **({"exclude": exclude} if exclude else {}))
     click.echo(f"submitted job {job_id}")
     click.echo(f"run directory: {run.path}")
     return 0
@@ -224,12 +255,27 @@ def _start(run: RunDir, config: ResolvedConfig) -> int:
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
-def resubmit(run_dir: Path) -> None:
+@click.option(
+    "--exclude",
+    metavar="NODES",
+    help="Leave these nodes out of the new job (a Slurm node list, e.g. node[3-4],node7).",
+)
+@click.option(
+    "--update-code",
+    is_flag=True,
+    help="Copy the code from the experiment's python_path again (by default every start runs "
+    "the copy taken at submit).",
+)
+def resubmit(run_dir: Path, exclude: str | None, update_code: bool) -> None:
     """Start a new job on RUN_DIR; it resumes from the latest checkpoint."""
     run = RunDir.open(run_dir)
     config = run.load_config()
     if run.done.exists():
         raise UserError(f"{run.path} is complete ({run.done} exists): nothing to resume")
+    if exclude is not None and not _NODELIST.fullmatch(exclude):
+        raise UserError(f"--exclude {exclude!r} is not a Slurm node list, e.g. node[3-4],node7")
+    if exclude and config.site.scheduler != "slurm":
+        raise UserError(f"--exclude needs a Slurm site; {run.path} runs on a local one")
     if config.site.scheduler == "slurm":
         # Two jobs on one run directory would write the same checkpoints.
         for job in job_history(run.events()):
@@ -242,23 +288,50 @@ def resubmit(run_dir: Path) -> None:
                     f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
-    sys.exit(_start(run, config))
+    if update_code:
+        sources = [source.source for source in snapshot.read(run.path)]
+        if not sources:
+            raise UserError(f"{run.path} has no code snapshot to update")
+        config = with_snapshot(config, run, sources)
+        run.record("code-updated", sources=sources)
+        for source in snapshot.read(run.path):
+            click.echo(f"code: {source.describe()}")
+    sys.exit(_start(run, config, exclude))
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 def status(run_dir: Path) -> None:
-    """Show the job history of RUN_DIR: job ids, states, restarts, last step."""
+    """Show RUN_DIR: its state and why, budgets, code, and each job: ids, states, restarts."""
     run = RunDir.open(run_dir)
     config = run.load_config()
+    state = run_state(run.events())
+    preemption = config.site.preemption
+    why = f" ({state.why})" if state.why else ""
+    click.echo(
+        f"run: {state.state}{why}; requeues after preemption {state.preemption_requeues}/"
+        f"{preemption.max_requeues}, after failures {state.failure_requeues}/"
+        f"{preemption.max_failure_requeues}"
+    )
+    for source in snapshot.read(run.path):
+        click.echo(f"code: {source.describe()}")
     for job in job_history(run.events()):
-        state = "ENDED" if "ended" in job else "PENDING/RUNNING"
+        job_state = "ENDED" if "ended" in job else "PENDING/RUNNING"
         if config.site.scheduler == "slurm" and "ended" not in job:
             info = slurm.job_info(job["job_id"])
-            state = info.get("JobState", "?") if info else "UNKNOWN (gone from Slurm)"
+            job_state = info.get("JobState", "?") if info else "UNKNOWN (gone from Slurm)"
         exit_text = f" exit {job['exit_code']}" if "exit_code" in job else ""
         nodes = job.get("nodes") or "-"
-        click.echo(f"job {job['job_id']}: {state}{exit_text} starts {job['starts']} nodes {nodes}")
+        click.echo(
+            f"job {job['job_id']}: {job_state}{exit_text} starts {job['starts']} nodes {nodes}"
+        )
+    for number, start in enumerate(state.starts, 1):
+        end = (
+            f"{start.reason} at step {start.end_step} (exit {start.exit_code})"
+            if start.reason
+            else "not ended"
+        )
+        click.echo(f"start {number}: job {start.job_id} from step {start.step}: {end}")
     last = _last_metrics(run)
     click.echo(f"last logged step: {last.get('step', '-')}")
     click.echo(f"done: {run.done.read_text().strip() if run.done.exists() else 'no'}")
@@ -308,4 +381,15 @@ def cancel(run_dir: Path) -> None:
     click.echo(f"cancelled: {' '.join(open_jobs) or 'nothing (no open jobs)'}")
 
 
-COMMANDS = (validate, render_command, submit, schema, sites, init, resubmit, status, logs, cancel)
+COMMANDS = (
+    validate,
+    render_command,
+    submit,
+    schema,
+    sites,
+    init,
+    resubmit,
+    status,
+    logs,
+    cancel,
+)

@@ -62,7 +62,7 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
     job_id = os.getpid()
     ntasks = config.ntasks
     base = {**env, **config.site.env, **config.experiment.env}
-    run.record("started", job_id=str(job_id), nodes=socket.gethostname())
+    run.record_start(str(job_id), nodes=socket.gethostname())
     procs: list[subprocess.Popen[bytes]] = []
     for rank in range(ntasks):
         with run.rank_log(rank).open("ab") as log_file:
@@ -108,5 +108,5 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
             _pump(chief_log, echo)
             signal.signal(signal.SIGTERM, previous)
     status = status or next((p.returncode for p in procs if p.returncode), 0)
-    run.record("ended", job_id=str(job_id), exit_code=status)
+    run.record_end(str(job_id), status, config.site.preemption.signal)
     return status

@@ -1,0 +1,192 @@
+"""The code a run trains with, copied into its run directory at submit.
+
+Every start of a run (a requeue after preemption, a walltime continuation, a resubmit days
+later) must run the code the run began with, not whatever is on disk by then. So at submit the
+experiment's ``train.python_path`` directories are copied to ``RUN_DIR/code/`` and the frozen
+config points there; ``hpctf resubmit --update-code`` takes a new copy on purpose.
+
+Only source-like files are copied (:data:`SOURCE_SUFFIXES`, each at most :data:`MAX_FILE`),
+never data, virtualenvs, caches, version control or earlier runs, and the whole copy is
+bounded (:data:`MAX_TOTAL`): a python_path of ``~`` is refused, not copied. Where a source
+directory is inside a git work tree, its commit and whether it had uncommitted changes are
+recorded (``RUN_DIR/code/SNAPSHOT.json``), for ``hpctf status``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctf.core.errors import EnvironmentProblem, UserError
+
+SOURCE_SUFFIXES = frozenset(
+    {".py", ".pyi", ".yaml", ".yml", ".json", ".toml", ".cfg", ".ini", ".txt", ".sh", ".j2"}
+)
+SKIPPED_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        "__pycache__",
+        ".venv",
+        "venv",
+        "env",
+        "node_modules",
+        "data",
+        "datasets",
+        "checkpoints",
+        "runs",
+        "logs",
+        "outputs",
+        "wandb",
+        "mlruns",
+        "build",
+        "dist",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".ipynb_checkpoints",
+        ".tox",
+    }
+)
+MAX_FILE = 1 << 20  # 1 MiB: larger "source" files are data in disguise
+MAX_TOTAL = 32 << 20  # 32 MiB in all
+CODE_DIR = "code"
+MANIFEST = "SNAPSHOT.json"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One python_path directory and its copy."""
+
+    source: str
+    copy: str
+    files: int
+    bytes: int
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+
+    def describe(self) -> str:
+        if self.git_commit is None:
+            version = "not in git"
+        else:
+            version = f"git {self.git_commit[:12]}{' (dirty)' if self.git_dirty else ''}"
+        return f"{self.source}: {self.files} files, {version}"
+
+
+def _files(root: Path, skip: Path | None) -> list[Path]:
+    """The source-like files under ``root``, in a stable order."""
+    found: list[Path] = []
+    for directory, dirs, names in os.walk(root):
+        here = Path(directory)
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if d not in SKIPPED_DIRS
+            and not d.endswith(".egg-info")
+            and (skip is None or (here / d).resolve() != skip)
+            and not (here / d / "journal").is_dir()  # an earlier run directory
+        )
+        for name in sorted(names):
+            path = here / name
+            if (
+                path.suffix in SOURCE_SUFFIXES
+                and path.is_file()
+                and not path.is_symlink()
+                and path.stat().st_size <= MAX_FILE
+            ):
+                found.append(path)
+    return found
+
+
+def _git(directory: Path) -> tuple[str | None, bool | None]:
+    """The commit of the git work tree holding ``directory`` and whether it is dirty there."""
+
+    def run(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(directory), *args],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
+
+    commit = run("rev-parse", "HEAD")
+    if commit is None:
+        return None, None
+    status = run("status", "--porcelain", "--", ".")
+    return commit.strip(), bool(status and status.strip())
+
+
+def take(python_path: list[str], run_path: Path, runs_root: Path | None = None) -> list[Source]:
+    """Copy ``python_path`` into ``run_path/code`` (replacing an earlier copy); return what
+    was copied, also written to ``code/SNAPSHOT.json``. A UserError, with nothing left
+    behind, when the copy would be over :data:`MAX_TOTAL`."""
+    skip = runs_root.resolve() if runs_root is not None else None
+    plan: list[tuple[Path, list[Path]]] = []
+    total = 0
+    for entry in python_path:
+        root = Path(entry)
+        files = _files(root, skip) if root.is_dir() else []
+        total += sum(f.stat().st_size for f in files)
+        plan.append((root, files))
+    if total > MAX_TOTAL:
+        biggest = max(plan, key=lambda item: sum(f.stat().st_size for f in item[1]))[0]
+        raise UserError(
+            f"train.python_path holds {total / 2**20:.0f} MiB of source-like files (most in "
+            f"{biggest}), over the {MAX_TOTAL >> 20} MiB hpctf copies into a run: point "
+            "python_path at the directories with your code only"
+        )
+    code = run_path / CODE_DIR
+    staging = run_path / f".{CODE_DIR}.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    sources: list[Source] = []
+    try:
+        staging.mkdir(parents=True)
+        for index, (root, files) in enumerate(plan):
+            copy = staging / f"{index}-{root.name or 'root'}"
+            copy.mkdir()
+            for file in files:
+                target = copy / file.relative_to(root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(file, target)
+            commit, dirty = _git(root) if root.is_dir() else (None, None)
+            final = code / copy.name
+            sources.append(
+                Source(
+                    str(root),
+                    str(final),
+                    len(files),
+                    sum(f.stat().st_size for f in files),
+                    commit,
+                    dirty,
+                )
+            )
+        (staging / MANIFEST).write_text(
+            json.dumps([asdict(s) for s in sources], indent=2) + "\n", encoding="utf-8"
+        )
+        shutil.rmtree(code, ignore_errors=True)
+        os.replace(staging, code)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise EnvironmentProblem(f"cannot copy the code into {code}: {exc.strerror}") from exc
+    return sources
+
+
+def read(run_path: Path) -> list[Source]:
+    """The snapshot of a run, or [] for a run made before snapshots existed."""
+    try:
+        data: list[dict[str, Any]] = json.loads(
+            (run_path / CODE_DIR / MANIFEST).read_text(encoding="utf-8")
+        )
+    except (OSError, json.JSONDecodeError):
+        return []
+    return [Source(**item) for item in data]

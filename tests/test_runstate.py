@@ -1,0 +1,196 @@
+"""The run's state and the requeue decision, from journal records alone: every reason and
+every budget edge (pure; no Slurm, no TensorFlow)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
+from hpctf.core.runstate import (
+    REASONS,
+    Budgets,
+    after_end,
+    before_start,
+    end_reason,
+    run_state,
+    starts_of,
+)
+
+BUDGETS = Budgets(preemption=2, failure=2)
+
+
+def started(step: int = 0, job: str = "7") -> dict[str, Any]:
+    return {"event": "started", "job_id": job, "step": step}
+
+
+def ended(reason: str, step: int, code: int = 1, job: str = "7") -> dict[str, Any]:
+    return {"event": "ended", "job_id": job, "reason": reason, "step": step, "exit_code": code}
+
+
+def requeued(job: str = "7") -> dict[str, Any]:
+    return {"event": "requeued", "job_id": job}
+
+
+SUBMITTED = {"event": "submitted", "job_id": "7"}
+
+
+@pytest.mark.parametrize(
+    ("code", "done", "warned", "signalled", "cancelled", "reason"),
+    [
+        (0, True, None, False, False, "done"),
+        (PREEMPTED_EXIT, False, "USR2", False, False, "timeout"),
+        (PREEMPTED_EXIT, False, "TERM", False, False, "preempted"),
+        # srun may report the kill of a rank still exiting after the save: the record decides.
+        (137, False, "USR2", True, False, "timeout"),
+        (PREEMPTED_EXIT, False, None, False, False, "preempted"),
+        (STALLED_EXIT, False, None, False, False, "stalled"),
+        (1, False, None, False, False, "failed"),
+        (143, False, None, True, False, "node_fail"),
+        (137, False, None, False, False, "node_fail"),
+        (143, False, None, True, True, "cancelled"),
+        (0, False, None, False, False, "done"),
+    ],
+)
+def test_end_reason(
+    code: int, done: bool, warned: str | None, signalled: bool, cancelled: bool, reason: str
+) -> None:
+    assert end_reason(code, done, warned, signalled, cancelled) == reason
+    assert reason in REASONS
+
+
+def test_the_walltime_signal_is_the_sites() -> None:
+    assert end_reason(75, False, "TERM", False, False, walltime_signal="TERM") == "preempted"
+    assert end_reason(75, False, "USR2", False, False, walltime_signal="USR2") == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("events", "state", "why"),
+    [
+        ([], "queued", ""),
+        ([SUBMITTED], "queued", ""),
+        ([SUBMITTED, started()], "running", ""),
+        ([SUBMITTED, started(), ended("done", 300, 0)], "done", ""),
+        (
+            [SUBMITTED, started(), ended("timeout", 100, 75), requeued()],
+            "requeued",
+            "after timeout",
+        ),
+        ([SUBMITTED, started(), ended("failed", 0, 1)], "failed", "failed (exit 1)"),
+        (
+            [SUBMITTED, started(), ended("failed", 0), {"event": "gave_up", "why": "no progress"}],
+            "gave_up",
+            "no progress",
+        ),
+        (
+            [SUBMITTED, started(), {"event": "cancelled", "jobs": ["7"]}],
+            "cancelled",
+            "cancelled by the user",
+        ),
+        # A resubmit after giving up is queued again, then running.
+        (
+            [
+                SUBMITTED,
+                started(),
+                ended("failed", 0),
+                {"event": "gave_up", "why": "x"},
+                {"event": "submitted", "job_id": "8"},
+            ],
+            "queued",
+            "",
+        ),
+        # Slurm restarted the job (no end recorded: the batch shell was killed): running again.
+        ([SUBMITTED, started(0), started(100)], "running", ""),
+    ],
+)
+def test_run_state(events: list[dict[str, Any]], state: str, why: str) -> None:
+    result = run_state(events)
+    assert (result.state, result.why) == (state, why)
+
+
+def test_a_start_without_an_end_that_was_restarted_ended_as_node_fail() -> None:
+    starts = starts_of([started(0), started(100), ended("done", 300, 0)])
+    assert [s.reason for s in starts] == ["node_fail", "done"]
+    assert run_state([started(0), started(100)]).failure_requeues == 1
+
+
+def history(*ends: tuple[str, int, int]) -> list[dict[str, Any]]:
+    """Starts that each resume from the previous end's step and end as given."""
+    events: list[dict[str, Any]] = [SUBMITTED]
+    step = 0
+    for index, (reason, end_step, code) in enumerate(ends):
+        if index:
+            events.append(requeued())
+        events += [started(step), ended(reason, end_step, code)]
+        step = end_step
+    return events
+
+
+@pytest.mark.parametrize(
+    ("ends", "go", "gave_up"),
+    [
+        ([("done", 300, 0)], False, False),
+        ([("cancelled", 100, 143)], False, False),
+        # Preemption budget 2: the 1st and 2nd warned ends are requeued, the 3rd gives up.
+        ([("timeout", 100, 75)], True, False),
+        ([("timeout", 100, 75), ("preempted", 200, 75)], True, False),
+        ([("timeout", 100, 75), ("timeout", 200, 75), ("timeout", 300, 75)], False, True),
+        # A warned end without progress is still a warned end.
+        ([("preempted", 0, 75)], True, False),
+        # Failures: requeued only with progress, within their own budget.
+        ([("failed", 0, 1)], False, True),
+        ([("stalled", 0, 124)], False, True),
+        ([("failed", 100, 1)], True, False),
+        ([("stalled", 100, 124)], True, False),
+        ([("failed", 100, 1), ("failed", 200, 1)], True, False),
+        ([("failed", 100, 1), ("failed", 200, 1), ("failed", 300, 1)], False, True),
+        ([("failed", 100, 1), ("failed", 100, 1)], False, True),  # second start: no progress
+        # A node failure is not the code's fault: retried without progress, within budget.
+        ([("node_fail", 0, 143)], True, False),
+        ([("node_fail", 0, 143), ("node_fail", 0, 143), ("node_fail", 0, 143)], False, True),
+        # The budgets are separate.
+        ([("timeout", 100, 75), ("timeout", 200, 75), ("failed", 300, 1)], True, False),
+        ([("failed", 100, 1), ("failed", 200, 1), ("timeout", 300, 75)], True, False),
+    ],
+)
+def test_after_end(ends: list[tuple[str, int, int]], go: bool, gave_up: bool) -> None:
+    decision = after_end(run_state(history(*ends)), BUDGETS)
+    assert (decision.go, decision.gave_up) == (go, gave_up), decision.why
+
+
+def test_after_end_says_why() -> None:
+    decision = after_end(run_state(history(("failed", 0, 1))), BUDGETS)
+    assert decision.why.startswith("failed without progress (checkpoint step 0 -> 0)")
+    decision = after_end(run_state(history(("timeout", 100, 75))), BUDGETS)
+    assert decision.why == "timeout: requeue 1 of 2"
+
+
+@pytest.mark.parametrize(
+    ("events", "go", "gave_up"),
+    [
+        ([SUBMITTED], True, False),
+        # Slurm restarts the job after node failures (no end recorded: the shell was killed):
+        # with a budget of 2, the 2nd and 3rd starts go on, a 4th does not.
+        ([SUBMITTED, started(0)], True, False),
+        ([SUBMITTED, started(0), started(0)], True, False),
+        ([SUBMITTED, started(0), started(0), started(0)], False, True),
+        # Counted whoever requeued: two failures requeued by hpctf, then a Slurm restart.
+        ([*history(("failed", 100, 1), ("failed", 200, 1)), started(200)], False, True),
+        # The preemption budget, as Slurm's own PreemptMode=REQUEUE spends it.
+        (
+            [*history(("preempted", 100, 75), ("preempted", 200, 75), ("preempted", 300, 75))],
+            False,
+            True,
+        ),
+        ([*history(("preempted", 100, 75), ("preempted", 200, 75))], True, False),
+        # A run that gave up does not start again when Slurm restarts it ...
+        ([*history(("failed", 0, 1)), {"event": "gave_up", "why": "no progress"}], False, True),
+        # ... but does after hpctf resubmit.
+        ([*history(("failed", 0, 1)), {"event": "gave_up", "why": "x"}, SUBMITTED], True, False),
+        ([*history(("done", 300, 0))], False, False),
+    ],
+)
+def test_before_start(events: list[dict[str, Any]], go: bool, gave_up: bool) -> None:
+    decision = before_start(run_state(events), BUDGETS)
+    assert (decision.go, decision.gave_up) == (go, gave_up), decision.why
