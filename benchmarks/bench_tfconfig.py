@@ -112,10 +112,96 @@ def fake_scontrol(directory: Path) -> Path:
     return record
 
 
+def scale_layouts(sizes: list[int], tasks: list[int]) -> list[tuple[str, list[str], int]]:
+    """For ``benchmarks/run.py``: (names, hosts in Slurm's order, tasks per node) for every
+    size and tasks per node, in two naming styles: unpadded ``node1..nodeN`` (Slurm's
+    ``node[1-N]``; string order puts node10 before node2) and zero-padded ``gpu00001..`` with
+    holes (every 21st node drained; string order is Slurm's order)."""
+    rows = []
+    for nodes in sizes:
+        unpadded = [f"node{i}" for i in range(1, nodes + 1)]
+        padded = [f"gpu{i:05d}" for i in range(1, 2 * nodes + 2) if i % 21][:nodes]
+        for per_node in tasks:
+            rows.append(("node1..nodeN", unpadded, per_node))
+            rows.append(("gpu00001.. with holes", padded, per_node))
+    return rows
+
+
+def measure(
+    hosts: list[str], per_node: int, repeat: int, resolver: type | None
+) -> dict[str, object]:
+    """Time hpctf (rank 0 and the last rank) and TF's resolver (rank 0, unless ``resolver`` is
+    None) on the environment of one task; check each answer against Slurm's order."""
+    text = nodelist(hosts)
+    expected = truth(text, per_node)
+    assert len(expected) == len(hosts) * per_node
+    result: dict[str, object] = {
+        "nodes": len(hosts),
+        "tasks_per_node": per_node,
+        "workers": len(expected),
+        "nodelist": text,
+    }
+    ours: dict[str, object] = {"right": True, "unique": True}
+    for rank in (0, len(expected) - 1):
+        env = task_env(text, len(hosts), per_node, rank)
+        env["SLURMD_NODENAME"] = expected[rank]
+        median, worst, spec = timed(lambda env=env: cluster_spec(env, PORTS).tf_config(), repeat)
+        config = json.loads(str(spec))
+        workers = [w.rpartition(":")[0] for w in config["cluster"]["worker"]]
+        ours[f"rank{'0' if rank == 0 else '_last'}_median_ms"] = round(median, 3)
+        ours[f"rank{'0' if rank == 0 else '_last'}_worst_ms"] = round(worst, 3)
+        ours["right"] = bool(ours["right"]) and (
+            workers == expected and config["task"]["index"] == rank
+        )
+        ours["unique"] = bool(ours["unique"]) and len(set(config["cluster"]["worker"])) == len(
+            expected
+        )
+    ours["median_ms"] = ours["rank0_median_ms"]
+    result["hpctf"] = ours
+    if resolver is None:
+        return result
+    os.environ.update(task_env(text, len(hosts), per_node, 0))
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+
+    def tf_resolve() -> str:
+        assert resolver is not None
+        instance = resolver(gpus_per_node=8, auto_set_gpu=True)
+        spec = instance.cluster_spec().as_dict()
+        task_type, task_id = instance.get_task_info()
+        return json.dumps({"cluster": spec, "task": {"type": task_type, "index": task_id}})
+
+    try:
+        median, worst, answer = timed(tf_resolve, max(3, repeat // 5))
+    except Exception as exc:  # report, do not hide, whatever TF raises
+        result["tf"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return result
+    config = json.loads(str(answer))
+    theirs = [w.rpartition(":")[0] for w in config["cluster"]["worker"]]
+    wrong = sum(a != b for a, b in zip(theirs, expected, strict=True))
+    ports = sorted({w.rpartition(":")[2] for w in config["cluster"]["worker"]})
+    result["tf"] = {
+        "median_ms": round(median, 3),
+        "worst_ms": round(worst, 3),
+        "right": wrong == 0 and config["task"]["index"] == 0,
+        "wrong_ranks": wrong,
+        "rank0_address": config["cluster"]["worker"][0],
+        "ports": ports[:4] + (["..."] if len(ports) > 4 else []),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--no-tf", action="store_true", help="skip TF's resolver")
+    parser.add_argument(
+        "--scale",
+        help="comma-separated node counts (benchmarks/run.py: 10,1000,4000,10000) instead of "
+        "the three 4,000-node layouts",
+    )
+    parser.add_argument("--tasks", default="1,4", help="with --scale: tasks per node")
+    parser.add_argument("--json", type=Path, help="write every measurement here")
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -129,57 +215,46 @@ def main() -> None:
     record = fake_scontrol(tmp)
     os.environ["PATH"] = f"{tmp}{os.pathsep}{os.environ['PATH']}"
 
-    for name, (hosts, per_node) in layouts().items():
-        text = nodelist(hosts)
-        expected = truth(text, per_node)
-        assert len(expected) == len(hosts) * per_node
-        print(f"\n== {name}: nodelist {text[:60]}{'...' if len(text) > 60 else ''}")
-        print(f"   {len(hosts)} nodes, {len(expected)} workers; rank 0 belongs on {expected[0]}")
-        for rank in (0, len(expected) - 1):
-            env = task_env(text, len(hosts), per_node, rank)
-            env["SLURMD_NODENAME"] = expected[rank]
-            median, worst, spec = timed(
-                lambda env=env: cluster_spec(env, PORTS).tf_config(), args.repeat
-            )
-            config = json.loads(str(spec))
-            ours = [w.rpartition(":")[0] for w in config["cluster"]["worker"]]
-            right = ours == expected and config["task"]["index"] == rank
-            unique = len(set(config["cluster"]["worker"])) == len(expected)
-            print(
-                f"   hpctf cluster_spec, rank {rank:>5}: median {median:6.2f} ms, worst "
-                f"{worst:6.2f} ms; order right: {right}; (host, port) unique: {unique}"
-            )
-        if args.no_tf:
-            continue
-        os.environ.update(task_env(text, len(hosts), per_node, 0))
-        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-
-        def tf_resolve(per_node: int = per_node) -> str:
-            resolver = SlurmClusterResolver(gpus_per_node=8, auto_set_gpu=True)
-            spec = resolver.cluster_spec().as_dict()
-            task_type, task_id = resolver.get_task_info()
-            return json.dumps({"cluster": spec, "task": {"type": task_type, "index": task_id}})
-
-        try:
-            median, worst, result = timed(tf_resolve, max(3, args.repeat // 5))
-        except Exception as exc:  # report, do not hide, whatever TF raises
-            print(f"   TF SlurmClusterResolver: failed: {type(exc).__name__}: {exc}")
-            continue
-        config = json.loads(str(result))
-        theirs = [w.rpartition(":")[0] for w in config["cluster"]["worker"]]
-        wrong = sum(a != b for a, b in zip(theirs, expected, strict=True))
-        ports = {w.rpartition(":")[2] for w in config["cluster"]["worker"]}
+    if args.scale:
+        sizes = [int(n) for n in args.scale.split(",")]
+        tasks = [int(n) for n in args.tasks.split(",")]
+        cases = scale_layouts(sizes, tasks)
+    else:
+        cases = [(name, hosts, per_node) for name, (hosts, per_node) in layouts().items()]
+    rows = []
+    for name, hosts, per_node in cases:
+        resolver = None if args.no_tf else SlurmClusterResolver
+        row = {"names": name, **measure(hosts, per_node, args.repeat, resolver)}
+        rows.append(row)
+        ours, theirs = row["hpctf"], row.get("tf")
+        assert isinstance(ours, dict)
+        text = str(row["nodelist"])
+        shown = text[:60] + ("..." if len(text) > 60 else "")
+        print(f"\n== {name}: {len(hosts)} nodes x {per_node} tasks: {shown}")
         print(
-            f"   TF SlurmClusterResolver, rank 0: median {median:6.2f} ms, worst {worst:6.2f} ms; "
-            f"rank 0 address {config['cluster']['worker'][0]} "
-            f"({'right' if theirs[0] == expected[0] else 'WRONG'}); "
-            f"{wrong} of {len(expected)} ranks on the wrong host; ports used: "
-            f"{', '.join(sorted(ports)[:3])}{'...' if len(ports) > 3 else ''}; "
-            f"CUDA_VISIBLE_DEVICES set to {os.environ.get('CUDA_VISIBLE_DEVICES')!r}"
+            f"   hpctf cluster_spec: rank 0 median {ours['rank0_median_ms']:.2f} ms (worst "
+            f"{ours['rank0_worst_ms']:.2f}), last rank median {ours['rank_last_median_ms']:.2f} "
+            f"ms; order right: {ours['right']}; (host, port) unique: {ours['unique']}"
         )
-    called = record.exists() and record.read_text().strip()
+        if not isinstance(theirs, dict):
+            continue
+        if "error" in theirs:
+            print(f"   TF SlurmClusterResolver: failed: {theirs['error']}")
+            continue
+        print(
+            f"   TF SlurmClusterResolver, rank 0: median {theirs['median_ms']:.2f} ms, worst "
+            f"{theirs['worst_ms']:.2f} ms; rank 0 address {theirs['rank0_address']}; "
+            f"{theirs['wrong_ranks']} of {row['workers']} ranks on the wrong host; ports used: "
+            f"{', '.join(theirs['ports'])}; CUDA_VISIBLE_DEVICES set to "
+            f"{theirs['cuda_visible_devices']!r}"
+        )
+    called = bool(record.exists() and record.read_text().strip())
     print(f"\nTF's resolver called scontrol: {'yes' if called else 'no'}")
     shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        args.json.write_text(
+            json.dumps({"rows": rows, "tf_called_scontrol": called}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,199 @@
+"""The baseline for hpctf's runtime overhead: the digits example written by hand, no hpctf.
+
+What a user would write without hpctf, following TensorFlow's multi-worker custom-loop tutorial
+(tensorflow.org/tutorials/distribute/multi_worker_with_ctl): TF_CONFIG for N workers on
+localhost, ``MultiWorkerMirroredStrategy`` over RING, ``distribute_datasets_from_function``,
+``strategy.run`` in a ``tf.function`` with ``tf.nn.compute_average_loss``. Not ``model.fit``:
+Keras 3's fit is broken under MWMS (keras-team/keras#20585).
+
+The same model, data, optimizer and global batch as ``examples/digits`` (digits:build with its
+defaults) under hpctf's built-in loop: an MLP of 64 hidden units on scikit-learn's 8x8 digits
+(the same 80 % training split), Adam(0.01), the examples shuffled (buffer 10,000, seed 0),
+repeated, every worker keeping 1/N of them (hpctf's DATA sharding), batched per replica.
+The loss is read on the host every ``--log-every`` steps, as hpctf's loop does when it logs;
+those windows are the measurement.
+
+    .venv/bin/python benchmarks/plain_mwms.py --steps 3000 --log-every 250 --out plain.json
+
+Rank 0 writes ``{"steps_per_s": [one per window], ...}`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HIDDEN = 64
+LEARNING_RATE = 0.01
+SHUFFLE_BUFFER = 10_000
+SEED = 0
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` ports free right now on localhost (each worker's gRPC server binds one)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("localhost", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def worker(rank: int, ports: list[int], steps: int, log_every: int, batch: int, out: Path) -> None:
+    os.environ["TF_CONFIG"] = json.dumps(
+        {
+            "cluster": {"worker": [f"localhost:{port}" for port in ports]},
+            "task": {"type": "worker", "index": rank},
+        }
+    )
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+        )
+    )
+    digits = load_digits()
+    features = (digits.data / 16.0).astype(np.float32)
+    labels = digits.target.astype(np.int64)
+    x_train, _, y_train, _ = train_test_split(
+        features, labels, test_size=0.2, random_state=0, stratify=labels
+    )
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input(shape=(features.shape[1],)),
+                keras.layers.Dense(HIDDEN, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+        optimizer = keras.optimizers.Adam(LEARNING_RATE)
+        optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def dataset_fn(context: Any) -> Any:
+        per_replica = context.get_per_replica_batch_size(batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train)).repeat()
+        dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=SEED)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    def replica_step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.nn.compute_average_loss(loss_fn(y, logits), global_batch_size=batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def train_step(iterator: Any) -> Any:
+        x, y = next(iterator)
+        per_replica = strategy.run(replica_step, args=(x, y))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    windows = []
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        loss = train_step(iterator)
+        if step % log_every == 0:
+            value = float(loss)  # waits for the step, as hpctf's loop does when it logs
+            now = time.perf_counter()
+            windows.append(round(log_every / (now - started), 3))
+            started = now
+            if rank == 0:
+                print(f"step {step}/{steps} loss {value:.4f} {windows[-1]:.1f} steps/s", flush=True)
+    if rank == 0:
+        out.write_text(
+            json.dumps(
+                {
+                    "steps_per_s": windows,
+                    "replicas": strategy.num_replicas_in_sync,
+                    "tensorflow": tf.__version__,
+                }
+            )
+            + "\n"
+        )
+
+
+def run(workers: int, steps: int, log_every: int, batch: int, out: Path, timeout: float) -> None:
+    """Start ``workers`` processes of this script with TF_CONFIG on localhost; wait for all."""
+    ports = free_ports(workers)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--rank",
+                str(rank),
+                "--ports",
+                ",".join(map(str, ports)),
+                "--steps",
+                str(steps),
+                "--log-every",
+                str(log_every),
+                "--batch",
+                str(batch),
+                "--out",
+                str(out),
+            ],
+            stdout=None if rank == 0 else subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for rank in range(workers)
+    ]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(proc.poll() is None for proc in procs):
+            failed = [proc.returncode for proc in procs if proc.returncode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                raise SystemExit(
+                    f"plain MWMS run failed (exit codes {[p.poll() for p in procs]}, "
+                    f"timeout {timeout:.0f} s)"
+                )
+            time.sleep(0.1)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    if not out.exists():
+        raise SystemExit("plain MWMS run wrote no results")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--log-every", type=int, default=250)
+    parser.add_argument("--batch", type=int, default=64, help="global batch")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ports", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank is not None:
+        ports = [int(port) for port in args.ports.split(",")]
+        worker(args.rank, ports, args.steps, args.log_every, args.batch, args.out)
+    else:
+        run(args.workers, args.steps, args.log_every, args.batch, args.out, args.timeout)
+
+
+if __name__ == "__main__":
+    main()
