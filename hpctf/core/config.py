@@ -180,6 +180,17 @@ class Preemption(_Strict):
     )
 
 
+class Doctor(_Strict):
+    """What ``hpctf doctor`` holds the site's nodes to, beyond every check passing."""
+
+    min_busbw_gbps: float | None = Field(
+        None,
+        gt=0,
+        description="fail the all-reduce check below this bus bandwidth at the largest message "
+        "size, in GB/s (gigabytes per second, the unit nccl-tests prints busbw in)",
+    )
+
+
 class Site(_Strict):
     """One site_configs/<name>.yaml: what is true of a cluster for every experiment on it."""
 
@@ -231,6 +242,7 @@ class Site(_Strict):
     hostname_template: str = Field(
         "{host}", description="address of a node in TF_CONFIG, e.g. '{host}-ib' for IPoIB"
     )
+    doctor: Doctor = Field(default_factory=Doctor, description="thresholds for hpctf doctor")
 
     _env = field_validator("env")(check_env)
     _hostname_template = field_validator("hostname_template")(check_hostname_template)

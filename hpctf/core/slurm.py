@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -151,6 +152,30 @@ def job_info(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str
         if sep:
             info.setdefault(key, value)
     return info
+
+
+def wait_for_job(
+    job_id: str,
+    timeout: float,
+    poll: float = 1.0,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, str] | None:
+    """Poll :func:`job_info` until job ``job_id`` is in a final state; return that info.
+
+    Returns ``{}`` when Slurm has already forgotten the job (it ended longer than MinJobAge
+    ago), and None when ``timeout`` seconds pass first (the job is left as it is). Polling
+    ``scontrol`` rather than ``sbatch --wait``, which checks every 30 s or so.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        info = job_info(job_id, env=env)
+        if info is None:
+            return {}
+        if info.get("JobState") in FINAL_STATES:
+            return info
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
 
 def requeue(job_id: str, env: Mapping[str, str] | None = None) -> None:
