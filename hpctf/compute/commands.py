@@ -1,6 +1,7 @@
-"""The compute-node commands: ``worker`` (what srun starts on every task) and ``tfconfig``
-(each task's TF_CONFIG, for debugging inside an allocation). TensorFlow is imported only once
-``worker`` hands over to :mod:`hpctf.compute.training`."""
+"""The compute-node commands: ``worker`` (what srun starts on every task), ``tfconfig``
+(each task's TF_CONFIG, for debugging inside an allocation) and ``preflight`` (``hpctf
+doctor``'s checks on every task). TensorFlow is imported only once ``worker`` hands over to
+:mod:`hpctf.compute.training`, or inside ``preflight``'s checks."""
 
 from __future__ import annotations
 
@@ -70,4 +71,13 @@ def tfconfig(run_dir: Path | None, site_name: str | None, check: bool) -> None:
     click.echo(f"hpctf: SLURM_PROCID {spec.task_index}: {spec.describe()}", err=True)
 
 
-COMMANDS = (worker, tfconfig)
+@click.command(hidden=True)
+@click.argument("doctor_dir", type=click.Path(path_type=Path, file_okay=False))
+def preflight(doctor_dir: Path) -> None:
+    """Run `hpctf doctor`'s checks on this task; write them to DOCTOR_DIR/results/."""
+    from hpctf.compute.preflight import run_preflight
+
+    sys.exit(run_preflight(doctor_dir, os.environ))
+
+
+COMMANDS = (worker, tfconfig, preflight)

@@ -32,6 +32,7 @@ from hpctf.core.rundir import (
 from hpctf.core.runstate import run_state
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login import scaffold
+from hpctf.login.doctor import doctor
 from hpctf.login.loader import load_config
 from hpctf.login.render import explain as explain_script
 from hpctf.login.render import render
@@ -392,4 +393,5 @@ COMMANDS = (
     status,
     logs,
     cancel,
+    doctor,
 )
