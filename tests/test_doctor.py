@@ -470,6 +470,34 @@ def test_doctor_on_two_slurm_nodes_passes(slurm_cluster: dict[str, str], tmp_pat
 
 @pytest.mark.slurm
 @pytest.mark.tf
+def test_doctor_here_runs_inside_an_allocation(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    command = [*HPCTF, "doctor", "--site", "local-slurm", "--here"]
+    proc = subprocess.run(
+        [require_tool("salloc"), "-N2", "-p", "debug", *command],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = rows_of(proc.stdout)
+    assert {node for node, _ in rows} == {"node1", "node2"}
+    assert rows[("node1", "allreduce")][1].startswith("RING, 2 ranks: ")
+    assert proc.stdout.splitlines()[-1] == (
+        "doctor: all checks passed; 2 node(s), 2 of 2 task(s) reported"
+    )
+    # No job of its own: the step ran in the allocation's job.
+    (directory,) = (tmp_path / "runs").glob("doctor-local-slurm-*")
+    assert not list((directory / "logs").glob("slurm-*.out"))
+
+
+@pytest.mark.slurm
+@pytest.mark.tf
 def test_doctor_names_the_nodes_whose_names_do_not_resolve(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
