@@ -5,7 +5,8 @@ where errors are turned into what the user sees, by whose fault they are:
 - EnvironmentProblem (Slurm down or slow, a full disk): ``Error: <what failed>``, exit 3;
 - anything else is hpctf's bug: the traceback and a line asking to report it, exit 70.
 
-Login-node commands live in :mod:`hpctf.login.commands`, the batch script's hooks in
+Login-node commands live in :mod:`hpctf.login.commands` and :mod:`hpctf.login.lifecycle`
+(after submit: status, runs, logs, cancel, plot), the batch script's hooks in
 :mod:`hpctf.login.batch`, the compute-node ones in :mod:`hpctf.compute.commands`.
 """
 
@@ -19,7 +20,7 @@ import click
 
 from hpctf.compute import commands as compute_commands
 from hpctf.core.errors import BUG_EXIT, EnvironmentProblem, UserError
-from hpctf.login import batch
+from hpctf.login import batch, lifecycle
 from hpctf.login import commands as login_commands
 
 
@@ -49,7 +50,12 @@ def cli() -> None:
     """From one experiment.yaml to multi-node TensorFlow training on Slurm."""
 
 
-for _command in (*login_commands.COMMANDS, *batch.COMMANDS, *compute_commands.COMMANDS):
+for _command in (
+    *login_commands.COMMANDS,
+    *lifecycle.COMMANDS,
+    *batch.COMMANDS,
+    *compute_commands.COMMANDS,
+):
     cli.add_command(_command)
 
 

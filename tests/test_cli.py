@@ -659,36 +659,6 @@ def test_resubmit_refuses_a_complete_run_and_a_run_with_a_live_job(
     assert fake_sbatch.read_text().count("--parsable") == 2
 
 
-def test_logs_follow_stops_once_the_runs_jobs_have_ended(
-    runs_root: Path, fake_sbatch: Path
-) -> None:
-    assert CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"]).exit_code == 0
-    (run_dir,) = runs_root.iterdir()
-    (run_dir / "logs" / "rank-0.log").write_text("step 1\n")
-    from hpctf.core.rundir import RunDir, has_open_job
-
-    run = RunDir(run_dir)
-    assert has_open_job(run.events())  # submitted, not ended: -f would keep following
-    run.record("started", job_id="4242")
-    run.record("ended", job_id="4242", exit_code=1)
-    assert not has_open_job(run.events())
-    result = CliRunner().invoke(cli, ["logs", str(run_dir), "-f"])
-    assert result.exit_code == 0 and result.output == "step 1\n"
-
-
-def test_cancel_of_a_local_run_says_how_to_stop_it(tmp_path: Path, runs_root: Path) -> None:
-    out = tmp_path / "job.sbatch"
-    assert (
-        CliRunner()
-        .invoke(cli, ["render", str(DIGITS), "--site", "local", "-o", str(out)])
-        .exit_code
-        == 0
-    )
-    (run_dir,) = runs_root.iterdir()
-    result = CliRunner().invoke(cli, ["cancel", str(run_dir)])
-    assert result.exit_code == 2 and "runs on a local site" in result.output
-
-
 def test_submits_of_one_experiment_at_once_get_their_own_run_directories(
     tmp_path: Path, runs_root: Path, fake_sbatch: Path
 ) -> None:

@@ -189,6 +189,16 @@ def runs_root(config: ResolvedConfig) -> Path:
     return Path(config.site.runs_root).resolve()
 
 
+def run_dirs_under(root: Path) -> list[Path]:
+    """The run directories directly under ``root`` (those holding a config.json), unsorted; []
+    when ``root`` does not exist."""
+    try:
+        children = list(root.iterdir())
+    except OSError:
+        return []
+    return [child for child in children if (child / "config.json").is_file()]
+
+
 class RunDirTaken(UserError):
     """Another submit took the planned run directory first (two submits in one second)."""
 
@@ -294,13 +304,3 @@ def preempted_in_last_start(events: list[dict[str, Any]], job_id: str) -> bool:
         elif event["event"] == "preempted":
             preempted = True
     return preempted
-
-
-def has_open_job(events: list[dict[str, Any]]) -> bool:
-    """Whether a job of the run may still write to it: one that has not ended, unless the run
-    was cancelled after its last start (a cancelled batch script records no end)."""
-    open_jobs = [job for job in job_history(events) if "ended" not in job]
-    if not open_jobs:
-        return False
-    last = [e["event"] for e in events if e["event"] in ("started", "requeued", "cancelled")]
-    return not last or last[-1] != "cancelled"

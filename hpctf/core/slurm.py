@@ -10,7 +10,8 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpctf.core.errors import EnvironmentProblem, UserError
@@ -201,3 +202,173 @@ def test_only(script: str, env: Mapping[str, str] | None = None) -> None:
         handle.flush()
         clean, _ = without_sbatch_overrides(os.environ if env is None else env)
         run_command(["sbatch", "--test-only", handle.name], env=clean)
+
+
+# --- queries for many jobs at once: one squeue and one sacct call, however many runs ----------
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What Slurm says of one job: its state in Slurm's words (PENDING, RUNNING, REQUEUED,
+    PREEMPTED, TIMEOUT, NODE_FAIL, CANCELLED, FAILED, COMPLETED, ...), why it is pending
+    (``reason``, "" for none), and which command said so (``source``: squeue or sacct)."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    source: str = "squeue"
+    exit_code: str = ""
+    start: str = ""
+    end: str = ""
+    elapsed: str = ""
+    nodes: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+# squeue has no --parsable: a format with "|" between fields (none of them holds one).
+SQUEUE_FIELDS = ("%i", "%T", "%r", "%S", "%M", "%N")
+SACCT_FIELDS = ("JobIDRaw", "State", "Reason", "ExitCode", "Start", "End", "Elapsed", "NodeList")
+
+# Words of a Slurm client that could not get an answer this time (the controller busy, the RPC
+# rate limit, a failover), worth another try: slurm_errno.c and the client's error lines.
+TRANSIENT = (
+    "Socket timed out",
+    "Unable to contact slurm controller",
+    "Connection refused",
+    "Connection timed out",
+    "Resource temporarily unavailable",
+    "Zero Bytes were transmitted",
+    "Too many RPCs",
+    "slurmdbd: Connection",
+)
+# Pauses between tries after a transient failure (a couple of retries, then give up).
+RETRY_PAUSES_S = (1.0, 3.0)
+
+
+def _none_word(value: str) -> str:
+    return "" if value in ("None", "(null)", "n/a", "Unknown") else value
+
+
+def parse_squeue(out: str) -> dict[str, JobRecord]:
+    """``squeue --noheader --format=<SQUEUE_FIELDS joined by |>`` output, by job id."""
+    jobs: dict[str, JobRecord] = {}
+    for line in out.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != len(SQUEUE_FIELDS) or not fields[0]:
+            continue
+        job_id, state, reason, start, elapsed, nodes = fields
+        jobs[job_id] = JobRecord(
+            job_id,
+            state,
+            reason=_none_word(reason),
+            source="squeue",
+            start=_none_word(start),
+            elapsed=elapsed,
+            nodes=nodes,
+        )
+    return jobs
+
+
+def parse_sacct(out: str) -> dict[str, JobRecord]:
+    """``sacct --parsable2 --noheader --format=<SACCT_FIELDS>`` output, by job id.
+
+    A state such as ``CANCELLED by 1000`` keeps its first word. A job listed twice (a requeue,
+    with ``--duplicates``) keeps its last line, the newest record.
+    """
+    jobs: dict[str, JobRecord] = {}
+    for line in out.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != len(SACCT_FIELDS) or not fields[0]:
+            continue
+        job_id, state, reason, exit_code, start, end, elapsed, nodes = fields
+        jobs[job_id] = JobRecord(
+            job_id,
+            state.split(" ")[0],
+            reason=_none_word(reason),
+            source="sacct",
+            exit_code=exit_code,
+            start=_none_word(start),
+            end=_none_word(end),
+            elapsed=elapsed,
+            nodes=_none_word(nodes),
+        )
+    return jobs
+
+
+def query(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    budget_s: float = 40.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """:func:`run_command` for a read-only query, tried again after :data:`TRANSIENT` failures
+    (pausing :data:`RETRY_PAUSES_S`) while ``budget_s`` seconds last; the last failure is
+    raised. A command that runs out of time is not tried again: a slow controller gets no more
+    load from us."""
+    deadline = time.monotonic() + budget_s
+    pauses = list(RETRY_PAUSES_S)
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return run_command(argv, env=env, timeout=max(left, 1.0))
+        except SlurmError as exc:
+            said = f"{exc.stdout}\n{exc.stderr}"
+            transient = exc.returncode > 0 and any(word in said for word in TRANSIENT)
+            if not transient or not pauses or time.monotonic() + pauses[0] >= deadline:
+                raise
+            sleep(pauses.pop(0))
+
+
+def squeue_jobs(
+    job_ids: Sequence[str], env: Mapping[str, str] | None = None
+) -> dict[str, JobRecord]:
+    """What slurmctld knows of ``job_ids``, in ONE squeue call, by job id: jobs it has forgotten
+    (ended longer than MinJobAge ago) are missing. Raises SlurmError when it cannot answer."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    argv = [
+        "squeue",
+        f"--jobs={','.join(ids)}",
+        "--states=all",
+        "--noheader",
+        f"--format={'|'.join(SQUEUE_FIELDS)}",
+    ]
+    try:
+        out = query(argv, env=env)
+    except SlurmFailure as exc:
+        # Every id forgotten: squeue exits 1 ("slurm_load_jobs error: Invalid job id specified").
+        if "Invalid job id" in exc.stderr:
+            return {}
+        raise
+    return {job_id: job for job_id, job in parse_squeue(out).items() if job_id in ids}
+
+
+def sacct_jobs(
+    job_ids: Sequence[str], env: Mapping[str, str] | None = None
+) -> dict[str, JobRecord]:
+    """What the accounting database knows of ``job_ids``, in ONE sacct call (the job
+    allocations, the newest record of a requeued job), by job id. A cluster without
+    accounting ("Slurm accounting storage is disabled") knows nothing: ``{}``. Raises
+    SlurmError when slurmdbd cannot answer."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    argv = [
+        "sacct",
+        f"--jobs={','.join(ids)}",
+        "--allocations",
+        "--noheader",
+        "--parsable2",
+        f"--format={','.join(SACCT_FIELDS)}",
+    ]
+    try:
+        out = query(argv, env=env)
+    except SlurmFailure as exc:
+        if "accounting storage is disabled" in f"{exc.stdout}\n{exc.stderr}":
+            return {}
+        raise
+    return {job_id: job for job_id, job in parse_sacct(out).items() if job_id in ids}

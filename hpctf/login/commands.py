@@ -1,6 +1,7 @@
-"""The login-node commands: validate, render, submit, schema, sites, init, resubmit, status,
-logs, cancel. None of them imports TensorFlow; each raises UserError or EnvironmentProblem and
-leaves the reporting to the CLI edge (:mod:`hpctf.cli`)."""
+"""The login-node commands: validate, render, submit, schema, sites, init, resubmit (status,
+runs, logs, cancel and plot are in :mod:`hpctf.login.lifecycle`). None of them imports
+TensorFlow; each raises UserError or EnvironmentProblem and leaves the reporting to the CLI edge
+(:mod:`hpctf.cli`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ import os
 import re
 import shutil
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -22,14 +21,12 @@ from hpctf.core.rundir import (
     RunDir,
     RunDirTaken,
     create_run_dir,
-    has_open_job,
     job_history,
     plan_run_dir,
     remove_new_run_dir,
     with_snapshot,
     write_atomic,
 )
-from hpctf.core.runstate import run_state
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login import scaffold
 from hpctf.login.doctor import doctor
@@ -300,88 +297,6 @@ def resubmit(run_dir: Path, exclude: str | None, update_code: bool) -> None:
     sys.exit(_start(run, config, exclude))
 
 
-@click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
-def status(run_dir: Path) -> None:
-    """Show RUN_DIR: its state and why, budgets, code, and each job: ids, states, restarts."""
-    run = RunDir.open(run_dir)
-    config = run.load_config()
-    state = run_state(run.events())
-    preemption = config.site.preemption
-    why = f" ({state.why})" if state.why else ""
-    click.echo(
-        f"run: {state.state}{why}; requeues after preemption {state.preemption_requeues}/"
-        f"{preemption.max_requeues}, after failures {state.failure_requeues}/"
-        f"{preemption.max_failure_requeues}"
-    )
-    for source in snapshot.read(run.path):
-        click.echo(f"code: {source.describe()}")
-    for job in job_history(run.events()):
-        job_state = "ENDED" if "ended" in job else "PENDING/RUNNING"
-        if config.site.scheduler == "slurm" and "ended" not in job:
-            info = slurm.job_info(job["job_id"])
-            job_state = info.get("JobState", "?") if info else "UNKNOWN (gone from Slurm)"
-        exit_text = f" exit {job['exit_code']}" if "exit_code" in job else ""
-        nodes = job.get("nodes") or "-"
-        click.echo(
-            f"job {job['job_id']}: {job_state}{exit_text} starts {job['starts']} nodes {nodes}"
-        )
-    for number, start in enumerate(state.starts, 1):
-        end = (
-            f"{start.reason} at step {start.end_step} (exit {start.exit_code})"
-            if start.reason
-            else "not ended"
-        )
-        click.echo(f"start {number}: job {start.job_id} from step {start.step}: {end}")
-    last = _last_metrics(run)
-    click.echo(f"last logged step: {last.get('step', '-')}")
-    click.echo(f"done: {run.done.read_text().strip() if run.done.exists() else 'no'}")
-
-
-def _last_metrics(run: RunDir) -> dict[str, Any]:
-    if not run.metrics.exists():
-        return {}
-    lines = run.metrics.read_text(encoding="utf-8").splitlines()
-    return json.loads(lines[-1]) if lines else {}
-
-
-@click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
-@click.option("--rank", type=int, default=0, show_default=True, help="Which task's log.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
-def logs(run_dir: Path, rank: int, follow: bool) -> None:
-    """Print the log of one rank of RUN_DIR (with -f, until the run's jobs have ended)."""
-    run = RunDir.open(run_dir)
-    path = run.rank_log(rank)
-    if not path.exists():
-        ranks = sorted(p.stem.split("-")[1] for p in run.logs.glob("rank-*.log"))
-        raise UserError(
-            f"{path}: no log for rank {rank}; ranks with logs: {', '.join(ranks) or 'none yet'}"
-        )
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        while True:
-            chunk = handle.read()
-            if chunk:
-                click.echo(chunk, nl=False)
-            elif not follow or run.done.exists() or not has_open_job(run.events()):
-                return
-            else:
-                time.sleep(1)
-
-
-@click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
-def cancel(run_dir: Path) -> None:
-    """Cancel the jobs of RUN_DIR that have not ended."""
-    run = RunDir.open(run_dir)
-    if run.load_config().site.scheduler != "slurm":
-        raise UserError(f"{run.path} runs on a local site: stop its launcher (Ctrl-C) instead")
-    open_jobs = [j["job_id"] for j in job_history(run.events()) if "ended" not in j]
-    slurm.cancel(open_jobs)
-    run.record("cancelled", jobs=open_jobs)
-    click.echo(f"cancelled: {' '.join(open_jobs) or 'nothing (no open jobs)'}")
-
-
 COMMANDS = (
     validate,
     render_command,
@@ -390,8 +305,5 @@ COMMANDS = (
     sites,
     init,
     resubmit,
-    status,
-    logs,
-    cancel,
     doctor,
 )
