@@ -48,8 +48,12 @@ SUBMITTED = {"event": "submitted", "job_id": "7"}
         (STALLED_EXIT, False, None, False, False, "stalled"),
         (1, False, None, False, False, "failed"),
         (143, False, None, True, False, "node_fail"),
-        (137, False, None, False, False, "node_fail"),
+        # srun's 143/137 after --kill-on-bad-exit ended the others: a failure, not a node.
+        (143, False, None, False, False, "failed"),
+        (137, False, None, False, False, "failed"),
         (143, False, None, True, True, "cancelled"),
+        # scancel's SIGTERM made the ranks save as on a preemption: still a cancel, no requeue.
+        (PREEMPTED_EXIT, False, "TERM", True, True, "cancelled"),
         (0, False, None, False, False, "done"),
     ],
 )
@@ -115,6 +119,18 @@ def test_a_start_without_an_end_that_was_restarted_ended_as_node_fail() -> None:
     assert run_state([started(0), started(100)]).failure_requeues == 1
 
 
+def test_a_start_killed_after_its_ranks_saved_ended_at_that_step() -> None:
+    """Slurm preempted the job: the chief recorded the agreed save, then the batch shell was
+    killed before job-end ran, and Slurm requeued the job itself."""
+    saved = {"event": "preempted", "job_id": "7", "step": 110, "signal": "TERM"}
+    starts = starts_of([started(0), saved, started(110), ended("done", 300, 0)])
+    assert [(s.reason, s.end_step) for s in starts] == [("preempted", 110), ("done", 300)]
+    state = run_state([started(0), saved, started(110)])
+    assert (state.preemption_requeues, state.failure_requeues) == (1, 0)
+    walltime = {**saved, "signal": "USR2"}
+    assert starts_of([started(0), walltime, started(110)])[0].reason == "timeout"
+
+
 def history(*ends: tuple[str, int, int]) -> list[dict[str, Any]]:
     """Starts that each resume from the previous end's step and end as given."""
     events: list[dict[str, Any]] = [SUBMITTED]
@@ -146,9 +162,9 @@ def history(*ends: tuple[str, int, int]) -> list[dict[str, Any]]:
         ([("failed", 100, 1), ("failed", 200, 1)], True, False),
         ([("failed", 100, 1), ("failed", 200, 1), ("failed", 300, 1)], False, True),
         ([("failed", 100, 1), ("failed", 100, 1)], False, True),  # second start: no progress
-        # A node failure is not the code's fault: retried without progress, within budget.
-        ([("node_fail", 0, 143)], True, False),
-        ([("node_fail", 0, 143), ("node_fail", 0, 143), ("node_fail", 0, 143)], False, True),
+        # Killed from outside: Slurm requeues it itself (or not); hpctf does not requeue it
+        # again, the next start checks the budget (test_before_start).
+        ([("node_fail", 0, 143)], False, False),
         # The budgets are separate.
         ([("timeout", 100, 75), ("timeout", 200, 75), ("failed", 300, 1)], True, False),
         ([("failed", 100, 1), ("failed", 200, 1), ("timeout", 300, 75)], True, False),
@@ -157,6 +173,15 @@ def history(*ends: tuple[str, int, int]) -> list[dict[str, Any]]:
 def test_after_end(ends: list[tuple[str, int, int]], go: bool, gave_up: bool) -> None:
     decision = after_end(run_state(history(*ends)), BUDGETS)
     assert (decision.go, decision.gave_up) == (go, gave_up), decision.why
+
+
+def test_slurm_ending_the_job_is_not_requeued_twice() -> None:
+    """A preemption by a higher-priority partition signals the batch shell too: the ranks
+    saved, but Slurm requeues the job itself."""
+    state = run_state(history(("preempted", 100, 75)))
+    assert after_end(state, BUDGETS).go
+    decision = after_end(state, BUDGETS, slurm_ends_it=True)
+    assert (decision.go, decision.gave_up) == (False, False)
 
 
 def test_after_end_says_why() -> None:

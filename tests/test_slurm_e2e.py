@@ -57,8 +57,13 @@ def test_digits_trains_on_two_slurm_nodes(slurm_cluster: dict[str, str], tmp_pat
     # srun ran the worker on node1 and node2 as SLURM_PROCID 0 and 1.
     rank0 = (run_dir / "logs" / "rank-0.log").read_text()
     rank1 = (run_dir / "logs" / "rank-1.log").read_text()
-    assert "host node1 (SLURMD_NODENAME node1) SLURM_PROCID 0: worker 0 of 2" in rank0
-    assert "host node2 (SLURMD_NODENAME node2) SLURM_PROCID 1: worker 1 of 2" in rank1
+    for rank, log in enumerate((rank0, rank1)):
+        node = f"node{rank + 1}"
+        pattern = (
+            rf"host {node} pid \d+ \(SLURMD_NODENAME {node}\) SLURM_PROCID {rank}: "
+            rf"worker {rank} of 2"
+        )
+        assert re.search(pattern, log), log[:500]
 
     done = json.loads((run_dir / "DONE").read_text())
     assert done["step"] == 300
@@ -215,7 +220,8 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     assert 100 <= saved < 3000
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
     assert json.loads((run_dir / "DONE").read_text())["step"] == 3000
-    events = _events(run_dir)
+    # scontrol requeue signals the batch shell too: its trap records that, after the requeue.
+    events = [e for e in _events(run_dir) if e["event"] != "signalled"]
     assert [e["event"] for e in events] == [
         "created",
         "submitted",
@@ -226,6 +232,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         "started",
         "ended",
     ]
+    assert events[4]["reason"] == "timeout"  # USR2, the site's warning before the time limit
     assert events[3]["step"] == saved and events[-1]["exit_code"] == 0
     status = subprocess.run(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
@@ -274,8 +281,9 @@ def test_gpu_job_that_cannot_use_its_gpus_fails_at_once(
     # Stopped before the first collective: no training, no checkpoint. Most of the time is two
     # `import tensorflow` side by side on 2 cores (20-30 s here).
     assert _seconds(info["RunTime"]) < 60, info["RunTime"]
-    assert _events(run_dir)[-1]["event"] == "ended"
-    assert _events(run_dir)[-1]["exit_code"] != 0
+    ended, gave_up = _events(run_dir)[-2:]
+    assert ended["event"] == "ended" and ended["exit_code"] != 0 and ended["reason"] == "failed"
+    assert gave_up["event"] == "gave_up"  # no progress: not requeued
     assert not (run_dir / "metrics.jsonl").exists()
     assert not list((run_dir / "checkpoints").glob("ckpt-*"))
     ranks = [p.read_text() for p in sorted((run_dir / "logs").glob("rank-*.log"))]
@@ -361,8 +369,8 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
 def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
-    """Slurm requeues the job itself (as after a node failure): the batch shell's trap records
-    the signal, the next start counts it against the failure budget and resumes."""
+    """Slurm requeues the job itself (as after a node failure): SIGTERM reaches the batch shell,
+    whose trap records it, and the ranks, which save an agreed step; it resumes there."""
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     job_id, run_dir = submit(
         env,
@@ -387,6 +395,70 @@ def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
     status = subprocess.run(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
     )
-    assert status.stdout.startswith("run: done; requeues after preemption 0/20, after failures 1/3")
-    assert "start 1: job" in status.stdout and ": node_fail at step" in status.stdout
+    # scontrol requeue signals the ranks too: they saved an agreed step, nothing was lost.
+    assert status.stdout.startswith("run: done; requeues after preemption 1/20, after failures 0/3")
+    assert "start 1: job" in status.stdout and ": preempted at step" in status.stdout
     assert "start 2: job" in status.stdout and ": done at step 3000 (exit 0)" in status.stdout
+
+
+def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """A real preemption: a job in the `high` partition needs every CPU of both nodes. Slurm
+    sends SIGTERM to the run's job (GraceTime 0, SIGKILL after KillWait 5 s) and requeues it;
+    the ranks agree on a step, save it and exit 75 within KillWait; it resumes there."""
+    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    job_id, run_dir = submit(
+        env,
+        str(DIGITS),
+        "--site",
+        "local-slurm",
+        "--set",
+        "train.steps=3000",
+        "--set",
+        "checkpoint.every_steps=1000",
+    )
+    deadline = time.monotonic() + 400
+    rank0 = run_dir / "logs" / "rank-0.log"
+    wait_for_log(rank0, "step 100/", run_dir, deadline)
+    high = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "high",
+            "-N2",
+            "--ntasks-per-node=2",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 3",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    while "preempted" not in [e["event"] for e in _events(run_dir)]:
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    assert wait_for_job(high)["JobState"] == "COMPLETED"
+    release_requeued(job_id, env, deadline)
+    info = wait_for_job(job_id)
+    assert info["JobState"] == "COMPLETED", logs_of(run_dir)
+    events = _events(run_dir)
+    saved = next(int(e["step"]) for e in events if e["event"] == "preempted")  # type: ignore[call-overload]
+    assert next(e for e in events if e["event"] == "preempted")["signal"] == "TERM"
+    log = rank0.read_text()
+    assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
+    # No step trained twice: every logged step after the resume is past the saved one.
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "loss" in r]
+    resumed = steps[steps.index(max(s for s in steps if s <= saved)) + 1 :]
+    assert resumed and resumed[0] > saved
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    status = subprocess.run(
+        [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
+    )
+    assert status.stdout.startswith("run: done; requeues after preemption 1/20"), status.stdout
+    assert ": preempted at step " in status.stdout

@@ -217,6 +217,47 @@ train:
     assert texts[0].count("rank 0 on localhost: no progress") == 1
 
 
+def test_a_rank_that_never_starts_ends_the_others_within_the_startup_bound(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """Only rank 0 of 2 starts: it must not wait for its peer for ever (TF's own register
+    timeout does not end that wait)."""
+    timeout = 10
+    subprocess.run(
+        [
+            *HPCTF,
+            "render",
+            str(DIGITS),
+            "--site",
+            "local",
+            "-o",
+            str(tmp_path / "job.sbatch"),
+            "--set",
+            f"train.startup_timeout_seconds={timeout}",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (run_dir,) = runs_root.iterdir()
+    log = tmp_path / "rank-0.log"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*HPCTF, "worker", str(run_dir)],
+        env=task_environment(os.environ, 2000 + os.getpid() % 50000, 2, 0),
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        timeout=timeout + 120,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    text = log.read_text()
+    print(f"rank 0 alone: exit {proc.returncode} after {elapsed:.1f} s")
+    assert proc.returncode != 0, text[-2000:]
+    assert f"each must start within {timeout} s" in text
+    assert "Timeout (0:00:10)!" in text  # faulthandler's stack dump
+    assert elapsed < timeout + 60  # TensorFlow's import and the dump on a loaded machine
+
+
 def test_threads_and_memory_stay_flat_over_thousands_of_steps(
     runs_root: Path, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ the data position, the chief's records and the preemption hook. hpctf's built-in
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import signal
@@ -237,7 +238,17 @@ class Session:
         if policy:
             keras.mixed_precision.set_global_policy(policy)
         configure_failure_detection(spec, self.settings)
-        self.strategy = make_strategy(len(gpus), self.settings)
+        # Joining waits in C++ for every task (CoordinationServiceAgent::WaitForAllTasks) while
+        # holding the GIL: when a peer never starts, neither cluster_register_timeout nor a
+        # Python thread ends the wait (seen under gdb, TF 2.21). faulthandler's own C thread
+        # does: it prints every thread's stack and exits 1.
+        startup = self.settings.startup_timeout_seconds
+        log.info("joining %d worker(s); each must start within %d s", len(spec.workers), startup)
+        faulthandler.dump_traceback_later(startup, exit=True, file=sys.stdout)
+        try:
+            self.strategy = make_strategy(len(gpus), self.settings)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         timeout = self.settings.stall_timeout_seconds
         where = f"rank {spec.task_index} on {spec.node}"
         self._watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
@@ -374,7 +385,12 @@ class Session:
         if self.spec.is_chief:
             # The batch script requeues on this record, not on srun's exit status: srun
             # --kill-on-bad-exit may kill a rank that is still exiting after the save.
-            self.run.record("preempted", job_id=str(self.spec.job_id), step=step, signal=name)
+            self.run.record(
+                "preempted",
+                job_id=str(self.spec.job_id),
+                step=step,
+                signal=name.removeprefix("SIG"),  # as the site names it: USR2, TERM
+            )
         # One more collective as a barrier: no rank exits before the chief has finished
         # writing the checkpoint and the record.
         self._preemption.agree(0.0)

@@ -37,8 +37,6 @@ from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
 REASONS = ("done", "preempted", "timeout", "stalled", "failed", "node_fail", "cancelled")
 PREEMPTION_REASONS = frozenset({"preempted", "timeout"})
 FAILURE_REASONS = frozenset({"stalled", "failed", "node_fail"})
-# Signals (exit 128 + n) that mean the job was killed from outside: SIGTERM, SIGKILL.
-_KILLED = frozenset({128 + 15, 128 + 9, -15, -9})
 
 
 @dataclass(frozen=True)
@@ -95,13 +93,16 @@ def end_reason(
     during this start."""
     if done and exit_code == 0:
         return "done"
-    if warned_by is not None or exit_code == PREEMPTED_EXIT:
-        return "timeout" if warned_by == walltime_signal != "TERM" else "preempted"
+    # Before the warnings: scancel sends SIGTERM, which the ranks take as a warning and save on.
     if cancelled:
         return "cancelled"
+    if warned_by is not None or exit_code == PREEMPTED_EXIT:
+        return "timeout" if warned_by == walltime_signal != "TERM" else "preempted"
     if exit_code == STALLED_EXIT:
         return "stalled"
-    if signalled or exit_code in _KILLED:
+    # Only the batch shell's own SIGTERM says "killed from outside": srun reports 143 or 137
+    # too when --kill-on-bad-exit ended the other ranks after one of them failed.
+    if signalled:
         return "node_fail"
     return "failed" if exit_code != 0 else "done"
 
@@ -109,16 +110,19 @@ def end_reason(
 def starts_of(events: Sequence[Mapping[str, Any]]) -> list[Start]:
     """Every start of every job of the run, in order, with how each ended.
 
-    A start whose job was started again (Slurm requeued it: a node failure, ``scontrol
-    requeue``) without an ``ended`` record ended as ``node_fail``: its batch shell was killed
-    before it could say so.
+    A start whose job was started again without an ``ended`` record had its batch shell killed
+    before it could say so (Slurm requeued it: a preemption, a node failure, ``scontrol
+    requeue``): it ended ``preempted`` (or ``timeout`` for a USR2 warning) at the step the
+    chief recorded, when the ranks saved an agreed step; ``node_fail`` otherwise.
     """
     starts: list[dict[str, Any]] = []
+    saved: Mapping[str, Any] | None = None
     for event in events:
         kind = event.get("event")
         if kind == "started":
             if starts and starts[-1]["reason"] is None:
-                starts[-1]["reason"] = "node_fail"  # restarted without an end: killed
+                _close_unended(starts[-1], saved)
+            saved = None
             starts.append(
                 {
                     "job_id": str(event.get("job_id")),
@@ -129,11 +133,21 @@ def starts_of(events: Sequence[Mapping[str, Any]]) -> list[Start]:
                     "nodes": event.get("nodes"),
                 }
             )
+        elif kind == "preempted":
+            saved = event
         elif kind == "ended" and starts and starts[-1]["reason"] is None:
             starts[-1]["reason"] = event.get("reason") or "failed"
             starts[-1]["exit_code"] = event.get("exit_code")
             starts[-1]["end_step"] = event.get("step")
     return [Start(**start) for start in starts]
+
+
+def _close_unended(start: dict[str, Any], saved: Mapping[str, Any] | None) -> None:
+    if saved is None:
+        start["reason"] = "node_fail"
+        return
+    start["reason"] = "timeout" if saved.get("signal") == "USR2" else "preempted"
+    start["end_step"] = saved.get("step")
 
 
 def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
@@ -192,11 +206,14 @@ class Decision:
     why: str
 
 
-def after_end(state: RunState, budgets: Budgets) -> Decision:
-    """Whether the start that just ended should be requeued, within the run's budgets.
+def after_end(state: RunState, budgets: Budgets, slurm_ends_it: bool = False) -> Decision:
+    """Whether hpctf should requeue the start that just ended, within the run's budgets.
 
     ``state`` must include the ended start as its last one (:func:`run_state` of the journal
-    after the ``ended`` record).
+    after the ``ended`` record). ``slurm_ends_it``: the batch shell got SIGTERM, so Slurm is
+    ending this job itself (a preemption, a lost node, ``scontrol requeue``, scancel) and
+    requeues it where its configuration says so; hpctf does not requeue it a second time, and
+    the next start checks the budgets (:func:`before_start`).
     """
     last = state.last
     if last is None or last.reason is None:
@@ -204,6 +221,8 @@ def after_end(state: RunState, budgets: Budgets) -> Decision:
     reason = last.reason
     if reason in ("done", "cancelled"):
         return Decision(False, False, reason)
+    if slurm_ends_it or reason == "node_fail":
+        return Decision(False, False, f"{reason}: Slurm ended the job and requeues it if it can")
     if reason in PREEMPTION_REASONS:
         used = state.preemption_requeues
         if used >= budgets.preemption:

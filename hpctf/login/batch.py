@@ -10,6 +10,7 @@ stalled, failed, node_fail, cancelled) and requeues the job when the run's budge
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import click
@@ -76,12 +77,22 @@ def job_end(run_dir: Path, exit_code: int) -> None:
     run = RunDir.open(run_dir)
     config = run.load_config()
     job_id = _job_id("job-end")
+    signalled = any(e["event"] == "signalled" for e in run.events_since_last_start())
     run.record_end(job_id, exit_code, config.site.preemption.signal)
-    decision = after_end(run_state(run.events()), budgets(config))
+    decision = after_end(run_state(run.events()), budgets(config), slurm_ends_it=signalled)
     if decision.go:
-        slurm.requeue(job_id)  # a SlurmFailure leaves no "requeued" record behind
-        run.record("requeued", job_id=job_id, why=decision.why)
+        # scontrol requeue ends this very job: Slurm sends SIGTERM to the batch script's
+        # processes, this one included (SIGKILL after KillWait). Hold it off until the requeue
+        # Slurm accepted is recorded; a SlurmFailure leaves no "requeued" record behind.
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            slurm.requeue(job_id)
+            run.record("requeued", job_id=job_id, why=decision.why)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
+    elif not decision.gave_up:
+        click.echo(f"hpctf: job {job_id} ended: {decision.why}")
     elif decision.gave_up:
         run.record("gave_up", job_id=job_id, why=decision.why)
         raise _GaveUp(

@@ -256,6 +256,8 @@ JobCompType=jobcomp/none
 SchedulerType=sched/backfill
 # Schedule batch jobs at once instead of batching them up to 3 s (default).
 SchedulerParameters=batch_sched_delay=0
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
@@ -283,7 +285,10 @@ EOF
         for ((i = 1; i <= NODES; i++)); do
             echo "NodeName=node$i NodeAddr=$(node_addr "$i") NodeHostname=node$i Port=$((CTLD_PORT + i)) CPUs=$CPUS RealMemory=2000${gres_line} State=UNKNOWN"
         done
-        echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP"
+        # debug: where tests run; high: jobs there preempt debug's (requeued, SIGTERM at once,
+        # SIGKILL after KillWait), the way a site's priority partition does.
+        echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=0"
+        echo "PartitionName=high Nodes=$nodes MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
     } >"$out/slurm.conf"
 
     # Present so slurmd never falls back to anything cgroup-ish; no cgroup
@@ -360,14 +365,14 @@ healthy() {
         pid_alive "$RUN/slurmd-$n.pid" slurmd || return 1
     done
     munge_ok || return 1
-    states=$(timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+    states=$(timeout 10 sinfo -h -N -p debug -o '%N %T' 2>/dev/null) || return 1
     [[ $(wc -l <<<"$states") -eq $NODES ]] || return 1
     ! grep -Evq ' (idle|mixed|allocated|completing)$' <<<"$states"
 }
 
 all_idle() {
     local states
-    states=$(timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+    states=$(timeout 10 sinfo -h -N -p debug -o '%N %T' 2>/dev/null) || return 1
     [[ $(wc -l <<<"$states") -eq $NODES ]] || return 1
     ! grep -vq ' idle$' <<<"$states"
 }
