@@ -1007,5 +1007,27 @@ def test_real_logs_follow_a_run_across_a_requeue_until_it_ends(
     assert "training complete" in out.split(separators[1])[1]
 
 
+@pytest.mark.slurm
+@pytest.mark.tf
+def test_real_status_of_a_job_slurmctld_has_forgotten(
+    counted_squeue: tuple[dict[str, str], Path],
+) -> None:
+    """After MinJobAge (120 s on the test cluster) squeue no longer knows the job and, without
+    accounting, sacct knows nothing: status shows the end the run directory recorded."""
+    env, calls = counted_squeue
+    job, path = real_submit(env, "train.steps=100")
+    assert wait_for_job(job)["JobState"] == "COMPLETED"
+    until(lambda: slurm.job_info(job) is None, "slurmctld still knows the job", timeout=600)
+    calls.unlink(missing_ok=True)
+    result = hpctf(env, "status", "--json")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    (run,) = json.loads(result.stdout)["runs"]
+    assert run["slurm"] == {"state": "ENDED", "reason": "done", "source": "journal"}
+    assert (run["state"], run["step"], run["job"]) == ("done", 100, job)
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["squeue", "sacct"]
+    single = hpctf(env, "status", str(path))
+    assert f"job {job}: ENDED exit 0 starts 1 nodes node[1-2]" in single.stdout
+
+
 def test_job_record_final() -> None:
     assert JobRecord("1", "COMPLETED").final and not JobRecord("1", "PENDING").final
