@@ -181,6 +181,34 @@ def wait_for_log(path: Path, text: str, run_dir: Path, deadline: float) -> str:
     return path.read_text()
 
 
+def report_fault(case: str, run_dir: Path) -> None:
+    """With HPCTF_FAULT_REPORT=FILE, append what a fault test saw: each start's end, the steps
+    trained twice (0 when every logged step is unique), the seconds from an end to the next
+    start. For the README's fault matrix; tests assert on the same records."""
+    target = os.environ.get("HPCTF_FAULT_REPORT")
+    if not target:
+        return
+    events = _events(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    steps = [r["step"] for r in map(json.loads, lines) if "loss" in r]
+    ends = [(e["reason"], e.get("step")) for e in events if e["event"] == "ended"]
+    times = [(e["event"], str(e["time"])) for e in events]
+    with open(target, "a", encoding="utf-8") as handle:
+        handle.write(
+            json.dumps(
+                {
+                    "case": case,
+                    "ends": ends,
+                    "events": times,
+                    "logged_twice": len(steps) - len(set(steps)),
+                    "starts": [e.get("step") for e in events if e["event"] == "started"],
+                }
+            )
+            + "\n"
+        )
+
+
 def _events(run_dir: Path) -> list[dict[str, object]]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "journal").iterdir())]
 
@@ -238,6 +266,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
     )
     assert f"job {job_id}: ENDED exit 0 starts 2" in status.stdout
+    report_fault("test_preempted_job_saves_requeues_itself_and_resumes", run_dir)
 
 
 def _seconds(slurm_time: str) -> int:
@@ -325,6 +354,7 @@ def test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue(
     )
     assert status.stdout.startswith("run: gave_up (failed without progress"), status.stdout
     assert "a bug in the user's entry" in (run_dir / "logs" / "rank-0.log").read_text()
+    report_fault("test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue", run_dir)
 
 
 def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
@@ -364,6 +394,7 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
     assert json.loads((run_dir / "DONE").read_text())["step"] == 3000
+    report_fault("test_a_killed_rank_after_a_checkpoint_requeues_and_resumes", run_dir)
 
 
 def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
@@ -399,6 +430,9 @@ def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
     assert status.stdout.startswith("run: done; requeues after preemption 1/20, after failures 0/3")
     assert "start 1: job" in status.stdout and ": preempted at step" in status.stdout
     assert "start 2: job" in status.stdout and ": done at step 3000 (exit 0)" in status.stdout
+    report_fault(
+        "test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint", run_dir
+    )
 
 
 def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
@@ -462,3 +496,4 @@ def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
     )
     assert status.stdout.startswith("run: done; requeues after preemption 1/20"), status.stdout
     assert ": preempted at step " in status.stdout
+    report_fault("test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back", run_dir)
