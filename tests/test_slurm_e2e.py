@@ -111,10 +111,11 @@ def test_script_from_render_o_trains_when_sbatched_by_hand(
     assert [e["job_id"] for e in started] == [job_id]  # the job recorded itself
 
 
-def test_second_job_resumes_from_latest_checkpoint(
-    slurm_cluster: dict[str, str], tmp_path: Path
-) -> None:
-    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+def long_run(
+    env: dict[str, str], every_steps: int, wait_for_checkpoint: bool = True
+) -> tuple[str, Path, float]:
+    """Submit 3,000 digits steps with a checkpoint every ``every_steps``; return the job id,
+    the run directory and a deadline, once the first checkpoint exists."""
     job_id, run_dir = submit(
         env,
         str(DIGITS),
@@ -123,12 +124,20 @@ def test_second_job_resumes_from_latest_checkpoint(
         "--set",
         "train.steps=3000",
         "--set",
-        "checkpoint.every_steps=50",
+        f"checkpoint.every_steps={every_steps}",
     )
-    deadline = time.monotonic() + 180
-    while not checkpoint_steps(run_dir):
+    deadline = time.monotonic() + 400
+    while wait_for_checkpoint and not checkpoint_steps(run_dir):
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
+    return job_id, run_dir, deadline
+
+
+def test_second_job_resumes_from_latest_checkpoint(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    job_id, run_dir, _ = long_run(env, 50)
     subprocess.run([*HPCTF, "cancel", str(run_dir)], env=env, check=True, capture_output=True)
     assert wait_for_job(job_id)["JobState"] == "CANCELLED"
     assert not (run_dir / "DONE").exists()
@@ -403,20 +412,7 @@ def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
     """Slurm requeues the job itself (as after a node failure): SIGTERM reaches the batch shell,
     whose trap records it, and the ranks, which save an agreed step; it resumes there."""
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir = submit(
-        env,
-        str(DIGITS),
-        "--site",
-        "local-slurm",
-        "--set",
-        "train.steps=3000",
-        "--set",
-        "checkpoint.every_steps=100",
-    )
-    deadline = time.monotonic() + 300
-    while not checkpoint_steps(run_dir):
-        assert time.monotonic() < deadline, logs_of(run_dir)
-        time.sleep(0.2)
+    job_id, run_dir, deadline = long_run(env, 100)
     subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
     release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
@@ -442,17 +438,7 @@ def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
     sends SIGTERM to the run's job (GraceTime 0, SIGKILL after KillWait 5 s) and requeues it;
     the ranks agree on a step, save it and exit 75 within KillWait; it resumes there."""
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir = submit(
-        env,
-        str(DIGITS),
-        "--site",
-        "local-slurm",
-        "--set",
-        "train.steps=3000",
-        "--set",
-        "checkpoint.every_steps=1000",
-    )
-    deadline = time.monotonic() + 400
+    job_id, run_dir, deadline = long_run(env, 1000, wait_for_checkpoint=False)
     rank0 = run_dir / "logs" / "rank-0.log"
     wait_for_log(rank0, "step 100/", run_dir, deadline)
     high = subprocess.run(
