@@ -25,6 +25,7 @@ PACKAGES=(
     util-linux                              # unshare, setsid, runuser (cluster.sh)
     mount                                   # mount --bind of each node's /etc/hosts
     iproute2                                # ss: is a cluster port already taken
+    slurmdbd mariadb-server                 # accounting (sacct): HPCTF_SLURM_ACCOUNTING=1
 )
 ME=tests/system-packages.sh
 LOCK_TIMEOUT=${HPCTF_APT_LOCK_TIMEOUT:-120}

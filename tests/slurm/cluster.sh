@@ -26,6 +26,9 @@
 #   HPCTF_SLURM_TIMEOUT    seconds to wait for nodes idle (default 60)
 #   HPCTF_SLURM_FIRST_JOB_ID  first job id (default 1); give clusters that run
 #                          side by side different ones, so TF ports differ
+#   HPCTF_SLURM_ACCOUNTING 1: real accounting (default 0): a private MariaDB on
+#                          127.0.0.1:PORT+300 (data in $DIR/db, gone at stop) and
+#                          slurmdbd on PORT+301, so sacct answers
 #
 # Known Slurm quirks (not worked around here):
 #   * `sbatch --export=NONE` leaks SLURM_EXPORT_ENV=NONE into `srun` inside
@@ -39,8 +42,13 @@
 #   * A requeued job waits 120 s for its BeginTime unless released with
 #     `scontrol update JobId=X StartTime=now`.
 #   * `sbatch --wait` polls slowly; poll `scontrol show job -o ID` instead.
-#   * No accounting: `sacct` does not work; completed jobs stay visible to
-#     `scontrol show job` for MinJobAge seconds.
+#   * Without HPCTF_SLURM_ACCOUNTING=1, no accounting: `sacct` says "accounting
+#     storage is disabled"; completed jobs stay visible to `scontrol show job`
+#     and squeue for MinJobAge seconds, then only to sacct (with accounting).
+#   * slurmdbd has no -f: it reads slurmdbd.conf beside $SLURM_CONF, which must
+#     be mode 0600; slurm.conf's AccountingStoragePass names the munge socket
+#     (the dbd connection ignores AuthInfo's socket). Records reach sacct 1-4 s
+#     after a job ends; `sacct -D` lists a requeued job's earlier runs.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -51,6 +59,7 @@ GPUS=${HPCTF_SLURM_GPUS:-2}
 CTLD_PORT=${HPCTF_SLURM_PORT:-16817}
 TIMEOUT=${HPCTF_SLURM_TIMEOUT:-60}
 FIRST_JOB_ID=${HPCTF_SLURM_FIRST_JOB_ID:-1}
+ACCOUNTING=${HPCTF_SLURM_ACCOUNTING:-0}
 
 ETC=$DIR/etc
 RUN=$DIR/run
@@ -63,11 +72,15 @@ MUNGE_KEY=/etc/munge/munge.key
 # Each cluster has its own munged and socket, so clusters side by side (several developers,
 # or a test run beside another) never stop each other's authentication.
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket
+DB=$DIR/db
+DB_PORT=$((CTLD_PORT + 300))
+DBD_PORT=$((CTLD_PORT + 301))
 
 log() { echo "cluster.sh: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 [[ $DIR == /* && $DIR != / ]] || die "HPCTF_SLURM_DIR must be an absolute path other than /"
+[[ $ACCOUNTING == [01] ]] || die "HPCTF_SLURM_ACCOUNTING must be 0 or 1, got '$ACCOUNTING'"
 for v in NODES CPUS GPUS CTLD_PORT TIMEOUT; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
@@ -225,7 +238,49 @@ ensure_munge() {
     die "munged does not answer (munge -n | unmunge failed)"
 }
 
+# ---------------------------------------------------------------- accounting
+
+# start_accounting: a private MariaDB (a fresh data dir, on 127.0.0.1 only) and
+# slurmdbd on top of it, before slurmctld starts.
+start_accounting() {
+    local i
+    rm -rf "$DB"
+    mkdir -p "$DB"
+    chown mysql:mysql "$DB"
+    mariadb-install-db --user=mysql --datadir="$DB/data" --skip-test-db \
+        --auth-root-authentication-method=socket >"$LOG/mariadb-install.log" 2>&1 ||
+        fail "mariadb-install-db failed (see $LOG/mariadb-install.log)"
+    mariadbd --user=mysql --datadir="$DB/data" --socket="$DB/mysqld.sock" --port="$DB_PORT" \
+        --bind-address=127.0.0.1 --pid-file="$DB/mysqld.pid" --log-error="$LOG/mariadb.log" \
+        --skip-log-bin --innodb-buffer-pool-size=16M </dev/null >/dev/null 2>&1 &
+    for ((i = 0; i < 100; i++)); do
+        mariadb-admin --socket="$DB/mysqld.sock" ping >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    mariadb --socket="$DB/mysqld.sock" -e "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'hpctf';
+        GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" ||
+        fail "MariaDB did not start (see $LOG/mariadb.log)"
+    SLURM_CONF=$CONF slurmdbd || fail "slurmdbd failed to start"
+    for ((i = 0; i < 100; i++)); do
+        if pid_alive "$RUN/slurmdbd.pid" slurmdbd && ss -Htln "sport = :$DBD_PORT" | grep -q .; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    fail "slurmdbd is not listening on port $DBD_PORT"
+}
+
 # ---------------------------------------------------------------- config
+
+accounting_lines() {
+    if ((ACCOUNTING)); then
+        printf '%s\n' AccountingStorageType=accounting_storage/slurmdbd \
+            AccountingStorageHost=localhost "AccountingStoragePort=$DBD_PORT" \
+            "AccountingStoragePass=$MUNGE_SOCKET"
+    else
+        echo AccountingStorageType=accounting_storage/none
+    fi
+}
 
 write_config() { # write_config OUTDIR
     local out=$1 nodes i gres_line="" gpu_files
@@ -251,7 +306,7 @@ MpiDefault=none
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+$(accounting_lines)
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
 # Schedule batch jobs at once instead of batching them up to 3 s (default).
@@ -290,6 +345,29 @@ EOF
         echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=0"
         echo "PartitionName=high Nodes=$nodes MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
     } >"$out/slurm.conf"
+
+    if ((ACCOUNTING)); then
+        (
+            umask 077 # slurmdbd refuses a slurmdbd.conf that others may read
+            cat >"$out/slurmdbd.conf" <<EOF
+# Generated by tests/slurm/cluster.sh -- do not edit.
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=localhost
+DbdPort=$DBD_PORT
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=hpctf
+StorageLoc=slurm_acct_db
+PidFile=$RUN/slurmdbd.pid
+LogFile=$LOG/slurmdbd.log
+DebugLevel=info
+EOF
+        )
+    fi
 
     # Present so slurmd never falls back to anything cgroup-ish; no cgroup
     # plugin is configured (proctrack/pgid, task/none).
@@ -365,6 +443,10 @@ healthy() {
         pid_alive "$RUN/slurmd-$n.pid" slurmd || return 1
     done
     munge_ok || return 1
+    if ((ACCOUNTING)); then
+        pid_alive "$RUN/slurmdbd.pid" slurmdbd || return 1
+        pid_alive "$DB/mysqld.pid" mariadbd || return 1
+    fi
     states=$(timeout 10 sinfo -h -N -p debug -o '%N %T' 2>/dev/null) || return 1
     [[ $(wc -l <<<"$states") -eq $NODES ]] || return 1
     ! grep -Evq ' (idle|mixed|allocated|completing)$' <<<"$states"
@@ -413,14 +495,15 @@ cmd_stop() {
         [[ -e $f ]] && kill_namespace "$f"
     done
     # Controller, and only a munged this script started (pid file in $DIR).
-    kill_pidfiles "$RUN/slurmctld.pid:slurmctld" "$MUNGE_PID:munged"
+    kill_pidfiles "$RUN/slurmctld.pid:slurmctld" "$RUN/slurmdbd.pid:slurmdbd"
+    kill_pidfiles "$DB/mysqld.pid:mariadbd" "$MUNGE_PID:munged"
     # Keep logs for post-mortems; everything else is regenerated by start.
-    rm -rf "$ETC" "$RUN" "$SPOOL" "${DIR:?}/dev" "$MUNGE_DIR"
+    rm -rf "$ETC" "$RUN" "$SPOOL" "${DIR:?}/dev" "$MUNGE_DIR" "$DB"
     log "stopped (logs kept in $LOG)"
 }
 
 cmd_start() {
-    local t0 tmp n i j port python
+    local t0 tmp n i j port python ports
     t0=$(date +%s%N)
     [[ $(id -u) -eq 0 ]] || die "must run as root"
     ensure_packages
@@ -439,8 +522,10 @@ cmd_start() {
     fi
     cmd_stop
 
-    for ((i = 0; i <= NODES; i++)); do
-        port=$((CTLD_PORT + i))
+    ports=()
+    for ((i = 0; i <= NODES; i++)); do ports+=($((CTLD_PORT + i))); done
+    if ((ACCOUNTING)); then ports+=("$DB_PORT" "$DBD_PORT"); fi
+    for port in "${ports[@]}"; do
         if command -v ss >/dev/null && ss -Htln "sport = :$port" 2>/dev/null | grep -q .; then
             die "TCP port $port is already in use (set HPCTF_SLURM_PORT)"
         fi
@@ -452,6 +537,7 @@ cmd_start() {
     write_config "$ETC"
     make_devices
     ensure_munge
+    if ((ACCOUNTING)); then start_accounting; fi
 
     slurmctld -f "$CONF" || fail "slurmctld failed to start"
 
