@@ -421,6 +421,29 @@ def test_status_of_one_run_keeps_its_lines_and_adds_slurm_progress_and_a_sparkli
     ]
 
 
+def test_a_job_slurm_requeued_itself_shows_requeued_not_failed(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    path = new_run(runs_root, fake_slurm)
+    journal(
+        path,
+        {"event": "started", "job_id": "4242", "step": 0},
+        {"event": "signalled", "job_id": "4242", "signal": "TERM"},
+        {"event": "ended", "job_id": "4242", "exit_code": 143, "reason": "node_fail", "step": 100},
+    )
+    fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
+    (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
+    assert (run["state"], run["why"]) == ("requeued", "by Slurm after node_fail")
+    fake_slurm.answer("squeue", squeue_line("4242", "NODE_FAIL"))
+    (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
+    assert (run["state"], run["why"]) == ("failed", "node_fail (exit 143)")
+    # Killed before its batch shell could record the end: still running in the journal.
+    journal(path, {"event": "started", "job_id": "4242", "step": 100})
+    fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
+    (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
+    assert (run["state"], run["why"]) == ("requeued", "by Slurm")
+
+
 def test_status_with_slurm_down_is_one_line_and_the_journals_view(
     runs_root: Path, fake_slurm: FakeSlurm
 ) -> None:
@@ -1012,8 +1035,8 @@ def test_real_logs_follow_a_run_across_a_requeue_until_it_ends(
 def test_real_status_of_a_job_slurmctld_has_forgotten(
     counted_squeue: tuple[dict[str, str], Path],
 ) -> None:
-    """After MinJobAge (120 s on the test cluster) squeue no longer knows the job and, without
-    accounting, sacct knows nothing: status shows the end the run directory recorded."""
+    """After MinJobAge (120 s on the test cluster) squeue no longer knows the job: sacct does
+    (with HPCTF_SLURM_ACCOUNTING=1), else status shows the end the run directory recorded."""
     env, calls = counted_squeue
     job, path = real_submit(env, "train.steps=100")
     assert wait_for_job(job)["JobState"] == "COMPLETED"
@@ -1022,11 +1045,97 @@ def test_real_status_of_a_job_slurmctld_has_forgotten(
     result = hpctf(env, "status", "--json")
     assert result.returncode == 0 and result.stderr == "", result.stderr
     (run,) = json.loads(result.stdout)["runs"]
-    assert run["slurm"] == {"state": "ENDED", "reason": "done", "source": "journal"}
+    if accounting():  # the accounting database still knows it
+        assert run["slurm"] == {"state": "COMPLETED", "reason": "", "source": "sacct"}
+    else:
+        assert run["slurm"] == {"state": "ENDED", "reason": "done", "source": "journal"}
     assert (run["state"], run["step"], run["job"]) == ("done", 100, job)
     assert [line.split()[0] for line in calls.read_text().splitlines()] == ["squeue", "sacct"]
     single = hpctf(env, "status", str(path))
     assert f"job {job}: ENDED exit 0 starts 1 nodes node[1-2]" in single.stdout
+
+
+def accounting() -> bool:
+    """Whether the test cluster keeps accounting (HPCTF_SLURM_ACCOUNTING, cluster.sh)."""
+    return os.environ.get("HPCTF_SLURM_ACCOUNTING", "0") == "1"
+
+
+def status_of(env: dict[str, str], path: Path) -> dict[str, object]:
+    result = hpctf(env, "status", "--json", str(path))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    run: dict[str, object] = json.loads(result.stdout)["runs"][0]
+    return run
+
+
+@pytest.mark.slurm
+@pytest.mark.tf
+def test_real_status_follows_a_run_through_pending_running_a_requeue_and_completion(
+    counted_squeue: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    env, calls = counted_squeue
+    # Both nodes taken: the run waits, PENDING with Slurm's reason.
+    blocker = subprocess.run(
+        [
+            *("sbatch", "--parsable", "-N2", "--ntasks-per-node=2"),
+            *(f"--output={tmp_path}/b.out", "--wrap", "sleep 300"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout.strip()
+    until(lambda: (slurm.job_info(blocker) or {}).get("JobState") == "RUNNING", "blocker")
+    job, path = real_submit(env, "train.steps=3000", "checkpoint.every_steps=100")
+    seen = status_of(env, path)
+    assert seen["state"] == "queued" and seen["job"] == job
+    assert seen["slurm"] == {"state": "PENDING", "reason": "Resources", "source": "squeue"}
+    subprocess.run(["scancel", blocker], env=env, check=True)
+
+    until(lambda: status_of(env, path)["state"] == "running", "the run never started")
+    seen = status_of(env, path)
+    assert seen["slurm"] == {"state": "RUNNING", "reason": "", "source": "squeue"}
+    until(lambda: any((path / "checkpoints").glob("ckpt-*.index")), "no checkpoint")
+
+    # Slurm requeues the job itself (as after a node failure).
+    subprocess.run(["scontrol", "requeue", job], env=env, check=True, capture_output=True)
+    until(
+        lambda: (status_of(env, path)["slurm"] or {}).get("state") == "PENDING",  # type: ignore[attr-defined]
+        "not back in the queue",
+    )
+    seen = status_of(env, path)
+    assert seen["slurm"] == {"state": "PENDING", "reason": "BeginTime", "source": "squeue"}
+    assert seen["state"] == "requeued", seen
+    time.sleep(2)  # not within the second of the requeue ("Job credential revoked")
+    deadline = time.monotonic() + 120
+    while (slurm.job_info(job) or {}).get("JobState") == "PENDING":
+        assert time.monotonic() < deadline, "the requeued job never started again"
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job}", "StartTime=now"],
+            env=env,
+            capture_output=True,
+            check=False,
+        )
+        time.sleep(0.5)
+    assert wait_for_job(job)["JobState"] == "COMPLETED"
+    seen = status_of(env, path)
+    assert seen["slurm"] == {"state": "COMPLETED", "reason": "", "source": "squeue"}
+    assert seen["state"] == "done" and seen["step"] == 3000
+    # The first start: killed by the requeue, or saved first on its SIGTERM (timing decides).
+    reasons = [s["reason"] for s in seen["starts"]]  # type: ignore[attr-defined,index]
+    assert reasons in (["node_fail", "done"], ["preempted", "done"]), reasons
+    calls.unlink()
+    status_of(env, path)
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["squeue"]
+    if accounting():  # sacct -D keeps every run of the job: the requeued one, then the last
+        out = subprocess.run(
+            ["sacct", "-D", "-X", "-n", "-P", f"-j{job}", "--format=JobIDRaw,State"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert out.splitlines() == [f"{job}|REQUEUED", f"{job}|COMPLETED"], out
 
 
 def test_job_record_final() -> None:

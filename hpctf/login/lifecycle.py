@@ -40,6 +40,8 @@ from hpctf.core.slurm import JobRecord, SlurmFailure
 RECENT_DAYS = 7
 FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running", "requeued"})
+# Slurm's states of a job back in the queue after a requeue.
+REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 # The first line every worker writes at each start (hpctf.compute.runtime.run_worker).
 WORKER_HEADER = re.compile(
     rb"^\d\d:\d\d:\d\d rank \d+: host \S+ pid \d+ \(SLURMD_NODENAME [^)]*\) SLURM_PROCID "
@@ -360,15 +362,24 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
     """Everything `hpctf status` says of one run, as one JSON-ready mapping."""
     records = metric_records(run.run.metrics, None if full else METRICS_TAIL_BYTES)
     budgets = run.config.site.preemption
+    current = slurm_state(run, run.job, view)
+    state, why = run.state.state, run.state.why
+    last = run.state.last
+    if state in ("failed", "running") and current and current["state"] in REQUEUED_STATES:
+        # Slurm requeues a job itself after a node failure (or scontrol requeue): the journal
+        # says the start failed, or (its batch shell killed first) is still running, while
+        # the job is back in the queue; its next start records itself.
+        after = f" after {last.reason}" if last and last.reason else ""
+        state, why = "requeued", f"by Slurm{after}"
     document: dict[str, Any] = {
         "run": run.name,
         "path": str(run.run.path),
         "site": run.config.site.name,
         "scheduler": run.config.site.scheduler,
         "job": run.job,
-        "slurm": slurm_state(run, run.job, view),
-        "state": run.state.state,
-        "why": run.state.why,
+        "slurm": current,
+        "state": state,
+        "why": why,
         "requeues": {
             "preemption": [run.state.preemption_requeues, budgets.max_requeues],
             "failure": [run.state.failure_requeues, budgets.max_failure_requeues],
@@ -470,9 +481,9 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     start."""
     lines = []
     pre, fail = document["requeues"]["preemption"], document["requeues"]["failure"]
-    why = f" ({run.state.why})" if run.state.why else ""
+    why = f" ({document['why']})" if document["why"] else ""
     lines.append(
-        f"run: {run.state.state}{why}; requeues after preemption {pre[0]}/{pre[1]}, "
+        f"run: {document['state']}{why}; requeues after preemption {pre[0]}/{pre[1]}, "
         f"after failures {fail[0]}/{fail[1]}"
     )
     lines.extend(f"code: {source.describe()}" for source in snapshot.read(run.run.path))
