@@ -805,6 +805,15 @@ def test_cancel_records_the_end_status_shows_it_and_resubmit_still_works(
     status = CliRunner().invoke(cli, ["status", str(path)])
     assert status.stdout.startswith("run: cancelled (cancelled by the user)")
     assert "job 4242: ENDED (cancelled) starts 1" in status.stdout
+    assert "start 1: job 4242 from step 0: not ended\n" in status.stdout  # nobody knows more
+    fake_slurm.answer("squeue", squeue_line("4242", "CANCELLED"))
+    status = CliRunner().invoke(cli, ["status", str(path)])
+    assert "job 4242: CANCELLED starts 1" in status.stdout
+    assert (
+        "start 1: job 4242 from step 0: ended without a record of its own (Slurm: CANCELLED)\n"
+        in status.stdout
+    )
+    fake_slurm.answer("squeue", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
     listed = CliRunner().invoke(cli, ["status"])
     row = table(listed.stdout)[path.name]
     assert (row["SLURM"], row["STATE"]) == ("ENDED (cancelled)", "cancelled")

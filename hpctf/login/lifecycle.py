@@ -517,8 +517,12 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
             f"job {job['job']}: {text}{exit_text} starts {job['starts']} "
             f"nodes {job['nodes'] or '-'}"
         )
+    jobs = {job["job"]: job["slurm"] for job in document["jobs"]}
     for number, start in enumerate(run.state.starts, 1):
-        lines.append(f"start {number}: job {start.job_id} from step {start.step}: {_end(start)}")
+        lines.append(
+            f"start {number}: job {start.job_id} from step {start.step}: "
+            f"{_end(start, jobs.get(start.job_id))}"
+        )
     lines.append(f"last logged step: {document['step'] if document['step'] is not None else '-'}")
     done = run.run.done.read_text().strip() if run.run.done.exists() else "no"
     lines.append(f"done: {done}")
@@ -529,8 +533,11 @@ def _final(state: Mapping[str, str]) -> bool:
     return state["state"] in slurm.FINAL_STATES
 
 
-def _end(start: Start) -> str:
+def _end(start: Start, job: Mapping[str, str] | None) -> str:
     if not start.reason:
+        # Its batch shell was killed before it could record the end (scancel, KillWait).
+        if job is not None and job["source"] != "journal" and _final(job):
+            return f"ended without a record of its own (Slurm: {job['state']})"
         return "not ended"
     return f"{start.reason} at step {start.end_step} (exit {start.exit_code})"
 
