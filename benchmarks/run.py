@@ -91,9 +91,9 @@ FULL = Sizes(
     resolver_repeat=50,
     runtime_steps=3000,
     runtime_log_every=250,
-    runtime_rounds=3,
+    runtime_rounds=4,
     preempt_after=200,
-    restart_rounds=3,
+    restart_rounds=4,
     stall_steps=2000,
     stall_log_every=50,
     stall_every=100,
@@ -126,6 +126,13 @@ TINY = Sizes(
     soak_steps=2000,
     gpu_rounds=1,
     gpu_steps=100,
+)
+# What rank 0's log says when each phase of a start is over (hpctf/compute/runtime.py, session.py).
+PHASES = (
+    ("worker_up", re.compile(r"rank 0: host .* pid \d+")),  # Python, hpctf, the cluster spec
+    ("tensorflow_imported", re.compile(r"rank 0: joining \d+ worker")),
+    ("strategy", re.compile(r"rank 0: \d+ replicas, ")),  # every worker joined
+    ("restored", re.compile(r"rank 0: (resumed from |no checkpoint in )")),
 )
 WARMUP_WINDOWS = 2  # logged windows left out at the start of each run (tracing, warm caches)
 
@@ -538,7 +545,7 @@ class Bench:
             if any(p.poll() is not None for p in procs):
                 raise BenchError(f"a worker ended before the signal:\n{tail(logs[0])}")
             at_signal = trained()
-            sent = time.perf_counter()
+            sent, sent_wall = time.perf_counter(), time.time()
             os.kill(procs[1].pid, signum)
 
             def all_exited() -> bool:
@@ -564,6 +571,8 @@ class Bench:
                 f"{texts[0][-2000:]}\n{texts[1][-2000:]}"
             )
         last = max(step for step, _ in windows(metrics(run_dir)))
+        # The chief's checkpoint is complete when TF replaces the ``checkpoint`` state file.
+        state = run_dir / "checkpoints" / "checkpoint"
         result = {
             "signalled_rank": 1,
             "step_at_signal": at_signal,
@@ -572,18 +581,29 @@ class Bench:
             "last_step_trained": last,
             "steps_lost": max(0, last - saved[0]),
             "signal_to_exit_s": round(max(e for e in exited if e is not None), 3),
+            "signal_to_checkpoint_s": round(state.stat().st_mtime - sent_wall, 3),
+            "signal_to_exit_s_per_rank": [round(e or 0.0, 3) for e in exited],
             "exit_codes": codes,
         }
         return result, run_dir
 
     def _first_step(
         self, argv: list[str], runs: Path, run_dir: Path | None, step: int, log: Path
-    ) -> float:
+    ) -> dict[str, float]:
         """Seconds from starting ``argv`` (submit or resubmit) until ``step`` is in the run's
-        metrics.jsonl; then the launcher is stopped (it kills its workers)."""
-        offset = 0
-        if run_dir is not None and (run_dir / "metrics.jsonl").exists():
-            offset = (run_dir / "metrics.jsonl").stat().st_size
+        metrics.jsonl, and until each phase showed in rank 0's log; then the launcher is
+        stopped (it kills its workers, as srun would)."""
+
+        def size(path: Path) -> int:
+            return path.stat().st_size if path.exists() else 0
+
+        offsets = {"metrics": 0, "log": 0}
+        if run_dir is not None:
+            offsets = {
+                "metrics": size(run_dir / "metrics.jsonl"),
+                "log": size(run_dir / "logs" / "rank-0.log"),
+            }
+        phases: dict[str, float] = {}
         started = time.perf_counter()
         proc = subprocess.Popen(
             argv,
@@ -593,59 +613,87 @@ class Bench:
             start_new_session=True,
         )
 
+        def new_text(path: Path, offset: int) -> str:
+            if not path.exists():
+                return ""
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                return handle.read().decode(errors="replace")
+
         def reached() -> bool:
             nonlocal run_dir
             if proc.poll() is not None:
                 raise BenchError(f"{' '.join(argv)} ended (exit {proc.returncode}):\n{tail(log)}")
             if run_dir is None:
-                found = [p for p in runs.iterdir()] if runs.exists() else []
+                found = list(runs.iterdir()) if runs.exists() else []
                 if not found:
                     return False
                 run_dir = found[0]
-            path = run_dir / "metrics.jsonl"
-            if not path.exists():
-                return False
-            with path.open("rb") as handle:
-                handle.seek(offset)
-                text = handle.read().decode(errors="replace")
-            return any(f'"step": {step},' in line for line in text.splitlines())
+            now = time.perf_counter() - started
+            text = new_text(run_dir / "logs" / "rank-0.log", offsets["log"])
+            for phase, marker in PHASES:
+                if phase not in phases and marker.search(text):
+                    phases[phase] = round(now, 3)
+            metrics_text = new_text(run_dir / "metrics.jsonl", offsets["metrics"])
+            if f'"step": {step},' in metrics_text:
+                phases["first_step"] = round(now, 3)
+                return True
+            return False
 
         try:
             wait_until(reached, 300, f"step {step} of {' '.join(argv[-3:])}")
-            elapsed = time.perf_counter() - started
         finally:
-            stop(proc, signal.SIGTERM)  # the launcher SIGKILLs its workers, as srun would
-        return elapsed
+            stop(proc, signal.SIGTERM)
+        return phases
 
     def _restart(self, work: Path, run_dir: Path, sets: list[str]) -> dict[str, Any]:
         saved = max(
             int(p.name.split("-")[1].split(".")[0])
             for p in (run_dir / "checkpoints").glob("ckpt-*.index")
         )
-        restart: list[float] = []
-        cold: list[float] = []
+        runs: dict[str, list[dict[str, float]]] = {"restart": [], "cold": []}
         for index in range(self.sizes.restart_rounds):
             order = ("restart", "cold") if index % 2 == 0 else ("cold", "restart")
             for side in order:
                 if side == "restart":
                     argv = [*self.hpctf, "resubmit", str(run_dir)]
-                    seconds = self._first_step(
+                    phases = self._first_step(
                         argv, run_dir.parent, run_dir, saved + 1, work / f"restart-{index}.log"
                     )
-                    restart.append(round(seconds, 3))
                 else:
-                    runs = work / f"runs-cold-{index}"
+                    cold_runs = work / f"runs-cold-{index}"
                     argv = [*self.hpctf, "submit", str(DIGITS), "--site", "local"]
                     argv += [arg for setting in sets for arg in ("--set", setting)]
-                    seconds = self._first_step(argv, runs, None, 1, work / f"cold-{index}.log")
-                    cold.append(round(seconds, 3))
-                say(f"restart: round {index + 1}: {side} {seconds:.1f} s to its first step")
+                    phases = self._first_step(argv, cold_runs, None, 1, work / f"cold-{index}.log")
+                runs[side].append(phases)
+                say(
+                    f"restart: round {index + 1}: {side} {phases['first_step']:.1f} s to its "
+                    f"first step ({', '.join(f'{k} {v:.1f}' for k, v in phases.items())})"
+                )
         resumed = "resumed from" in (run_dir / "logs" / "rank-0.log").read_text(errors="replace")
-        ratio = median(restart) / median(cold)
+        restart = median([p["first_step"] for p in runs["restart"]])
+        cold = median([p["first_step"] for p in runs["cold"]])
+        ratio = restart / cold
+
+        def phase_medians(side: str) -> dict[str, float]:
+            """Median seconds spent in each phase (from the end of the one before)."""
+            result, before = {}, "launch"
+            names = [name for name, _ in PHASES] + ["first_step"]
+            for name in names:
+                spans = [
+                    p[name] - (p[before] if before != "launch" else 0.0)
+                    for p in runs[side]
+                    if name in p and (before == "launch" or before in p)
+                ]
+                if spans:
+                    result[f"{before}->{name}"] = round(median(spans), 3)
+                before = name
+            return result
+
         self.row(
             benchmark=f"restart: `hpctf resubmit` to the first resumed step (from step {saved})",
-            hpctf=f"{median(restart):.1f} s",
-            baseline=f"{median(cold):.1f} s (cold start of the same job to step 1)",
+            hpctf=f"{restart:.1f} s",
+            baseline=f"{cold:.1f} s (cold start of the same job to step 1)",
             result=f"{ratio:.3f}",
             goal="<= 1.15",
             met=ratio <= 1.15 and resumed,
@@ -653,11 +701,15 @@ class Bench:
         return {
             "resumed_from_step": saved,
             "resumed_message_in_log": resumed,
-            "restart_s": restart,
-            "cold_start_s": cold,
-            "restart_median_s": round(median(restart), 3),
-            "cold_start_median_s": round(median(cold), 3),
+            "restart_s": [p["first_step"] for p in runs["restart"]],
+            "cold_start_s": [p["first_step"] for p in runs["cold"]],
+            "restart_median_s": round(restart, 3),
+            "cold_start_median_s": round(cold, 3),
             "ratio": round(ratio, 4),
+            "restart_phases_s": phase_medians("restart"),
+            "cold_start_phases_s": phase_medians("cold"),
+            "restart_runs": runs["restart"],
+            "cold_start_runs": runs["cold"],
             "goal_ratio_max": 1.15,
             "met": ratio <= 1.15 and resumed,
         }

@@ -6,6 +6,7 @@ time is asserted here, only that each section measured something and reported it
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -69,9 +70,16 @@ def test_every_benchmark_runs_at_tiny_size(tmp_path: Path) -> None:
     for signalled in preemption["signals"].values():
         assert signalled["exit_codes"] == [75, 75] and signalled["steps_lost"] >= 0
         assert positive(signalled["signal_to_exit_s"], signalled["saved_step"])
+        assert positive(
+            signalled["signal_to_checkpoint_s"], *signalled["signal_to_exit_s_per_rank"]
+        )
     restart = preemption["restart"]
     assert restart["resumed_message_in_log"] is True
     assert positive(restart["restart_median_s"], restart["cold_start_median_s"], restart["ratio"])
+    phases = ["launch", "worker_up", "tensorflow_imported", "strategy", "restored", "first_step"]
+    spans = [f"{a}->{b}" for a, b in itertools.pairwise(phases)]
+    for side in ("restart_phases_s", "cold_start_phases_s"):  # rank 0's log still says each
+        assert list(restart[side]) == spans, restart[side]
 
     for model in ("digits", "dense"):
         stall = sections["stall"][model]
