@@ -492,7 +492,9 @@ class Bench:
             say(f"preemption: {signum.name}: saved step {result['saved_step']}, {lost} lost")
             self.row(
                 benchmark=f"preemption: {signum.name} to rank 1 of 2",
-                hpctf=f"{lost} steps lost, all ranks exit in {seconds:.1f} s",
+                hpctf=f"{lost} steps lost; checkpoint complete "
+                f"{result['signal_to_checkpoint_s']:.2f} s and all ranks exited {seconds:.1f} s "
+                "after the signal",
                 baseline=f"saved step {result['saved_step']} (signal at step "
                 f"{result['step_at_signal']})",
                 result=f"{lost} lost",
@@ -1119,6 +1121,8 @@ def main(argv: list[str] | None = None) -> int:
             results["seconds"][name] = round(time.perf_counter() - began, 1)
             args.json.write_text(json.dumps(results, indent=2) + "\n")  # keep what finished
     results["seconds"]["total"] = round(time.perf_counter() - started, 1)
+    with contextlib.suppress(OSError):
+        results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     rows = sorted(bench.rows, key=lambda row: known.index(row["section"]))  # stable
     results["table"] = rows
     args.json.write_text(json.dumps(results, indent=2) + "\n")
