@@ -1096,6 +1096,12 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
     ).stdout.strip()
     until(lambda: (slurm.job_info(blocker) or {}).get("JobState") == "RUNNING", "blocker")
     job, path = real_submit(env, "train.steps=3000", "checkpoint.every_steps=100")
+    # Right after sbatch the reason is None until the scheduler has looked at the job.
+    until(
+        lambda: (status_of(env, path)["slurm"] or {}).get("reason") == "Resources",  # type: ignore[attr-defined]
+        "the run never showed PENDING (Resources)",
+        timeout=30,
+    )
     seen = status_of(env, path)
     assert seen["state"] == "queued" and seen["job"] == job
     assert seen["slurm"] == {"state": "PENDING", "reason": "Resources", "source": "squeue"}
