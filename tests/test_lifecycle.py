@@ -471,7 +471,16 @@ def test_status_with_slurm_down_is_one_line_and_the_journals_view(
     assert len(fake_slurm.calls("squeue")) == 3 and len(fake_slurm.calls("sacct")) == 3
     single = CliRunner().invoke(cli, ["status", str(path)])
     assert single.exit_code == 0 and "job 4242: ENDED exit 0 starts 1" in single.stdout
-    # A run still running, and Slurm does not answer: said so, not guessed.
+    # A run requeued after its end, or running again, and Slurm does not answer: said so.
+    again = new_run(runs_root, fake_slurm)
+    journal(
+        again,
+        {"event": "started", "job_id": "4242", "step": 0},
+        {"event": "ended", "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 300},
+        {"event": "requeued", "job_id": "4242"},
+    )
+    single = CliRunner().invoke(cli, ["status", str(again)])
+    assert "slurm: job 4242 UNKNOWN (Slurm did not answer)" in single.stdout
     journal(
         path,
         {"event": "requeued", "job_id": "4242"},

@@ -74,17 +74,18 @@ def runs_root_for(root: Path | None, site_name: str | None, env: Mapping[str, st
     """Where runs live, without RUN arguments (see the module docstring for the order)."""
     if root is not None:
         return root
-    if env.get("HPCTF_RUNS_ROOT"):
-        return Path(env["HPCTF_RUNS_ROOT"])
     from hpctf.login.resolve import expand_path
     from hpctf.login.sites import load_named_site
 
-    name = site_name or env.get("HPCTF_SITE") or "local"
-    site = load_named_site(name, env)
+    if env.get("HPCTF_RUNS_ROOT"):
+        where, value = "HPCTF_RUNS_ROOT", env["HPCTF_RUNS_ROOT"]
+    else:
+        name = site_name or env.get("HPCTF_SITE") or "local"
+        where, value = f"site {name}: runs_root", load_named_site(name, env).runs_root
     try:
-        return Path(expand_path(site.runs_root, env))
+        return Path(expand_path(value, env))  # as at submit: ~ and $VARS
     except ValueError as exc:
-        raise UserError(f"site {name}: runs_root: {exc}") from None
+        raise UserError(f"{where}: {exc}") from None
 
 
 @dataclass
@@ -98,9 +99,11 @@ class Run:
 
     @classmethod
     def read(cls, path: Path) -> Run:
-        run = RunDir.open(path)
+        """The run at ``path``, or a UserError saying it is not one."""
+        run = RunDir(path.resolve())
+        config = run.load_config()
         events = run.events()
-        return cls(run, run.load_config(), events, run_state(events))
+        return cls(run, config, events, run_state(events))
 
     @property
     def name(self) -> str:
@@ -214,7 +217,8 @@ def slurm_state(run: Run, job_id: str | None, view: SlurmView) -> dict[str, str]
     if record is not None:
         return {"state": record.state, "reason": record.reason, "source": record.source}
     starts = [s for s in run.state.starts if s.job_id == job_id]
-    if starts and starts[-1].reason is not None:
+    requeued = job_id == run.job and run.state.state in ACTIVE_RUN_STATES  # not over yet
+    if starts and starts[-1].reason is not None and not requeued:
         return {"state": "ENDED", "reason": starts[-1].reason, "source": "journal"}
     if _cancelled(run.events, job_id):
         return {"state": "ENDED", "reason": "cancelled", "source": "journal"}
