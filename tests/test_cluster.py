@@ -37,7 +37,7 @@ from hpctf.compute.runtime import (
 )
 from hpctf.core.errors import UserError
 from hpctf.core.hostnames import check_hostname_template
-from hpctf.login.sites import read_site_file
+from hpctf.core.sites import read_site_file
 from tests.conftest import write
 
 PORTS = (20000, 30000)

@@ -30,6 +30,7 @@ from hpctf.compute.preflight import (
 )
 from hpctf.core import slurm
 from hpctf.core.errors import UserError
+from hpctf.core.sites import load_named_site
 from hpctf.login.doctor import (
     doctor_config,
     evaluate,
@@ -41,7 +42,6 @@ from hpctf.login.doctor import (
 )
 from hpctf.login.loader import load_config
 from hpctf.login.render import render
-from hpctf.login.sites import load_named_site
 from tests.conftest import DIGITS, HPCTF, require_tool, write
 
 # --- the checks a task judges itself -----------------------------------------------------------

@@ -14,7 +14,7 @@ import click
 from hpctf.core.config import Site
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import RunDir
-from hpctf.login.sites import load_named_site
+from hpctf.core.sites import load_named_site
 
 
 @click.command(hidden=True)

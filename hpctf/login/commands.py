@@ -27,13 +27,13 @@ from hpctf.core.rundir import (
     with_snapshot,
     write_atomic,
 )
+from hpctf.core.sites import describe_site, listing, read_site, search_path
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login import scaffold
 from hpctf.login.doctor import doctor
 from hpctf.login.loader import load_config
 from hpctf.login.render import explain as explain_script
 from hpctf.login.render import render
-from hpctf.login.sites import describe_site, listing, read_site, search_path
 
 # A Slurm node list as scontrol writes one: names, ranges in brackets, commas.
 _NODELIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*")

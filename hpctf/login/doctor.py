@@ -42,11 +42,11 @@ from hpctf.core import sbatch_options, slurm
 from hpctf.core.config import Experiment, ResolvedConfig, Resources, Site, Train
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import write_atomic
+from hpctf.core.sites import read_site
 from hpctf.core.sources import Origin
 from hpctf.login.local import task_environment
 from hpctf.login.render import ENVIRONMENT, ShellCode
 from hpctf.login.resolve import ConfigProblems, resolve
-from hpctf.login.sites import read_site
 
 TEMPLATE = "doctor.sh.j2"
 SEVERITY = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}

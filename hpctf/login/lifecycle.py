@@ -74,8 +74,8 @@ def runs_root_for(root: Path | None, site_name: str | None, env: Mapping[str, st
     """Where runs live, without RUN arguments (see the module docstring for the order)."""
     if root is not None:
         return root
+    from hpctf.core.sites import load_named_site
     from hpctf.login.resolve import expand_path
-    from hpctf.login.sites import load_named_site
 
     if env.get("HPCTF_RUNS_ROOT"):
         where, value = "HPCTF_RUNS_ROOT", env["HPCTF_RUNS_ROOT"]
