@@ -1074,7 +1074,7 @@ def test_real_logs_follow_a_run_across_a_requeue_until_it_ends(
 def test_real_status_of_a_job_slurmctld_has_forgotten(
     counted_squeue: tuple[dict[str, str], Path],
 ) -> None:
-    """After MinJobAge (120 s on the test cluster) squeue no longer knows the job: sacct does
+    """After MinJobAge (30 s on the test cluster) squeue no longer knows the job: sacct does
     (with HPCTF_SLURM_ACCOUNTING=1), else status shows the end the run directory recorded."""
     env, calls = counted_squeue
     job, path = real_submit(env, "train.steps=100")

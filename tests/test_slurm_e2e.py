@@ -27,6 +27,9 @@ from tests.conftest import (
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
+# Steps of the runs that are interrupted: long enough to interrupt after a checkpoint, short
+# enough to finish soon after the resume.
+LONG = 1500
 
 
 def submit(env: dict[str, str], *args: str) -> tuple[str, Path]:
@@ -114,7 +117,7 @@ def test_script_from_render_o_trains_when_sbatched_by_hand(
 def long_run(
     env: dict[str, str], every_steps: int, wait_for_checkpoint: bool = True
 ) -> tuple[str, Path, float]:
-    """Submit 3,000 digits steps with a checkpoint every ``every_steps``; return the job id,
+    """Submit LONG digits steps with a checkpoint every ``every_steps``; return the job id,
     the run directory and a deadline, once the first checkpoint exists."""
     job_id, run_dir = submit(
         env,
@@ -122,7 +125,7 @@ def long_run(
         "--site",
         "local-slurm",
         "--set",
-        "train.steps=3000",
+        f"train.steps={LONG}",
         "--set",
         f"checkpoint.every_steps={every_steps}",
     )
@@ -142,7 +145,7 @@ def test_second_job_resumes_from_latest_checkpoint(
     assert wait_for_job(job_id)["JobState"] == "CANCELLED"
     assert not (run_dir / "DONE").exists()
     saved = checkpoint_steps(run_dir)[-1]
-    assert 0 < saved < 3000
+    assert 0 < saved < LONG
 
     proc = subprocess.run(
         [*HPCTF, "resubmit", str(run_dir)], env=env, capture_output=True, text=True, check=True
@@ -153,7 +156,7 @@ def test_second_job_resumes_from_latest_checkpoint(
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     rank0 = (run_dir / "logs" / "rank-0.log").read_text()
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in rank0
-    assert json.loads((run_dir / "DONE").read_text())["step"] == 3000
+    assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
 
 
 def job_state(job_id: str) -> str | None:
@@ -232,7 +235,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         "--site",
         "local-slurm",
         "--set",
-        "train.steps=3000",
+        f"train.steps={LONG}",
         "--set",
         "checkpoint.every_steps=1000",
     )
@@ -254,9 +257,9 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
 
     log = rank0.read_text()
     saved = int(log.split("preempted: saved step ")[1].split(";")[0])
-    assert 100 <= saved < 3000
+    assert 100 <= saved < LONG
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
-    assert json.loads((run_dir / "DONE").read_text())["step"] == 3000
+    assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
     # scontrol requeue signals the batch shell too: its trap records that, after the requeue.
     events = [e for e in _events(run_dir) if e["event"] != "signalled"]
     assert [e["event"] for e in events] == [
@@ -378,7 +381,7 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
         "--site",
         "local-slurm",
         "--set",
-        "train.steps=3000",
+        f"train.steps={LONG}",
         "--set",
         "checkpoint.every_steps=100",
     )
@@ -402,7 +405,7 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     assert saved >= 100
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
-    assert json.loads((run_dir / "DONE").read_text())["step"] == 3000
+    assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
     report_fault("test_a_killed_rank_after_a_checkpoint_requeues_and_resumes", run_dir)
 
 
@@ -425,7 +428,7 @@ def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
     # scontrol requeue signals the ranks too: they saved an agreed step, nothing was lost.
     assert status.stdout.startswith("run: done; requeues after preemption 1/20, after failures 0/3")
     assert "start 1: job" in status.stdout and ": preempted at step" in status.stdout
-    assert "start 2: job" in status.stdout and ": done at step 3000 (exit 0)" in status.stdout
+    assert "start 2: job" in status.stdout and f": done at step {LONG} (exit 0)" in status.stdout
     report_fault(
         "test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint", run_dir
     )

@@ -319,7 +319,8 @@ SlurmdParameters=config_overrides
 PropagateResourceLimits=NONE
 ReturnToService=2
 KillWait=5
-MinJobAge=120
+# Short, so a test can see a job forgotten by slurmctld (squeue, scontrol) in a minute.
+MinJobAge=30
 FirstJobId=$FIRST_JOB_ID
 InactiveLimit=0
 SlurmctldTimeout=30
