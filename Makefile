@@ -35,7 +35,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # hpctf's benchmarks (benchmarks/README.md): a table on stdout and hpctf-benchmarks.json.
-# The full run takes about 40 minutes on 2 cores (half of it a 100,000-step soak);
+# The full run took 28-36 minutes on 2 cores (16 of them a 100,000-step soak);
 # `make bench BENCH_ARGS=--tiny` is the CI size (2-3 minutes).
 .PHONY: bench
 bench: $(BIN)/.installed
