@@ -5,8 +5,9 @@ where errors are turned into what the user sees, by whose fault they are:
 - EnvironmentProblem (Slurm down or slow, a full disk): ``Error: <what failed>``, exit 3;
 - anything else is hpctf's bug: the traceback and a line asking to report it, exit 70.
 
-Login-node commands live in :mod:`hpctf.login.commands` and :mod:`hpctf.login.lifecycle`
-(after submit: status, runs, logs, cancel, plot), the batch script's hooks in
+Login-node commands live in :mod:`hpctf.login.commands` (init to resubmit) and, after submit,
+in :mod:`~hpctf.login.status` (status, runs), :mod:`~hpctf.login.logs`,
+:mod:`~hpctf.login.cancel` and :mod:`~hpctf.login.plot`; the batch script's hooks in
 :mod:`hpctf.login.batch`, the compute-node ones in :mod:`hpctf.compute.commands`.
 """
 
@@ -20,7 +21,7 @@ import click
 
 from hpctf.compute import commands as compute_commands
 from hpctf.core.errors import BUG_EXIT, EnvironmentProblem, UserError
-from hpctf.login import batch, lifecycle
+from hpctf.login import batch, cancel, logs, plot, status
 from hpctf.login import commands as login_commands
 
 
@@ -52,7 +53,10 @@ def cli() -> None:
 
 for _command in (
     *login_commands.COMMANDS,
-    *lifecycle.COMMANDS,
+    *status.COMMANDS,
+    logs.logs,
+    cancel.cancel,
+    plot.plot,
     *batch.COMMANDS,
     *compute_commands.COMMANDS,
 ):

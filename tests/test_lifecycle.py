@@ -23,7 +23,9 @@ from hpctf.cli import cli
 from hpctf.core import slurm
 from hpctf.core.rundir import RunDir
 from hpctf.core.slurm import JobRecord, SlurmError
-from hpctf.login import lifecycle
+from hpctf.login import progress
+from hpctf.login.runs import epoch_seconds
+from hpctf.login.status import TABLE_COLUMNS
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 
 # --- fake Slurm commands ---------------------------------------------------------------------
@@ -285,15 +287,15 @@ def test_a_query_that_runs_out_of_time_is_not_tried_again(
     [(None, "-"), (0, "0:00"), (65, "1:05"), (3725, "1:02:05"), (90061, "1d01:01:01")],
 )
 def test_duration(seconds: float | None, text: str) -> None:
-    assert lifecycle.duration(seconds) == text
+    assert progress.duration(seconds) == text
 
 
 def test_sparkline_shows_a_falling_loss_on_a_log_scale() -> None:
-    line = lifecycle.sparkline([10.0, 1.0, 0.1, 0.01], width=40)
+    line = progress.sparkline([10.0, 1.0, 0.1, 0.01], width=40)
     assert line == "█▆▃▁"
-    assert len(lifecycle.sparkline([float(i) for i in range(1000)], width=40)) == 40
-    assert lifecycle.sparkline([]) == "" and lifecycle.sparkline([1.0]) == "▁"
-    assert lifecycle.sparkline([-1.0, 0.0, 1.0]) == "▁▅█"  # not all positive: linear
+    assert len(progress.sparkline([float(i) for i in range(1000)], width=40)) == 40
+    assert progress.sparkline([]) == "" and progress.sparkline([1.0]) == "▁"
+    assert progress.sparkline([-1.0, 0.0, 1.0]) == "▁▅█"  # not all positive: linear
 
 
 def test_elapsed_counts_time_inside_starts_only() -> None:
@@ -307,9 +309,9 @@ def test_elapsed_counts_time_inside_starts_only() -> None:
         {"event": "signalled", "time": t.format(45)},  # killed: no end of its own
         {"event": "started", "time": t.format(50)},
     ]
-    now = lifecycle._epoch(t.format(59))
-    assert lifecycle.elapsed_seconds(events, running=True, now=now) == 10 + 5 + 9
-    assert lifecycle.elapsed_seconds(events[:3], running=False, now=now) == 10
+    now = epoch_seconds(t.format(59))
+    assert progress.elapsed_seconds(events, running=True, now=now) == 10 + 5 + 9
+    assert progress.elapsed_seconds(events[:3], running=False, now=now) == 10
 
 
 # --- status ------------------------------------------------------------------------------------
@@ -352,7 +354,7 @@ def test_status_over_50_runs_makes_one_squeue_and_one_sacct_call(
     (sacct_call,) = fake_slurm.calls("sacct")  # only the jobs squeue no longer knows
     assert "5001" not in sacct_call and "5003" in sacct_call
     rows = table(result.stdout)
-    assert list(rows["copy-000"]) == list(lifecycle.TABLE_COLUMNS)
+    assert list(rows["copy-000"]) == list(TABLE_COLUMNS)
     seen = {name: (row["JOB"], row["SLURM"], row["STATE"]) for name, row in rows.items()}
     assert seen["copy-000"] == ("5000", "PENDING (Resources)", "queued")
     assert seen["copy-001"] == ("5001", "RUNNING", "running")

@@ -1,5 +1,5 @@
 """The login-node commands: validate, render, submit, schema, sites, init, resubmit (status,
-runs, logs, cancel and plot are in :mod:`hpctf.login.lifecycle`). None of them imports
+runs, logs, cancel and plot are in the modules of those names). None of them imports
 TensorFlow; each raises UserError or EnvironmentProblem and leaves the reporting to the CLI edge
 (:mod:`hpctf.cli`)."""
 

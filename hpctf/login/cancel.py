@@ -1,0 +1,36 @@
+"""``hpctf cancel``: the run's open jobs cancelled, and the cancel recorded in its journal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from hpctf.core import slurm
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import job_history
+from hpctf.login.runs import Run
+from hpctf.login.slurm_view import cancelled_by_user
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def cancel(run_dir: Path) -> None:
+    """Cancel the job of RUN_DIR that has not ended, and record that the user cancelled it:
+    the run ends `cancelled` (it is not requeued); `hpctf resubmit` starts it again."""
+    run = Run.read(run_dir)
+    if not run.slurm:
+        raise UserError(f"{run.run.path} runs on a local site: stop its launcher (Ctrl-C) instead")
+    open_jobs = [
+        job["job_id"]
+        for job in job_history(run.events)
+        if "ended" not in job and not cancelled_by_user(run.events, job["job_id"])
+    ]
+    if not open_jobs:
+        click.echo(
+            f"nothing to cancel: no job of {run.run.path} is open (the run is {run.state.state})"
+        )
+        return
+    slurm.cancel(open_jobs)  # scancel of a job that has just ended succeeds too
+    run.run.record("cancelled", jobs=open_jobs)
+    click.echo(f"cancelled: {' '.join(open_jobs)}")

@@ -1,0 +1,159 @@
+"""``hpctf logs``: one rank's log across every start of a run, a separator where each start
+begins; ``-f`` follows the live job, and the next one after a requeue, until the run ends.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import RunDir
+from hpctf.login.runs import FINAL_RUN_STATES, Run
+from hpctf.login.slurm_view import slurm_records
+
+# The first line every worker writes at each start (hpctf.compute.runtime.run_worker).
+WORKER_HEADER = re.compile(
+    rb"^\d\d:\d\d:\d\d rank \d+: host \S+ pid \d+ \(SLURMD_NODENAME [^)]*\) SLURM_PROCID "
+)
+
+
+def worker_starts(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, Any]]]:
+    """The ``started`` records (numbered from 1) whose start ran the worker: not those that
+    ``job-start`` stopped at once (a ``gave_up`` of the same job right after)."""
+    found: list[tuple[int, Mapping[str, Any]]] = []
+    number = 0
+    for i, event in enumerate(events):
+        if event.get("event") != "started":
+            continue
+        number += 1
+        after = events[i + 1] if i + 1 < len(events) else {}
+        if after.get("event") == "gave_up" and after.get("job_id") == event.get("job_id"):
+            continue
+        found.append((number, event))
+    return found
+
+
+def separator(number: int, started: Mapping[str, Any], rank: int) -> str:
+    return (
+        f"===== start {number}: job {started.get('job_id')}, rank {rank}, started "
+        f"{started.get('time')}, from step {started.get('step', 0)} =====\n"
+    )
+
+
+class LogReader:
+    """One rank's log across every start of its run, with a separator where each start
+    begins (at the worker's first line), optionally only one job's part."""
+
+    def __init__(self, run: RunDir, rank: int, job: str | None) -> None:
+        self.run = run
+        self.rank = rank
+        self.job = job
+        self.position = 0
+        self.headers = 0
+        self.showing = job is None  # before the first start's line: everything, unless --job
+        self.pending = b""
+
+    def read(self, events: Sequence[Mapping[str, Any]], final: bool = False) -> Iterator[str]:
+        """The text the log gained since the last call, separators included. Call with the
+        journal read BEFORE the log, so every start whose lines are read is already known."""
+        try:
+            with self.run.rank_log(self.rank).open("rb") as handle:
+                handle.seek(self.position)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        self.position += len(data)
+        data = self.pending + data
+        lines = data.split(b"\n")
+        self.pending = b"" if final else lines.pop()
+        if final and lines and lines[-1] == b"":
+            lines.pop()
+        starts = worker_starts(events)
+        for line in lines:
+            if WORKER_HEADER.match(line):
+                self.headers += 1
+                # The n-th worker header begins the n-th start that ran the worker; a header
+                # the journal does not know of yet belongs to its latest start.
+                index = min(self.headers, len(starts)) - 1
+                number, started = starts[index] if starts else (self.headers, {})
+                self.showing = self.job is None or str(started.get("job_id")) == self.job
+                if self.showing:
+                    yield separator(number, started, self.rank)
+            if self.showing:
+                yield line.decode("utf-8", errors="replace") + "\n"
+
+
+def _job_alive(run: Run) -> bool | None:
+    """Whether Slurm still runs or holds the run's current job (None: it did not answer)."""
+    if not run.slurm or run.job is None:
+        return False
+    view = slurm_records([run.job])
+    record = view.records.get(run.job)
+    if record is not None:
+        return not record.final
+    return False if view.answered else None
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--rank", type=int, default=0, show_default=True, help="Which task's log.")
+@click.option("--job", "job_id", metavar="ID", help="Only the part written by job ID.")
+@click.option(
+    "-f", "--follow", is_flag=True, help="Keep printing, across requeues, until the run ends."
+)
+def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
+    """Print one rank's log of RUN_DIR across every start, a separator line where each begins.
+
+    With -f, follow the live job, and the next one after a requeue, until the run is done,
+    failed, gave up or was cancelled (Slurm is asked at most every 30 s, and only while the
+    journal alone cannot tell).
+    """
+    run = Run.read(run_dir)
+    path = run.run.rank_log(rank)
+    if job_id is not None and job_id not in run.state.jobs:
+        raise UserError(
+            f"{run.run.path}: no job {job_id}; its jobs: {', '.join(run.state.jobs) or 'none yet'}"
+        )
+    if not path.exists() and (not follow or run.state.state in FINAL_RUN_STATES):
+        ranks = sorted(p.stem.split("-")[1] for p in run.run.logs.glob("rank-*.log"))
+        raise UserError(
+            f"{path}: no log for rank {rank}; ranks with logs: {', '.join(ranks) or 'none yet'}"
+        )
+    reader = LogReader(run.run, rank, job_id)
+    if not follow:
+        for text in reader.read(run.events, final=True):
+            click.echo(text, nl=False)
+        return
+    next_check = 0.0
+    gone = 0
+    last_state = ""
+    while True:
+        current = Run.read(run_dir)
+        for text in reader.read(current.events):
+            click.echo(text, nl=False)
+        state = current.state.state
+        if state != last_state:  # a failed start: ask soon, once job-end had time to requeue
+            gone, last_state = 0, state
+            next_check = min(next_check, time.monotonic() + (3 if state == "failed" else 30))
+        over = state in FINAL_RUN_STATES - {"failed"}
+        if not over and time.monotonic() >= next_check:
+            # The journal cannot always tell: a failed start may be requeued by Slurm itself
+            # (a node failure), and a job killed hard never records its end.
+            alive = _job_alive(current) if current.slurm else state != "failed"
+            if state == "failed":
+                over = alive is not True
+            else:
+                gone = gone + 1 if alive is False else 0
+                over = gone >= 2
+            next_check = time.monotonic() + (10 if state == "failed" else 30)
+        if over:
+            for text in reader.read(Run.read(run_dir).events, final=True):
+                click.echo(text, nl=False)
+            return
+        time.sleep(1)

@@ -1,0 +1,100 @@
+"""``hpctf plot``: loss and eval metrics against step, each restart marked with its reason.
+matplotlib is imported only inside the command, off every other command's import path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from hpctf.core.errors import UserError
+from hpctf.login.runs import Run, metric_records
+
+RESTART_LABELS = {
+    "preempted": "preempted",
+    "timeout": "time limit",
+    "node_fail": "node failure",
+    "failed": "crash",
+    "stalled": "stalled",
+    "cancelled": "cancelled",
+    "done": "done",
+}
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The PNG to write (default: RUN_DIR/loss.png).",
+)
+def plot(run_dir: Path, output: Path | None) -> None:
+    """Draw RUN_DIR's loss and eval metrics against step, each restart marked with why the
+    start before it ended. Needs matplotlib: pip install 'hpctf[plot]'."""
+    run = Run.read(run_dir)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot
+    except ImportError:
+        raise UserError(
+            "hpctf plot needs matplotlib, which is not installed: pip install 'hpctf[plot]'"
+        ) from None
+    records = metric_records(run.run.metrics)
+    losses = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), (int, float))]
+    if not losses:
+        raise UserError(f"{run.run.metrics}: no loss logged yet; nothing to plot")
+    output = output or run.run.path / "loss.png"
+    figure, axes = pyplot.subplots(figsize=(9, 5), dpi=100)
+    axes.plot([s for s, _ in losses], [v for _, v in losses], label="training loss", color="C0")
+    if all(v > 0 for _, v in losses):
+        axes.set_yscale("log")
+    evals: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        for name, value in (record.get("eval") or {}).items():
+            if isinstance(value, (int, float)):
+                evals.setdefault(name, []).append((record["step"], value))
+    other = axes.twinx() if any(name != "loss" for name in evals) else axes
+    for i, (name, points) in enumerate(sorted(evals.items()), 1):
+        (axes if name == "loss" else other).plot(
+            [s for s, _ in points],
+            [v for _, v in points],
+            marker="o",
+            linestyle="--",
+            color=f"C{i}",
+            label=f"eval {name}",
+        )
+    previous = None
+    for number, start in enumerate(run.state.starts, 1):
+        if number > 1 and previous is not None:
+            why = RESTART_LABELS.get(previous.reason or "", previous.reason or "killed")
+            axes.axvline(start.step, color="grey", linestyle=":", linewidth=1)
+            axes.annotate(
+                f"restart {number} (after {why})",
+                (start.step, 0.98),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                va="top",
+                ha="right",
+                fontsize=8,
+                color="dimgrey",
+            )
+        previous = start
+    axes.set_xlabel("step (optimizer updates)")
+    axes.set_ylabel("training loss" + (" (log scale)" if axes.get_yscale() == "log" else ""))
+    if other is not axes:
+        other.set_ylabel("eval metric")
+    handles, labels = axes.get_legend_handles_labels()
+    if other is not axes:
+        more_handles, more_labels = other.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    axes.legend(handles, labels, loc="upper right")
+    axes.set_title(f"{run.name}: {run.state.state}, {len(run.state.starts)} start(s)")
+    axes.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(output)
+    pyplot.close(figure)
+    click.echo(f"wrote {output}")

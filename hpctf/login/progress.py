@@ -1,0 +1,109 @@
+"""A run's progress in numbers and words, from its metrics.jsonl and journal: step, loss,
+steps/s, elapsed time inside starts, ETA; durations, sparklines and the code snapshot as text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hpctf.login.runs import METRICS_TAIL_BYTES, Run, epoch_seconds, metric_records
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def elapsed_seconds(events: Sequence[Mapping[str, Any]], running: bool, now: float) -> float:
+    """Time spent in starts, over all of them: each from its ``started`` record to its
+    ``ended`` one (a start killed without one: to its last record; the running one: to
+    ``now``)."""
+    total = 0.0
+    since: float | None = None
+    last = 0.0
+    for event in events:
+        moment = epoch_seconds(str(event.get("time", "")))
+        if event.get("event") == "started":
+            if since is not None:
+                total += last - since
+            since = last = moment
+        elif since is not None:
+            last = moment
+            if event.get("event") == "ended":
+                total += moment - since
+                since = None
+    if since is not None:
+        total += (now if running else last) - since
+    return max(total, 0.0)
+
+
+def progress(
+    run: Run, now: float, records: Sequence[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Step, total, last loss, steps/s, elapsed and ETA of ``run`` (None where unknown)."""
+    if records is None:
+        records = metric_records(run.run.metrics, METRICS_TAIL_BYTES)
+    losses = [r for r in records if isinstance(r.get("loss"), (int, float))]
+    last = losses[-1] if losses else {}
+    step = max((int(r["step"]) for r in records), default=None)
+    total = run.config.experiment.train.steps
+    if run.run.done.exists():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            step = int(json.loads(run.run.done.read_text(encoding="utf-8"))["step"])
+    rate = last.get("steps_per_s")
+    running = run.state.state == "running"
+    eta = None
+    if running and total and step is not None and isinstance(rate, (int, float)) and rate > 0:
+        eta = max(total - step, 0) / rate
+    return {
+        "step": step,
+        "total_steps": total,
+        "loss": last.get("loss"),
+        "steps_per_s": rate,
+        "elapsed_s": round(elapsed_seconds(run.events, running, now)),
+        "eta_s": None if eta is None else round(eta),
+    }
+
+
+def duration(seconds: float | None) -> str:
+    """``1d02:03:04``, ``2:03:04``, ``3:04``; ``-`` for unknown."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def sparkline(values: Sequence[float], width: int = 40) -> str:
+    """``values`` as at most ``width`` block characters (bucket means; log scale when every
+    value is positive, so a loss falling by decades still shows its shape)."""
+    points = [float(v) for v in values if math.isfinite(v)]
+    if not points:
+        return ""
+    log = all(v > 0 for v in points)
+    if log:
+        points = [math.log10(v) for v in points]
+    buckets = min(width, len(points))
+    means = []
+    for i in range(buckets):
+        part = points[i * len(points) // buckets : (i + 1) * len(points) // buckets]
+        means.append(sum(part) / len(part))
+    low, high = min(means), max(means)
+    span = high - low or 1.0
+    return "".join(SPARK[min(int((m - low) / span * len(SPARK)), len(SPARK) - 1)] for m in means)
+
+
+def code_text(code: Sequence[Mapping[str, Any]]) -> str:
+    """A run's code snapshot in a word: each source's commit (+dirty), or no-git; - for none."""
+    words = [
+        "no-git"
+        if c["git_commit"] is None
+        else c["git_commit"][:8] + ("+dirty" if c["git_dirty"] else "")
+        for c in code
+    ]
+    return ",".join(dict.fromkeys(words)) or "-"

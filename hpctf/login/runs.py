@@ -1,0 +1,130 @@
+"""A run directory as the commands after submit read it: found under the runs root, read once
+(config, journal, the state derived from it), and its metrics.
+
+Where runs are found, without RUN arguments: ``--root DIR``, else ``$HPCTF_RUNS_ROOT`` (which
+overrides every site's runs_root at submit), else the runs_root of the site ``--site NAME``,
+``$HPCTF_SITE`` or ``local``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hpctf.core.config import ResolvedConfig
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import RunDir, run_dirs_under
+from hpctf.core.runstate import RunState, run_state
+
+FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled"})
+ACTIVE_RUN_STATES = frozenset({"queued", "running", "requeued"})
+# How much of the end of metrics.jsonl a table reads (the last few logged steps).
+METRICS_TAIL_BYTES = 64 << 10
+
+
+def runs_root_for(root: Path | None, site_name: str | None, env: Mapping[str, str]) -> Path:
+    """Where runs live, without RUN arguments (see the module docstring for the order)."""
+    if root is not None:
+        return root
+    from hpctf.core.sites import load_named_site
+    from hpctf.login.resolve import expand_path
+
+    if env.get("HPCTF_RUNS_ROOT"):
+        where, value = "HPCTF_RUNS_ROOT", env["HPCTF_RUNS_ROOT"]
+    else:
+        name = site_name or env.get("HPCTF_SITE") or "local"
+        where, value = f"site {name}: runs_root", load_named_site(name, env).runs_root
+    try:
+        return Path(expand_path(value, env))  # as at submit: ~ and $VARS
+    except ValueError as exc:
+        raise UserError(f"{where}: {exc}") from None
+
+
+@dataclass
+class Run:
+    """One run directory, read once: its config, journal and the state derived from it."""
+
+    run: RunDir
+    config: ResolvedConfig
+    events: list[dict[str, Any]]
+    state: RunState
+
+    @classmethod
+    def read(cls, path: Path) -> Run:
+        """The run at ``path``, or a UserError saying it is not one."""
+        run = RunDir(path.resolve())
+        config = run.load_config()
+        events = run.events()
+        return cls(run, config, events, run_state(events))
+
+    @property
+    def name(self) -> str:
+        return self.run.path.name
+
+    @property
+    def slurm(self) -> bool:
+        return self.config.site.scheduler == "slurm"
+
+    @property
+    def job(self) -> str | None:
+        """The run's current job: the last one submitted or started."""
+        return self.state.jobs[-1] if self.state.jobs else None
+
+    @property
+    def created(self) -> str:
+        first = next((e for e in self.events if e.get("event") == "created"), None)
+        return str(first["time"]) if first else iso_time(self.run.config_file.stat().st_mtime)
+
+    @property
+    def last_event_time(self) -> float:
+        return epoch_seconds(self.events[-1]["time"]) if self.events else 0.0
+
+
+def iso_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+
+
+def epoch_seconds(iso: str) -> float:
+    try:
+        return datetime.fromisoformat(iso).timestamp()
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def find_runs(root: Path) -> list[Run]:
+    """The runs under ``root``, newest first; directories that are not runs are skipped."""
+    runs = []
+    for path in run_dirs_under(root):
+        try:
+            runs.append(Run.read(path))
+        except UserError:
+            continue  # a damaged config.json: `hpctf status DIR` says what is wrong with it
+    return sorted(runs, key=lambda r: r.created, reverse=True)
+
+
+def metric_records(path: Path, tail_bytes: int | None = None) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl (only those in its last ``tail_bytes`` when given)."""
+    try:
+        with path.open("rb") as handle:
+            if tail_bytes is not None:
+                size = handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, size - tail_bytes))
+                if size > tail_bytes:
+                    handle.readline()  # a partial first line
+            data = handle.read()
+    except OSError:
+        return []
+    records = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line still being written
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
