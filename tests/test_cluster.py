@@ -23,12 +23,11 @@ from hpctf.cli import cli
 from hpctf.compute.cluster import (
     ClusterSpec,
     cluster_spec,
-    expand_nodelist,
     expand_tasks_per_node,
-    gpu_binding,
     layout,
     port_window,
 )
+from hpctf.compute.gpus import gpu_binding
 from hpctf.compute.runtime import (
     check_port_free,
     check_resolves,
@@ -36,7 +35,7 @@ from hpctf.compute.runtime import (
     startup_checks,
 )
 from hpctf.core.errors import UserError
-from hpctf.core.hostnames import check_hostname_template
+from hpctf.core.hostnames import check_hostname_template, expand_nodelist
 from hpctf.core.sites import read_site_file
 from tests.conftest import write
 

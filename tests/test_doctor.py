@@ -18,16 +18,15 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.compute.preflight import (
+from hpctf.compute.node_checks import (
     IbPort,
-    busbw_gbps,
-    error_line,
     hostnames_check,
     infiniband_check,
     memlock_check,
     read_infiniband,
     scan_nccl_log,
 )
+from hpctf.compute.preflight import busbw_gbps, error_line
 from hpctf.core import slurm
 from hpctf.core.errors import UserError
 from hpctf.core.sites import load_named_site

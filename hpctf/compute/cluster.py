@@ -22,10 +22,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import hostlist
-
+from hpctf.compute.gpus import gpu_binding
 from hpctf.core.errors import UserError
-from hpctf.core.hostnames import check_hostname_template
+from hpctf.core.hostnames import check_hostname_template, expand_nodelist
 
 # Consecutive job ids start their port windows this far apart, so two jobs that share a node
 # collide only if their ids differ by a multiple of (span / gcd(span, stride)) -- not for
@@ -34,15 +33,8 @@ from hpctf.core.hostnames import check_hostname_template
 _JOB_STRIDE = 1009
 _STEP_STRIDE = 101
 
-# Characters of Slurm node names and the nodelist syntax (brackets, ranges, commas). Anything
-# else (spaces, quotes, newlines) did not come from Slurm.
-_NODELIST_RE = re.compile(r"^[A-Za-z0-9._\-\[\],]+$")
 _NUMBER_RE = re.compile(r"^[0-9]{1,9}$")
 _TASKS_RE = re.compile(r"^([0-9]{1,6})(?:\(x([0-9]{1,7})\))?$")
-_DEVICE_RE = re.compile(r"^[A-Za-z0-9_:/.-]+$")
-# Slurm's gres/gpu plugin sets CUDA_VISIBLE_DEVICES=NoDevFiles when the gres has no File=
-# (src/plugins/gres/common/gres_common.c); it means "no device", not a device name.
-_NO_DEVICES = {"", "NoDevFiles", "-1"}
 
 
 @dataclass(frozen=True)
@@ -110,26 +102,6 @@ class ClusterSpec:
             f"worker {self.task_index} of {len(self.workers)} at {self.address} on node "
             f"{self.node} (SLURM_NODEID {self.node_index}, SLURM_LOCALID {self.local_id}); {gpus}"
         )
-
-
-def expand_nodelist(text: str) -> list[str]:
-    """Hosts of a Slurm nodelist, in Slurm's order (``node[9-10]`` -> node9, node10).
-
-    Same answer as ``scontrol show hostnames`` (tests/test_cluster_slurm.py compares them):
-    zero padding kept, bracket groups expanded left to right, duplicates kept.
-    """
-    if not _NODELIST_RE.match(text):
-        raise UserError(
-            f"cannot expand nodelist {text!r}: only letters, digits, '._-', brackets and "
-            "commas occur in Slurm nodelists"
-        )
-    try:
-        hosts: list[str] = hostlist.expand_hostlist(text, allow_duplicates=True)
-    except hostlist.BadHostlist as exc:
-        raise UserError(f"cannot expand nodelist {text!r}: {exc}") from None
-    if not hosts:
-        raise UserError(f"nodelist {text!r} names no host")
-    return hosts
 
 
 def expand_tasks_per_node(text: str, max_nodes: int = 1_000_000) -> list[int]:
@@ -236,70 +208,6 @@ def layout(counts: Sequence[int], plane: int | None) -> tuple[list[int], list[in
             placed[i] += take
             remaining -= take
     return nodes, local
-
-
-def gpu_binding(
-    env: Mapping[str, str], tasks_per_node: int, local_id: int, node: str
-) -> tuple[tuple[str, ...], bool]:
-    """The GPUs of this task and whether CUDA_VISIBLE_DEVICES must be rewritten to them.
-
-    ``tasks_per_node`` is the largest task count on any node of the step, so every worker gets
-    the same number of GPUs (MWMS expects the same devices on every worker).
-
-    * One task per node: every visible GPU, environment untouched (one worker per node).
-    * Several tasks per node (one worker per GPU): if Slurm already bound GPUs per task
-      (``--gpus-per-task``, ``--gpu-bind``), keep them; otherwise the visible GPUs are split
-      evenly and task ``SLURM_LOCALID`` takes its share (with as many GPUs as tasks: the
-      SLURM_LOCALID-th one). Fewer GPUs than tasks is a UserError: two workers on one GPU make
-      NCCL fail ("Duplicate GPU detected").
-
-    Slurm bound per task when SLURMD_TRES_BIND starts with ``gpu:`` or when the step's GPUs on
-    this node (SLURM_STEP_GPUS, else SLURM_JOB_GPUS) are more than this task sees. A single
-    visible GPU alone proves nothing: with ``--gpus-per-node=1 --ntasks-per-node=2`` both tasks
-    see the same one.
-
-    The visible GPUs are CUDA_VISIBLE_DEVICES when set (Slurm sets it for gres/gpu, in the
-    task's own numbering, also under cgroup device confinement), else SLURM_STEP_GPUS.
-    """
-    raw = env.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        raw = env.get("SLURM_STEP_GPUS", "")
-    source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in env else "SLURM_STEP_GPUS"
-    if raw.strip() in _NO_DEVICES:
-        return (), False
-    visible = tuple(part.strip() for part in raw.split(","))
-    if not all(_DEVICE_RE.match(device) for device in visible):
-        raise UserError(f"{source}={raw!r} is not a comma-separated list of GPU ids")
-    if len(set(visible)) != len(visible):
-        raise UserError(f"{source}={raw!r} names a GPU twice")
-    if tasks_per_node == 1 or _bound_per_task(env, len(visible)):
-        return visible, False
-    if len(visible) < tasks_per_node:
-        gpus = "1 GPU" if len(visible) == 1 else f"{len(visible)} GPUs"
-        raise UserError(
-            f"{gpus} visible on {node} ({source}={raw}) cannot be shared by {tasks_per_node} "
-            "tasks per node: each TensorFlow worker needs a GPU of its own (NCCL fails on two "
-            "ranks of one GPU); ask for gpus_per_node equal to tasks_per_node (one worker per "
-            "GPU), or tasks_per_node: 1"
-        )
-    if len(visible) % tasks_per_node:
-        raise UserError(
-            f"{len(visible)} GPUs visible on {node} ({source}={raw}) cannot be shared evenly "
-            f"by {tasks_per_node} tasks per node; ask for tasks_per_node equal to the GPUs per "
-            "node (one worker per GPU) or 1 (one worker per node)"
-        )
-    share = len(visible) // tasks_per_node
-    return visible[local_id * share : (local_id + 1) * share], True
-
-
-def _bound_per_task(env: Mapping[str, str], visible: int) -> bool:
-    """Whether Slurm itself gave each task of the step its own GPUs (see :func:`gpu_binding`)."""
-    if env.get("SLURMD_TRES_BIND", "").startswith("gpu:"):
-        return True
-    step = env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or ""
-    if step.strip() in _NO_DEVICES:
-        return False
-    return len(step.split(",")) > visible
 
 
 def _require_step(env: Mapping[str, str]) -> tuple[int, int]:

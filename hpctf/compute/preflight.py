@@ -1,21 +1,14 @@
 """``hpctf preflight``: what every task of ``hpctf doctor``'s job checks, and writes down.
 
-Each task (started by srun, or as a local process on a local site) runs the checks below and
-writes them to ``DOCTOR_DIR/results/rank-<N>.json``; :mod:`hpctf.login.doctor` reads every
-task's file and judges them together (versions equal everywhere, every node reported, the
-site's bandwidth threshold). Here each task judges only what it sees itself:
-
-- ``tensorflow``: importable; its build (CUDA or CPU) and the GPUs it sees against what Slurm
-  gave the task (:func:`hpctf.compute.runtime.check_tensorflow_gpus`);
-- ``memlock``: the locked-memory limit, which RDMA needs unlimited;
-- ``infiniband``: devices and port state under /sys/class/infiniband (skipped without it);
-- ``hostnames``: the names the site's ``hostname_template`` gives the nodes resolve here;
-- ``port``: this task's worker port is free (:func:`hpctf.compute.runtime.check_port_free`);
-- ``allreduce``: one all-reduce across all tasks through MultiWorkerMirroredStrategy, made as
-  the training makes it (:func:`hpctf.compute.session.make_strategy`: NCCL on GPUs, RING on
-  CPUs), at a few message sizes, timed;
-- ``nccl``: with NCCL, its log (NCCL_DEBUG=INFO, into a file) scanned for a fallback to TCP
-  sockets on a node that has InfiniBand devices.
+Each task (started by srun, or as a local process on a local site) runs the node checks of
+:mod:`hpctf.compute.node_checks` (tensorflow, memlock, infiniband, hostnames, port), then
+``allreduce``: one all-reduce across all tasks through MultiWorkerMirroredStrategy, made as the
+training makes it (:func:`hpctf.compute.session.make_strategy`: NCCL on GPUs, RING on CPUs), at
+a few message sizes, timed; with NCCL, its log (NCCL_DEBUG=INFO, into a file) scanned for a
+fallback to TCP sockets (``nccl``). Each task writes what it found to
+``DOCTOR_DIR/results/rank-<N>.json`` (:mod:`hpctf.core.doctor_files`);
+:mod:`hpctf.login.doctor` reads every task's file and judges them together (versions equal
+everywhere, every node reported, the site's bandwidth threshold).
 
 The file is written after the checks that need no TensorFlow, again after TensorFlow's, and
 last after the all-reduce (``pending`` until then), so a task that hangs or dies still leaves
@@ -38,26 +31,34 @@ import resource
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpctf import __version__
 from hpctf.compute.cluster import ClusterSpec, cluster_spec
-from hpctf.compute.gpus import Grant, granted_gpus
-from hpctf.compute.runtime import check_port_free, check_tensorflow_gpus, prepare_environment
+from hpctf.compute.gpus import granted_gpus
+from hpctf.compute.node_checks import (
+    Check,
+    hostnames_check,
+    infiniband_check,
+    memlock_check,
+    node_addresses,
+    port_check,
+    read_infiniband,
+    resolve_reason,
+    scan_nccl_log,
+    tensorflow_check,
+)
+from hpctf.compute.runtime import prepare_environment
 from hpctf.core.config import Site
+from hpctf.core.doctor_files import GATE_DIR, NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import write_atomic
 
 log = logging.getLogger("hpctf.preflight")
 
-SETTINGS_FILE = "doctor.json"
-RESULTS_DIR = "results"
-GATE_DIR = "gate"  # rank-<N>.ok or rank-<N>.blocked: who may join the all-reduce
-NCCL_DIR = "nccl"
-IB_ROOT = Path("/sys/class/infiniband")
 
 # Message sizes of the all-reduce, in bytes. On CPUs (RING, gRPC) the large sizes measure
 # nothing the training depends on and cost seconds on a small node: tiny ones there.
@@ -70,38 +71,6 @@ WARMUP = 2
 # Checks after whose failure this task does not join the all-reduce: it could not work (no
 # TensorFlow, no address, no port), and the cause is already named.
 _BLOCKING = ("cluster", "tensorflow", "hostnames", "port")
-
-_MEMLOCK_FIX = (
-    "RDMA registers memory and needs `ulimit -l unlimited`: ask the admins for "
-    "`* - memlock unlimited` in /etc/security/limits.conf and LimitMEMLOCK=infinity for slurmd; "
-    "Slurm copies the submitting shell's limits by default (PropagateResourceLimits), so also "
-    "raise it where you submit, or add `ulimit -l unlimited` to the site's setup"
-)
-
-
-@dataclass(frozen=True)
-class Check:
-    """One check's outcome on one task. ``status``: ok, warn, fail or skip."""
-
-    check: str
-    status: str
-    detail: str
-    fix: str = ""
-
-
-@dataclass(frozen=True)
-class IbPort:
-    """One port of an InfiniBand (or RoCE) device, as /sys/class/infiniband describes it."""
-
-    device: str
-    port: str
-    state: str  # "ACTIVE", "DOWN", "INIT", ... (sysfs says "4: ACTIVE")
-    rate: str = ""  # "200 Gb/sec (4X HDR)"
-    link_layer: str = ""  # "InfiniBand" or "Ethernet" (RoCE)
-
-    @property
-    def name(self) -> str:
-        return f"{self.device}:{self.port}"
 
 
 @dataclass
@@ -120,163 +89,6 @@ class Report:
         return json.dumps(asdict(self), indent=1) + "\n"
 
 
-# --- pure checks ------------------------------------------------------------------------------
-
-
-def memlock_check(soft: int, infiniband: bool) -> Check:
-    """The locked-memory limit (``RLIMIT_MEMLOCK``'s soft value, bytes or RLIM_INFINITY)."""
-    if soft == resource.RLIM_INFINITY:
-        return Check("memlock", "ok", "unlimited")
-    text = f"{soft // 1024} KiB"
-    if not infiniband:
-        return Check("memlock", "ok", f"{text} (no InfiniBand here: RDMA does not need it)")
-    return Check("memlock", "warn", f"{text} with InfiniBand: RDMA may fail", _MEMLOCK_FIX)
-
-
-def _hca_entries(hca: str) -> tuple[bool, bool, list[tuple[str, str | None]]]:
-    """NCCL_IB_HCA as (exclude, exact, [(device, port or None)]): ``^`` excludes, ``=`` makes
-    names exact (otherwise a prefix: ``mlx5_1`` also matches mlx5_10), ``dev:port`` one port."""
-    text = hca.strip()
-    exclude = text.startswith("^")
-    text = text.lstrip("^")
-    exact = text.startswith("=")
-    text = text.lstrip("=")
-    entries: list[tuple[str, str | None]] = []
-    for item in text.split(","):
-        item = item.strip()
-        if item:
-            device, _, port = item.partition(":")
-            entries.append((device, port or None))
-    return exclude, exact, entries
-
-
-def _matches(port: IbPort, entry: tuple[str, str | None], exact: bool) -> bool:
-    device, number = entry
-    named = port.device == device if exact else port.device.startswith(device)
-    return named and (number is None or number == port.port)
-
-
-def infiniband_check(ports: Sequence[IbPort] | None, hca: str | None) -> Check:
-    """Judge the node's InfiniBand ports (None: no /sys/class/infiniband) against the
-    ``NCCL_IB_HCA`` the job exports (None or empty: NCCL may use every port)."""
-    exclude, exact, entries = _hca_entries(hca or "")
-    listed = bool(entries) and not exclude
-    if not ports:
-        where = (
-            "no /sys/class/infiniband" if ports is None else "no devices in /sys/class/infiniband"
-        )
-        if listed:
-            return Check(
-                "infiniband",
-                "fail",
-                f"NCCL_IB_HCA={hca} but this node has {where}",
-                "the node's InfiniBand driver is not loaded (tell the admins which node), or "
-                "the site's NCCL_IB_HCA does not apply to these nodes",
-            )
-        return Check("infiniband", "skip", f"{where}: no InfiniBand on this node")
-    if entries:
-        chosen = [p for p in ports if any(_matches(p, e, exact) for e in entries) != exclude]
-    else:
-        chosen = list(ports)
-    missing = [
-        f"{d}:{n}" if n else d
-        for d, n in entries
-        if not exclude and not any(_matches(p, (d, n), exact) for p in ports)
-    ]
-    have = ", ".join(p.name for p in ports)
-    if missing:
-        return Check(
-            "infiniband",
-            "fail",
-            f"NCCL_IB_HCA={hca} names {', '.join(missing)}, which this node lacks (it has {have})",
-            "correct NCCL_IB_HCA in the site's env (`ibv_devinfo -l` lists the devices)",
-        )
-    if not chosen:
-        return Check(
-            "infiniband",
-            "fail",
-            f"NCCL_IB_HCA={hca} leaves none of this node's ports ({have})",
-            "correct NCCL_IB_HCA in the site's env (`ibv_devinfo -l` lists the devices)",
-        )
-    down = [p for p in chosen if p.state != "ACTIVE"]
-    shown = "; ".join(
-        f"{p.name} {p.state}"
-        + (f" {p.rate}" if p.rate else "")
-        + (f" ({p.link_layer})" if p.link_layer and p.link_layer != "InfiniBand" else "")
-        for p in chosen
-    )
-    if not down:
-        return Check("infiniband", "ok", shown)
-    fix = (
-        "a port NCCL would use is not ACTIVE: check its link (`ibstat`, cable, switch port) "
-        "and tell the admins which node; or leave it out with NCCL_IB_HCA in the site's env"
-    )
-    if listed or len(down) == len(chosen):
-        return Check("infiniband", "fail", shown, fix)
-    return Check("infiniband", "warn", shown, fix)
-
-
-def hostnames_check(
-    names: Sequence[tuple[str, str]], template: str, resolve: Callable[[str], str | None]
-) -> Check:
-    """Whether every ``(address, node)`` resolves here; ``resolve`` returns why not, or None."""
-    failed = [(address, node, why) for address, node in names if (why := resolve(address))]
-    if not failed:
-        shown = ", ".join(address for address, _ in names[:4])
-        more = f" and {len(names) - 4} more" if len(names) > 4 else ""
-        return Check("hostnames", "ok", f"{len(names)} name(s) resolve: {shown}{more}")
-    shown = ", ".join(f"{address} ({node})" for address, node, _ in failed[:3])
-    more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
-    verb = "does" if len(failed) == 1 else f"of {len(names)} names do"
-    return Check(
-        "hostnames",
-        "fail",
-        f"{shown}{more} {verb} not resolve here: {failed[0][2]}",
-        f"hostname_template {template!r} must give names the nodes resolve: set it in the site "
-        "file to the nodes' fast-network names (`getent hosts $(hostname)-ib`), or '{host}'",
-    )
-
-
-def resolve_reason(name: str) -> str | None:
-    """None when ``name`` resolves, else why not (as the worker's own check looks it up)."""
-    try:
-        socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        return str(exc.args[-1] if exc.args else exc)
-    return None
-
-
-_NETWORK_RE = re.compile(r"Using network (\S+)")
-_NET_LINE_RE = re.compile(r"NET/(?:IB|Socket)\s*:\s*(?:Using|No device).*")
-
-
-def scan_nccl_log(text: str, infiniband: bool, path: str) -> Check:
-    """Judge NCCL's INFO log: with InfiniBand devices on the node, NCCL must not have fallen
-    back to TCP sockets (``Using network Socket``, channels ``via NET/Socket``)."""
-    if not text.strip():
-        return Check(
-            "nccl",
-            "warn",
-            f"NCCL wrote no log to {path}",
-            "NCCL did not initialise or ignores NCCL_DEBUG_FILE: see the task's log",
-        )
-    networks = sorted(set(_NETWORK_RE.findall(text)))
-    socket_used = "Socket" in networks or "via NET/Socket" in text
-    lines = sorted(set(m.group(0).strip() for m in _NET_LINE_RE.finditer(text)))
-    said = f"network {', '.join(networks) or 'not named'}" + (f"; {lines[0]}" if lines else "")
-    if infiniband and socket_used:
-        return Check(
-            "nccl",
-            "fail",
-            f"NCCL fell back to TCP sockets (NET/Socket) on a node with InfiniBand: {said}",
-            "NCCL cannot use the HCAs: libibverbs/rdma-core missing (often inside a container), "
-            f"NCCL_IB_DISABLE=1, or an NCCL_IB_HCA that matches nothing; see {path}",
-        )
-    if not infiniband:
-        return Check("nccl", "ok", f"{said} (no InfiniBand on this node)")
-    return Check("nccl", "ok", said)
-
-
 def busbw_gbps(size: int, seconds: float, ranks: int) -> float:
     """Bus bandwidth of one all-reduce of ``size`` bytes over ``ranks`` replicas, in GB/s.
 
@@ -286,93 +98,6 @@ def busbw_gbps(size: int, seconds: float, ranks: int) -> float:
     if seconds <= 0 or ranks < 2:
         return 0.0
     return size / seconds * 2 * (ranks - 1) / ranks / 1e9
-
-
-# --- the checks that need this machine -------------------------------------------------------
-
-
-def read_infiniband(root: Path = IB_ROOT) -> list[IbPort] | None:
-    """The ports under ``root`` (/sys/class/infiniband), or None when it does not exist."""
-    if not root.is_dir():
-        return None
-
-    def read(path: Path) -> str:
-        try:
-            return path.read_text(encoding="utf-8").strip()
-        except OSError:
-            return ""
-
-    ports = []
-    for device in sorted(root.iterdir()):
-        for port in sorted((device / "ports").glob("*")):
-            state = read(port / "state")  # "4: ACTIVE"
-            ports.append(
-                IbPort(
-                    device.name,
-                    port.name,
-                    state.partition(":")[2].strip() or state or "UNKNOWN",
-                    read(port / "rate"),
-                    read(port / "link_layer"),
-                )
-            )
-    return ports
-
-
-def _tensorflow_check(grant: Grant) -> tuple[Check, dict[str, Any]]:
-    """Import TensorFlow and judge it against ``grant``; the facts for the version check."""
-    try:
-        import tensorflow as tf
-    except Exception as exc:  # ImportError, or a broken installation failing its own way
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return Check(
-            "tensorflow",
-            "fail",
-            f"cannot import tensorflow with {sys.executable}: {first}",
-            "install hpctf[tf] (CPU nodes) or hpctf[gpu] (GPU nodes) into the python the site "
-            "names (its venv or python) on every node",
-        ), {}
-    info = tf.sysconfig.get_build_info()
-    if info.get("is_cuda_build"):
-        build = f"CUDA {info.get('cuda_version', '?')} build"
-    elif info.get("is_rocm_build"):
-        build = "ROCm build"
-    else:
-        build = "CPU-only build"
-    gpu_build = bool(tf.test.is_built_with_gpu_support())
-    seen = len(tf.config.list_physical_devices("GPU")) if gpu_build else 0
-    facts = {"tensorflow": tf.__version__, "build": build, "gpus_seen": seen}
-    try:
-        check_tensorflow_gpus(grant)
-    except UserError as exc:
-        return Check("tensorflow", "fail", str(exc)), facts
-    given = f"Slurm gave {grant.count} ({grant.source})" if grant.count else "none requested"
-    detail = f"TensorFlow {tf.__version__}, {build}, sees {seen} GPU(s); {given}"
-    return Check("tensorflow", "ok", detail), facts
-
-
-def _port_check(spec: ClusterSpec) -> Check:
-    try:
-        check_port_free(spec.host, spec.port)
-    except UserError as exc:
-        return Check(
-            "port",
-            "fail",
-            str(exc),
-            f"find the listener with `ss -ltnp 'sport = :{spec.port}'` on {spec.node}: a "
-            "leftover process of an earlier job, or a service inside the site's port_range",
-        )
-    return Check("port", "ok", f"worker port {spec.port} free")
-
-
-def _names(spec: ClusterSpec) -> list[tuple[str, str]]:
-    """Every node's address (first task of a node), or this task's own and the chief's."""
-    pairs = dict(
-        (worker.rpartition(":")[0], node)
-        for worker, node in zip(spec.workers, spec.nodes, strict=True)
-    )
-    if spec.local_id == 0:
-        return list(pairs.items())
-    return list({spec.host: spec.node, spec.chief_host: spec.nodes[0]}.items())
 
 
 def allreduce(spec: ClusterSpec, join_timeout: int) -> dict[str, Any]:
@@ -575,8 +300,10 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
         soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
         report.checks.append(memlock_check(soft, has_ib))
         report.checks.append(infiniband_check(ports, hca))
-    report.checks.append(hostnames_check(_names(spec), spec.hostname_template, resolve_reason))
-    report.checks.append(_port_check(spec))
+    report.checks.append(
+        hostnames_check(node_addresses(spec), spec.hostname_template, resolve_reason)
+    )
+    report.checks.append(port_check(spec))
     write_atomic(path, report.to_json())  # known before importing TensorFlow, in case that hangs
     try:
         grant = granted_gpus(
@@ -588,7 +315,7 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
     except UserError as exc:
         report.checks.append(Check("tensorflow", "fail", str(exc)))
     else:
-        check, facts = _tensorflow_check(grant)
+        check, facts = tensorflow_check(grant)
         report.checks.append(check)
         report.facts.update(facts)
     write_atomic(path, report.to_json())

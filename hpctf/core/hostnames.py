@@ -1,7 +1,9 @@
-"""A site's ``hostname_template``: how a Slurm node name becomes the address in TF_CONFIG.
+"""Node names, shared by both wings: Slurm nodelists expanded in Slurm's own order, and a
+site's ``hostname_template`` (how a Slurm node name becomes the address in TF_CONFIG).
 
-Standard library only: the site schema validates it on the login node and the cluster spec
-(:mod:`hpctf.compute.cluster`) checks it again on every task, from the same code.
+The site schema validates the template on the login node and the cluster spec
+(:mod:`hpctf.compute.cluster`) checks it again on every task, from the same code; ``hpctf
+doctor`` and the cluster spec expand nodelists with the same function.
 """
 
 from __future__ import annotations
@@ -9,6 +11,13 @@ from __future__ import annotations
 import re
 import string
 
+import hostlist
+
+from hpctf.core.errors import UserError
+
+# Characters of Slurm node names and the nodelist syntax (brackets, ranges, commas). Anything
+# else (spaces, quotes, newlines) did not come from Slurm.
+_NODELIST_RE = re.compile(r"^[A-Za-z0-9._\-\[\],]+$")
 _LABEL_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
@@ -38,3 +47,23 @@ def check_hostname_template(template: str) -> str:
             "host name (letters, digits and hyphens, dot-separated)"
         )
     return template
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Hosts of a Slurm nodelist, in Slurm's order (``node[9-10]`` -> node9, node10).
+
+    Same answer as ``scontrol show hostnames`` (tests/test_cluster_slurm.py compares them):
+    zero padding kept, bracket groups expanded left to right, duplicates kept.
+    """
+    if not _NODELIST_RE.match(text):
+        raise UserError(
+            f"cannot expand nodelist {text!r}: only letters, digits, '._-', brackets and "
+            "commas occur in Slurm nodelists"
+        )
+    try:
+        hosts: list[str] = hostlist.expand_hostlist(text, allow_duplicates=True)
+    except hostlist.BadHostlist as exc:
+        raise UserError(f"cannot expand nodelist {text!r}: {exc}") from None
+    if not hosts:
+        raise UserError(f"nodelist {text!r} names no host")
+    return hosts

@@ -36,11 +36,11 @@ from typing import Any
 import click
 
 from hpctf import __version__
-from hpctf.compute.cluster import expand_nodelist
-from hpctf.compute.preflight import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core import sbatch_options, slurm
 from hpctf.core.config import Experiment, ResolvedConfig, Resources, Site, Train
+from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
+from hpctf.core.hostnames import expand_nodelist
 from hpctf.core.rundir import write_atomic
 from hpctf.core.sites import read_site
 from hpctf.core.sources import Origin
