@@ -30,15 +30,8 @@ from hpctf.compute.preflight import busbw_gbps, error_line
 from hpctf.core import slurm
 from hpctf.core.errors import UserError
 from hpctf.core.sites import load_named_site
-from hpctf.login.doctor import (
-    doctor_config,
-    evaluate,
-    format_table,
-    merge_allreduce,
-    prepare_directory,
-    render_script,
-    verdict_document,
-)
+from hpctf.login.doctor import doctor_config, prepare_directory, render_script
+from hpctf.login.doctor_verdict import evaluate, format_table, merge_allreduce, verdict_document
 from hpctf.login.loader import load_config
 from hpctf.login.render import render
 from tests.conftest import DIGITS, HPCTF, require_tool, write
