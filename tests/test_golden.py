@@ -67,7 +67,7 @@ def check(name: str, text: str) -> None:
 def test_examples_are_all_covered(tmp_path: Path) -> None:
     """Spelled out, not globbed: a new site or example must get goldens on purpose."""
     assert sorted(examples(tmp_path)) == ["custom_loop", "digits", "full", "init", "tfrecords"]
-    assert SITES == ["ib-8gpu", "ib-suffix", "local", "local-slurm"]
+    assert SITES == ["ib-8gpu", "ib-apptainer", "ib-pyxis", "ib-suffix", "local", "local-slurm"]
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

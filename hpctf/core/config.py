@@ -9,8 +9,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from hpctf.core.container import Container
 from hpctf.core.hostnames import check_hostname_template
 from hpctf.core.sbatch_options import normalize_sbatch_option
 from hpctf.core.values import (
@@ -243,6 +252,9 @@ class Site(_Strict):
         "{host}", description="address of a node in TF_CONFIG, e.g. '{host}-ib' for IPoIB"
     )
     doctor: Doctor = Field(default_factory=Doctor, description="thresholds for hpctf doctor")
+    container: Container | None = Field(
+        None, description="run the workers in a container: runtime, image, mounts, env, python"
+    )
 
     _env = field_validator("env")(check_env)
     _hostname_template = field_validator("hostname_template")(check_hostname_template)
@@ -267,6 +279,16 @@ class Site(_Strict):
         if self.python and self.venv:
             raise ValueError("give at most one of python and venv")
         return self
+
+    @field_validator("container")
+    @classmethod
+    def _container_on_slurm(cls, value: Container | None, info: ValidationInfo) -> Container | None:
+        # The local launcher starts plain processes: a container there would be ignored.
+        if value is not None and info.data.get("scheduler") == "local":
+            raise ValueError(
+                "a container needs scheduler: slurm (the local site starts plain processes)"
+            )
+        return value
 
 
 class ResolvedConfig(_Strict):

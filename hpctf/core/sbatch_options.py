@@ -88,6 +88,29 @@ def _signal(config: Config) -> Value:
 
 _REQUEUE = "hpctf requeues preempted jobs itself (the site's preemption.max_requeues)"
 _OUTPUT = "hpctf writes the job's output to the run directory"
+_CONTAINER = (
+    "hpctf starts the workers in the site's container: set the site's `container:` "
+    "(runtime, image, mounts, env)"
+)
+_CONTAINER_OPTIONS = (
+    "container",
+    "container-id",
+    "container-image",
+    "container-mounts",
+    "container-name",
+    "container-workdir",
+    "container-env",
+    "container-save",
+    "container-mount-home",
+    "no-container-mount-home",
+    "container-remap-root",
+    "no-container-remap-root",
+    "container-entrypoint",
+    "no-container-entrypoint",
+    "container-entrypoint-log",
+    "container-writable",
+    "container-readonly",
+)
 
 # In the order they are rendered; the options that are never rendered come last.
 OPTIONS: tuple[Option, ...] = (
@@ -174,6 +197,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("test-only", instead="use hpctf submit --dry-run"),
     Option("wait", instead="hpctf submit returns once the job is queued", short="W"),
     Option("export", instead="srun inside the script needs the job's environment"),
+    # Containers: pyxis adds its srun options to sbatch too, and there they run the whole batch
+    # script in the image, where scontrol (hpctf's requeue) and srun are usually missing
+    # (https://github.com/NVIDIA/pyxis/wiki/Frequently-asked-questions); --container is
+    # Slurm's own OCI bundle option. hpctf puts only the workers in the site's container.
+    *(Option(flag, instead=_CONTAINER) for flag in _CONTAINER_OPTIONS),
 )
 
 MANAGED: dict[str, str] = {o.flag: o.instead for o in OPTIONS if o.instead}

@@ -32,6 +32,7 @@ from hpctf.core.assets import shipped_dir
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import UserError
 from hpctf.core.sources import KeyPath, Origin
+from hpctf.login.containers import container_launch
 
 TEMPLATE = "sbatch.sh.j2"
 # What sbatch reads as one argument of an #SBATCH line and nothing more: no whitespace (it
@@ -186,6 +187,7 @@ def render(config: ResolvedConfig, run_dir: Path) -> str:
         "nodes": res.nodes,
         "tasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
+        "container": container_launch(config, run_dir),
     }
     name = TEMPLATE
     if config.site.template:

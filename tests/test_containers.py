@@ -1,0 +1,317 @@
+"""A site's ``container:`` (pyxis, apptainer): the schema, what extra_sbatch may not say, and
+each rendered script run for real by bash.
+
+The run test renders a script with ``hpctf render -o`` (a real run directory with its code
+snapshot) and runs it with bash as Slurm would, SLURM_* set, with recorders first on PATH:
+``srun`` (for pyxis it also plays the container runtime its --container-* options ask for),
+``apptainer`` and ``scontrol``. A container runtime here is a recorder that "enters" an image:
+it runs the command with the image's bin directory first on PATH (where the only ``python3`` is
+a fake worker), the image's own environment laid over the host's as the real runtime does, and
+HPCTF_TEST_IMAGE set. The fake worker records what it saw and ends as a preempted worker does
+(a ``preempted`` record, exit 75), so hpctf's job-end requeues the job with ``scontrol
+requeue``: the test asserts that call came from outside the container.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctf.core.sbatch_options import normalize_sbatch_option
+from tests.conftest import DIGITS, HPCTF, require_tool, write
+
+IMAGE_ENV = {"WANDB_API_KEY": "from-image", "NCCL_DEBUG": "from-image", "IMAGE_ONLY": "1"}
+
+# The runtimes, as far as the batch script depends on them. Both take the image's environment
+# over the host's (pyxis: "their existing values in the image take precedence"; apptainer: the
+# image's %environment), except what --container-env names (pyxis) or APPTAINERENV_<NAME> sets
+# (apptainer).
+_RUNTIME = r"""
+import json, os, sys
+RECORDS = os.environ["HPCTF_TEST_RECORDS"]
+IMAGE_BIN = os.environ["HPCTF_TEST_IMAGE_BIN"]
+IMAGE_ENV = json.loads(os.environ["HPCTF_TEST_IMAGE_ENV"])
+
+
+def record(tool, **fields):
+    with open(os.path.join(RECORDS, tool + ".jsonl"), "a") as handle:
+        handle.write(json.dumps({"argv": sys.argv[1:], "inside": os.environ.get(
+            "HPCTF_TEST_IMAGE"), **fields}) + "\n")
+
+
+def enter(image, mounts, workdir, command, keep=(), overrides=None):
+    env = dict(os.environ)
+    env.update({k: v for k, v in IMAGE_ENV.items() if k not in keep})
+    env.update(overrides or {})
+    env["PATH"] = IMAGE_BIN + os.pathsep + env["PATH"]
+    env["HPCTF_TEST_IMAGE"] = image
+    env["HPCTF_TEST_MOUNTS"] = mounts
+    os.chdir(workdir)
+    os.execvpe(command[0], command, env)
+"""
+
+SRUN = (
+    _RUNTIME
+    + r"""
+args = sys.argv[1:]
+options = {}
+while args and args[0].startswith("--"):
+    name, _, value = args.pop(0)[2:].partition("=")
+    options[name] = value
+record("srun")
+os.environ.update({"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0"})
+if "container-image" in options:  # pyxis
+    keep = [n for n in options.get("container-env", "").split(",") if n]
+    enter(options["container-image"], options["container-mounts"],
+          options["container-workdir"], args, keep)
+os.execvp(args[0], args)
+"""
+)
+
+APPTAINER = (
+    _RUNTIME
+    + r"""
+args = sys.argv[1:]
+assert args.pop(0) == "exec", args
+flags = {"nv": False}
+while args[0].startswith("--"):
+    flag = args.pop(0)[2:]
+    flags[flag] = True if flag == "nv" else args.pop(0)
+image, command = args[0], args[1:]
+record("apptainer")
+overrides = {k[len("APPTAINERENV_"):]: v for k, v in os.environ.items()
+             if k.startswith("APPTAINERENV_")}
+enter(image, flags["bind"], flags["pwd"], command, overrides=overrides)
+"""
+)
+
+SCONTROL = _RUNTIME + '\nrecord("scontrol")\n'
+
+# The image's python3: records what the worker would see, then ends as a preempted worker.
+WORKER = (
+    _RUNTIME
+    + r"""
+from hpctf.core.rundir import RunDir
+run_dir = sys.argv[-1]
+record("worker", cwd=os.getcwd(), mounts=os.environ["HPCTF_TEST_MOUNTS"],
+       env={k: os.environ.get(k) for k in ("WANDB_API_KEY", "NCCL_DEBUG", "IMAGE_ONLY")})
+RunDir(__import__("pathlib").Path(run_dir)).record(
+    "preempted", job_id=os.environ["SLURM_JOB_ID"], step=0, signal="USR2")
+sys.exit(75)
+"""
+)
+
+
+def tool(path: Path, body: str) -> None:
+    write(path, f"#!{sys.executable}\n{body}")
+    path.chmod(0o755)
+
+
+def records(directory: Path, name: str) -> list[dict[str, Any]]:
+    path = directory / f"{name}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def container_site(sites: Path, runtime: str) -> str:
+    name = f"test-{runtime}"
+    write(
+        sites / f"{name}.yaml",
+        f"""name: {name}
+extends: local-slurm
+python: {sys.executable}
+env: {{NCCL_DEBUG: WARN}}
+container:
+  runtime: {runtime}
+  image: /images/hpctf-tf.img
+  mounts: [/data/sets, "/datasets:/data:ro"]
+  env: [WANDB_API_KEY]
+""",
+    )
+    return name
+
+
+def hpctf(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*HPCTF, *args], env=env, capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_the_script_starts_the_worker_in_the_container_and_requeues_outside_it(
+    tmp_path: Path, runtime: str
+) -> None:
+    sites, runs, recorded = tmp_path / "sites", tmp_path / "runs", tmp_path / "records"
+    recorded.mkdir()
+    login_env = {
+        **os.environ,
+        "HOME": str(tmp_path / "home"),
+        "HPCTF_SITE_PATH": str(sites),
+        "HPCTF_RUNS_ROOT": str(runs),
+    }
+    site = container_site(sites, runtime)
+    script = tmp_path / "job.sbatch"
+    made = hpctf(
+        login_env, "render", str(DIGITS), "--site", site, "--set", "resources.nodes=1",
+        "-o", str(script),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    (run_dir,) = runs.iterdir()
+    host_bin, image_bin = tmp_path / "host-bin", tmp_path / "image-bin"
+    tool(host_bin / "srun", SRUN)
+    tool(host_bin / "apptainer", APPTAINER)
+    tool(host_bin / "scontrol", SCONTROL)
+    tool(image_bin / "python3", WORKER)
+    job_env = {
+        **login_env,
+        "PATH": f"{host_bin}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_RESTART_COUNT": "0",
+        "WANDB_API_KEY": "from-host",
+        "HPCTF_TEST_RECORDS": str(recorded),
+        "HPCTF_TEST_IMAGE_BIN": str(image_bin),
+        "HPCTF_TEST_IMAGE_ENV": json.dumps(IMAGE_ENV),
+    }
+    job = subprocess.run(
+        [require_tool("bash"), str(script)],
+        env=job_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert job.returncode == 75, job.stdout + job.stderr
+
+    # The worker: once, inside the image, with the run directory, the code snapshot and the
+    # site's mounts, the host's values for the variables the site passes in.
+    (worker,) = records(recorded, "worker")
+    assert worker["inside"] == "/images/hpctf-tf.img"
+    assert worker["argv"] == ["-m", "hpctf", "worker", str(run_dir)]
+    assert worker["cwd"] == str(run_dir)
+    mounts = worker["mounts"].split(",")
+    assert mounts == [
+        f"{run_dir}:{run_dir}",
+        f"{run_dir}/code:{run_dir}/code:ro",
+        "/data/sets:/data/sets",
+        "/datasets:/data:ro",
+    ]
+    frozen = json.loads((run_dir / "config.json").read_text())
+    code = frozen["experiment"]["train"]["python_path"]
+    assert code and all(p.startswith(f"{run_dir}/code/") for p in code), code
+    assert worker["env"] == {
+        "WANDB_API_KEY": "from-host",  # named in container.env
+        "NCCL_DEBUG": "WARN",  # the site's env, exported by the script
+        "IMAGE_ONLY": "1",  # the image's own environment is there too
+    }
+
+    # The runtime saw exactly one command, the worker's; nothing of hpctf's own went in.
+    (srun,) = records(recorded, "srun")
+    assert srun["inside"] is None
+    if runtime == "pyxis":
+        assert "--mpi=none" in srun["argv"]
+        assert f"--container-name=hpctf-{run_dir.name}" in srun["argv"]
+        assert "--container-env=WANDB_API_KEY,NCCL_DEBUG,TF_CPP_MIN_LOG_LEVEL" in srun["argv"]
+        assert records(recorded, "apptainer") == []
+    else:
+        (apptainer,) = records(recorded, "apptainer")
+        assert apptainer["inside"] is None
+        assert "--nv" not in apptainer["argv"]  # this job asks for no GPUs
+        worker_command = ["python3", "-m", "hpctf", "worker", str(run_dir)]
+        assert apptainer["argv"][-6:] == ["/images/hpctf-tf.img", *worker_command]
+        assert not any(a.startswith("--container") for a in srun["argv"])
+
+    # The requeue: scontrol called by job-end on the host, and recorded in the journal.
+    (scontrol,) = records(recorded, "scontrol")
+    assert scontrol == {"argv": ["requeue", "4242"], "inside": None}
+    journal = sorted((run_dir / "journal").glob("*.json"))
+    events = [json.loads(p.read_text())["event"] for p in journal]
+    assert events[-4:] == ["started", "preempted", "ended", "requeued"], events
+    assert "requeued: " in job.stdout, job.stdout
+
+
+def test_extra_sbatch_may_not_start_a_container() -> None:
+    refused = (
+        "--container-image=nvcr.io/nvidia/tensorflow",
+        "--container-mounts=/a:/a",
+        "--container-name=x",
+        "--container-workdir=/w",
+        "--container-env=A",
+        "--container=/bundle",
+        "--no-container-mount-home",
+        "--container-i=x",  # sbatch takes any unambiguous prefix
+    )
+    for item in refused:
+        with pytest.raises(ValueError, match=r"set the site's `container:`"):
+            normalize_sbatch_option(item)
+
+
+def write_experiment(tmp_path: Path, extra: str = "") -> Path:
+    text = DIGITS.read_text()
+    return write(tmp_path / "exp" / "experiment.yaml", text + extra)
+
+
+@pytest.mark.parametrize(
+    ("container", "expected"),
+    [
+        (
+            "{runtime: docker, image: x}",
+            "container.runtime: Input should be 'pyxis' or 'apptainer'",
+        ),
+        ("{runtime: pyxis}", "container.image: required key is missing"),
+        (
+            "{runtime: pyxis, image: x, mounts: ['/a,b']}",
+            "container.mounts.0: mount source '/a,b' must be an absolute path "
+            "without ',', ':' or spaces",
+        ),
+        (
+            "{runtime: pyxis, image: x, mounts: [data]}",
+            "container.mounts.0: mount source 'data' must be an absolute path",
+        ),
+        (
+            "{runtime: apptainer, image: x, mounts: ['/a:/b:rshared']}",
+            "container.mounts.0: '/a:/b:rshared': mount option 'rshared' is not one of ro, rw",
+        ),
+        (
+            "{runtime: apptainer, image: x, env: [A-B]}",
+            "container.env.0: 'A-B' is not an environment variable name",
+        ),
+        ("{runtime: pyxis, image: x, volumes: []}", "container.volumes: unknown key"),
+    ],
+)
+def test_a_bad_container_is_one_line_naming_the_key_exit_2(
+    tmp_path: Path, container: str, expected: str
+) -> None:
+    sites = tmp_path / "sites"
+    write(sites / "bad.yaml", f"name: bad\nextends: local-slurm\ncontainer: {container}\n")
+    env = {**os.environ, "HPCTF_SITE_PATH": str(sites), "HPCTF_RUNS_ROOT": str(tmp_path / "r")}
+    proc = hpctf(env, "render", str(DIGITS), "--site", "bad", "-o", str(tmp_path / "job.sbatch"))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"bad.yaml:3: {expected}" in line, line
+    assert not (tmp_path / "r").exists() and not (tmp_path / "job.sbatch").exists()
+
+
+def test_a_container_on_the_local_site_and_a_run_dir_with_a_comma_are_refused(
+    tmp_path: Path,
+) -> None:
+    sites = tmp_path / "sites"
+    container = "container: {runtime: pyxis, image: x}\n"
+    write(sites / "lc.yaml", f"name: lc\nextends: local\n{container}")
+    write(sites / "ok.yaml", f"name: ok\nextends: local-slurm\n{container}")
+    env = {**os.environ, "HPCTF_SITE_PATH": str(sites), "HPCTF_RUNS_ROOT": str(tmp_path / "r")}
+    local = hpctf(env, "render", str(DIGITS), "--site", "lc")
+    assert local.returncode == 2
+    assert "container: a container needs scheduler: slurm" in local.stderr
+    comma = hpctf({**env, "HPCTF_RUNS_ROOT": str(tmp_path / "a,b")}, "render", str(DIGITS),
+                  "--site", "ok")  # fmt: skip
+    assert comma.returncode == 2
+    (line,) = comma.stderr.strip().splitlines()
+    assert "holds ',', ':' or a space, where pyxis splits its mount list" in line
+    assert not (tmp_path / "a,b").exists()
