@@ -161,7 +161,14 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     if run.done.exists():
         log.info("run already complete (%s exists); nothing to do", run.done)
         return 0
-    startup_checks(spec)
+    quick = config.experiment.train.preflight == "quick"
+    if quick:
+        from hpctf.compute import quick_preflight  # imports this module: not at the top
+
+        if (failed := quick_preflight.check_node(run, spec, env)) is not None:
+            return failed
+    else:
+        startup_checks(spec)
     install_early_handlers()
     prepare_environment(os.environ, spec)
     sys.path[:0] = config.experiment.train.python_path
@@ -171,7 +178,10 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
         config.gpus_per_node,
         config.experiment.resources.tasks_per_node,
     )
-    check_tensorflow_gpus(grant)
+    if not quick:
+        check_tensorflow_gpus(grant)
+    elif (failed := quick_preflight.check_tensorflow(run, spec, grant)) is not None:
+        return failed
 
     from hpctf.compute import training  # TensorFlow is imported here and nowhere on the login path.
 

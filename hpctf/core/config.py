@@ -108,6 +108,16 @@ class Train(_Strict):
         False, description="mixed_float16 on GPUs, mixed_bfloat16 on CPUs"
     )
     jit_compile: bool = Field(False, description="compile the step's forward and backward with XLA")
+    # On by default: the checks take milliseconds (sysfs reads, two name lookups, one bind;
+    # TensorFlow is imported next anyway), and what they catch, a port of the fabric down or an
+    # HCA missing, otherwise costs a whole allocation that hangs in NCCL's start or trains over
+    # TCP sockets at a fraction of the speed.
+    preflight: Literal["quick", "off"] = Field(
+        "quick",
+        description="quick: each rank checks its node (memlock, InfiniBand ports, addresses, "
+        "port, TensorFlow and GPUs) before joining, and a failed check ends the job naming node "
+        "and check; off: only the addresses, the port and the GPUs, as a plain error",
+    )
     communication: Literal["auto", "nccl", "ring"] = Field(
         "auto", description="collective implementation; auto: NCCL when GPUs are visible, else RING"
     )

@@ -21,6 +21,9 @@ BUG_EXIT = 70  # sysexits.h EX_SOFTWARE
 PREEMPTED_EXIT = 75
 # timeout(1)'s "timed out": a rank's watchdog saw no progress (a stuck peer or collective).
 STALLED_EXIT = 124
+# sysexits.h EX_UNAVAILABLE: a rank's node failed a check of train.preflight: quick (the rank
+# log and the journal's node_check_failed record say which node and check).
+NODE_CHECK_EXIT = 69
 
 
 class UserError(Exception):

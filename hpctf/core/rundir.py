@@ -161,8 +161,21 @@ class RunDir:
             cancelled=any(e["event"] == "cancelled" for e in since_start),
             walltime_signal=walltime_signal,
         )
+        # Which nodes failed a check of train.preflight: quick: srun's exit status cannot say
+        # (it reports the ranks it killed afterwards, 143 or 137), the ranks' records can.
+        failed_checks = [
+            {"node": e.get("node"), "rank": e.get("rank"), "check": e.get("check")}
+            for e in since_start
+            if e["event"] == "node_check_failed"
+        ]
+        extra = {"node_checks_failed": failed_checks} if failed_checks else {}
         self.record(
-            "ended", job_id=job_id, exit_code=exit_code, reason=reason, step=self.checkpoint_step()
+            "ended",
+            job_id=job_id,
+            exit_code=exit_code,
+            reason=reason,
+            step=self.checkpoint_step(),
+            **extra,
         )
         return reason
 

@@ -1,0 +1,164 @@
+"""``train.preflight: quick``: a rank whose node fails a cheap check ends before TensorFlow's
+strategy, naming node and check in its log and in the journal; job-end carries it on.
+
+The worker runs for real (``python -m hpctf worker RUN_DIR``) with the environment srun would
+give one task; every failure here happens before TensorFlow is imported, so none needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpctf.compute.cluster import ClusterSpec, cluster_spec
+from hpctf.compute.node_checks import Check
+from hpctf.compute.quick_preflight import EVENT, before_tensorflow, failure_line, judge
+from hpctf.core.errors import NODE_CHECK_EXIT
+from hpctf.core.rundir import RunDir
+from hpctf.login.local import task_environment
+from tests.conftest import DIGITS, HPCTF, write
+
+JOB_ID = 7
+
+
+def make_run(tmp_path: Path, *sets: str, env: str = "{}") -> RunDir:
+    """A run directory of the digits example on a Slurm-like site with ``env``."""
+    sites = write(
+        tmp_path / "sites" / "s.yaml",
+        f"name: s\nextends: local-slurm\nenv: {env}\n",
+    ).parent
+    runs = tmp_path / "runs"
+    proc = subprocess.run(
+        [*HPCTF, "render", str(DIGITS), "--site", "s", "-o", str(tmp_path / "job.sbatch"),
+         "--set", "resources.nodes=1", *(a for s in sets for a in ("--set", s))],
+        env={**os.environ, "HPCTF_SITE_PATH": str(sites), "HPCTF_RUNS_ROOT": str(runs)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (path,) = runs.iterdir()
+    return RunDir(path)
+
+
+def task_env() -> dict[str, str]:
+    return task_environment(os.environ, JOB_ID, 1, 0)
+
+
+def worker(run: RunDir) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*HPCTF, "worker", str(run.path)],
+        env=task_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def spec_of(run: RunDir) -> ClusterSpec:
+    site = run.load_config().site
+    return cluster_spec(task_env(), site.port_range, site.hostname_template)
+
+
+@pytest.fixture
+def taken(tmp_path: Path) -> Iterator[tuple[RunDir, int]]:
+    """A run directory, and its rank 0's port held by a listener of this test."""
+    run = make_run(tmp_path)
+    port = spec_of(run).port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        yield run, port
+
+
+def events(run: RunDir, name: str) -> list[dict[str, object]]:
+    return [e for e in run.events() if e["event"] == name]
+
+
+def test_a_taken_port_ends_the_rank_naming_node_and_check(taken: tuple[RunDir, int]) -> None:
+    run, port = taken
+    proc = worker(run)
+    assert proc.returncode == NODE_CHECK_EXIT == 69, proc.stdout + proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if "node check failed" in x]
+    assert line.split(": ", 1)[1].startswith(
+        f"error: node check failed on localhost (rank 0): port: port {port} on localhost is "
+        "taken (Address already in use)"
+    ), line
+    assert f"; fix: find the listener with `ss -ltnp 'sport = :{port}'` on localhost" in line
+    assert "import tensorflow" not in proc.stdout and "Traceback" not in proc.stderr
+    (record,) = events(run, EVENT)
+    assert {k: record[k] for k in ("job_id", "node", "rank", "check")} == {
+        "job_id": str(JOB_ID),
+        "node": "localhost",
+        "rank": 0,
+        "check": "port",
+    }
+
+
+def test_with_preflight_off_a_taken_port_is_the_plain_error_it_was(
+    tmp_path: Path,
+) -> None:
+    run = make_run(tmp_path, "train.preflight=off")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", spec_of(run).port))
+        listener.listen()
+        proc = worker(run)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "is taken" in proc.stderr and not events(run, EVENT)
+
+
+def test_infiniband_named_by_the_site_but_absent_fails_the_node(tmp_path: Path) -> None:
+    if Path("/sys/class/infiniband").exists():
+        pytest.skip("this machine has InfiniBand devices")
+    run = make_run(tmp_path, env='{NCCL_IB_HCA: "=mlx5_0"}')
+    env = {**task_env(), "NCCL_IB_HCA": "=mlx5_0"}  # as the batch script exports it
+    proc = subprocess.run(
+        [*HPCTF, "worker", str(run.path)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == NODE_CHECK_EXIT, proc.stdout + proc.stderr
+    assert (
+        "node check failed on localhost (rank 0): infiniband: NCCL_IB_HCA==mlx5_0 but this "
+        "node has no /sys/class/infiniband" in proc.stdout
+    ), proc.stdout
+    assert [e["check"] for e in events(run, EVENT)] == ["infiniband"]
+
+
+def test_the_checks_before_tensorflow_pass_here_and_a_warning_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = make_run(tmp_path)
+    spec = spec_of(run)
+    checks = before_tensorflow(spec, {})
+    assert [c.check for c in checks] == ["memlock", "infiniband", "hostnames", "port"]
+    assert all(c.status in {"ok", "skip", "warn"} for c in checks), checks
+    caplog.set_level("INFO", logger="hpctf.worker")
+    warned = Check("memlock", "warn", "64 KiB with InfiniBand: RDMA may fail", "raise it")
+    assert judge(run, spec, [warned, Check("port", "ok", "free")]) is None
+    assert "node check memlock on localhost: 64 KiB with InfiniBand" in caplog.text
+    assert "node checks on localhost: memlock warn, port ok" in caplog.text
+    assert not events(run, EVENT)
+    failed = Check("infiniband", "fail", "mlx5_0:1 DOWN", "check the link")
+    assert failure_line(spec, failed) == (
+        "node check failed on localhost (rank 0): infiniband: mlx5_0:1 DOWN; fix: check the link"
+    )
+
+
+def test_job_end_records_the_nodes_that_failed_a_check(tmp_path: Path) -> None:
+    """srun reports 143 when it killed the healthy ranks; the records still name the node."""
+    run = make_run(tmp_path)
+    run.record_start("41")
+    run.record(EVENT, job_id="41", node="node2", rank=1, check="port", detail="d", fix="f")
+    assert run.record_end("41", 143, "USR2") == "failed"
+    (ended,) = events(run, "ended")
+    assert ended["node_checks_failed"] == [{"node": "node2", "rank": 1, "check": "port"}]
+    run.record_start("41")
+    run.record_end("41", 0, "USR2")
+    assert "node_checks_failed" not in events(run, "ended")[-1]
+    assert json.loads(run.config_file.read_text())["experiment"]["train"]["preflight"] == "quick"
