@@ -564,3 +564,64 @@ exec {sys.executable} "$@"
     failures = [line for line in proc.stdout.splitlines() if line.startswith("FAIL ")]
     assert len(failures) == 1 and failures[0].startswith("FAIL node2: tensorflow: cannot import")
     assert "; fix: install hpctf[tf] (CPU nodes) or hpctf[gpu] (GPU nodes)" in failures[0]
+
+
+@pytest.mark.slurm
+@pytest.mark.tf
+def test_doctor_names_the_node_whose_worker_port_is_taken(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """The site's python is a wrapper that, on node2 only, first starts a listener on the port
+    that node2's task will check (``hpctf tfconfig`` in the same step computes it): node2 fails
+    its port check naming the port, and node1 does not wait for it in the all-reduce."""
+    holder = write(
+        tmp_path / "hold_port.py",
+        """import json, socket, sys, time
+spec = json.loads(sys.argv[1])
+port = int(spec["cluster"]["worker"][spec["task"]["index"]].rpartition(":")[2])
+listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+listener.bind(("", port))
+listener.listen()
+with open(sys.argv[2], "w") as ready:
+    ready.write(str(port))
+time.sleep(90)  # ended with the step; bounded in case it is not
+""",
+    )
+    sites = tmp_path / "sites"
+    site = write(sites / "port-on-one.yaml", "name: port-on-one\nextends: local-slurm\n")
+    held = tmp_path / "held-port"
+    wrapper = write(
+        tmp_path / "python",
+        f"""#!/bin/bash
+if [ "${{SLURMD_NODENAME:-}}" = node2 ] && [ "${{3:-}}" = preflight ]; then
+  spec=$({sys.executable} -m hpctf tfconfig --site {site}) || exit 1
+  {sys.executable} {holder} "$spec" {held}.tmp &
+  for _ in $(seq 100); do [ -s {held}.tmp ] && break; sleep 0.1; done
+  mv {held}.tmp {held}
+fi
+exec {sys.executable} "$@"
+""",
+    )
+    wrapper.chmod(0o755)
+    site.write_text(site.read_text() + f"python: {wrapper}\n")
+    env = {
+        **slurm_cluster,
+        "HPCTF_RUNS_ROOT": str(tmp_path / "runs"),
+        "HPCTF_SITE_PATH": str(sites),
+    }
+    started = time.monotonic()
+    proc = doctor_run(env, tmp_path, "--site", "port-on-one", "--nodes", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 120  # nobody waited for the watchdog
+    port = held.read_text()
+    rows = rows_of(proc.stdout)
+    assert rows[("node1", "port")][0] == "ok"
+    assert rows[("node2", "port")] == (
+        "fail",
+        f"port {port} on node2 is taken (Address already in use): another job or a leftover "
+        "process listens there; hpctf picks ports from the site's port_range by job id",
+    )
+    assert rows[("node1", "allreduce")] == ("skip", "not run: port failed on node2 (rank-1)")
+    failures = [line for line in proc.stdout.splitlines() if line.startswith("FAIL ")]
+    assert len(failures) == 1 and failures[0].startswith(f"FAIL node2: port: port {port} on")
+    assert f"; fix: find the listener with `ss -ltnp 'sport = :{port}'` on node2" in failures[0]
