@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from hpctf.core.sbatch_options import normalize_sbatch_option
-from tests.conftest import DIGITS, HPCTF, require_tool, write
+from tests.conftest import DIGITS, HPCTF, require_tool, submitted, wait_for_job, write
 
 IMAGE_ENV = {"WANDB_API_KEY": "from-image", "NCCL_DEBUG": "from-image", "IMAGE_ONLY": "1"}
 
@@ -315,3 +315,73 @@ def test_a_container_on_the_local_site_and_a_run_dir_with_a_comma_are_refused(
     (line,) = comma.stderr.strip().splitlines()
     assert "holds ',', ':' or a space, where pyxis splits its mount list" in line
     assert not (tmp_path / "a,b").exists()
+
+
+# A pass-through apptainer for the real cluster: records where and how it was called, applies
+# APPTAINERENV_<NAME> as Apptainer does, and runs the command on the node itself.
+PASS_THROUGH = r"""
+import json, os, sys
+args = sys.argv[1:]
+name = f"apptainer-{os.environ.get('SLURM_PROCID')}-{os.getpid()}.json"
+with open(os.path.join(os.environ["HPCTF_TEST_RECORDS"], name), "w") as handle:
+    json.dump({"argv": args, "node": os.environ.get("SLURMD_NODENAME")}, handle)
+while args and args[0] != os.environ["HPCTF_TEST_IMAGE"]:
+    args.pop(0)
+env = dict(os.environ, HPCTF_TEST_INSIDE="1")
+env.update({k[len("APPTAINERENV_"):]: v for k, v in os.environ.items()
+            if k.startswith("APPTAINERENV_")})
+os.execve(args[1], args[1:], env)
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.tf
+def test_an_apptainer_run_trains_on_two_slurm_nodes(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """The rendered Apptainer script on the real test cluster: srun starts `apptainer exec` on
+    both nodes (here a pass-through that records its argv), the workers train to the end, and
+    the run ends done; the batch shell itself never went through apptainer."""
+    recorded, fake_bin, sites = tmp_path / "records", tmp_path / "bin", tmp_path / "sites"
+    recorded.mkdir()
+    tool(fake_bin / "apptainer", PASS_THROUGH)
+    image = "/images/hpctf-tf.sif"
+    write(
+        sites / "real-apptainer.yaml",
+        f"""name: real-apptainer
+extends: local-slurm
+container: {{runtime: apptainer, image: {image}, python: {sys.executable}}}
+""",
+    )
+    env = {
+        **slurm_cluster,
+        "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",  # sbatch passes it to the job
+        "HPCTF_SITE_PATH": str(sites),
+        "HPCTF_RUNS_ROOT": str(tmp_path / "runs"),
+        "HPCTF_TEST_RECORDS": str(recorded),
+        "HPCTF_TEST_IMAGE": image,
+    }
+    proc = subprocess.run(
+        [*HPCTF, "submit", str(DIGITS), "--site", "real-apptainer", "--set", "train.steps=40",
+         "--set", "checkpoint.every_steps=20"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id, run_dir = submitted(proc.stdout)
+    assert job_id
+    info = wait_for_job(job_id)
+    logs = "\n".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").iterdir()))
+    assert info["JobState"] == "COMPLETED", logs
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 40
+    calls = [json.loads(p.read_text()) for p in sorted(recorded.glob("apptainer-*.json"))]
+    assert [c["node"] for c in calls] == ["node1", "node2"], calls  # one call per rank, no more
+    code = f"{run_dir}/code"
+    for call in calls:
+        assert call["argv"][:2] == ["exec", "--pwd"] and "--nv" not in call["argv"]
+        assert call["argv"][call["argv"].index("--bind") + 1] == (
+            f"{run_dir}:{run_dir},{code}:{code}:ro"
+        )
+        assert call["argv"][-6:] == [image, sys.executable, "-m", "hpctf", "worker", str(run_dir)]
+    ended = [e for e in map(json.loads, (p.read_text() for p in sorted(
+        (run_dir / "journal").glob("*.json")))) if e["event"] == "ended"]  # fmt: skip
+    assert [(e["reason"], e["exit_code"]) for e in ended] == [("done", 0)]
