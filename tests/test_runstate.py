@@ -219,3 +219,26 @@ def test_after_end_says_why() -> None:
 def test_before_start(events: list[dict[str, Any]], go: bool, gave_up: bool) -> None:
     decision = before_start(run_state(events), BUDGETS)
     assert (decision.go, decision.gave_up) == (go, gave_up), decision.why
+
+
+@pytest.mark.parametrize(
+    ("advanced", "requeued_without_it"),
+    [(True, True), (False, False)],
+)
+def test_a_start_the_environment_stopped_is_not_requeued(
+    advanced: bool, requeued_without_it: bool
+) -> None:
+    """A full disk at save time: the chief recorded environment_failed and exited 3. With or
+    without progress, a requeue would fail at the next save: the run gives up, saying why."""
+    why = "cannot save the checkpoint of step 200 in /r/checkpoints: No space left on device"
+    step = 100 if advanced else 0
+    plain = [SUBMITTED, started(0), ended("failed", step, 3)]
+    stopped = [SUBMITTED, started(0), {"event": "environment_failed", "why": why}, plain[-1]]
+    assert after_end(run_state(plain), BUDGETS).go is requeued_without_it
+    decision = after_end(run_state(stopped), BUDGETS)
+    assert (decision.go, decision.gave_up) == (False, True)
+    assert decision.why == f"failed: {why}"
+    assert run_state(stopped).starts[0].environment == why
+    # Recorded before the start: it belongs to no start, and stops none.
+    early = [SUBMITTED, {"event": "environment_failed", "why": why}, started(0), plain[-1]]
+    assert run_state(early).starts[0].environment is None

@@ -15,6 +15,7 @@ diverged weights, or call different collectives.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from hpctf.compute.cluster import ClusterSpec
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 
 log = logging.getLogger("hpctf.worker")
 
@@ -137,9 +138,18 @@ class Checkpointer:
         return path
 
     def save(self, step: int) -> str | None:
-        """Save ``step``; returns the path on the chief, None on the other ranks."""
+        """Save ``step``; returns the path on the chief, None on the other ranks.
+
+        A filesystem that refuses the chief's save (full, over quota, read-only) is an
+        EnvironmentProblem, in one line; the newest complete checkpoint stays the latest.
+        """
         if self._manager is not None:
-            return str(self._manager.save(checkpoint_number=step))
+            try:
+                return str(self._manager.save(checkpoint_number=step))
+            except (tf.errors.ResourceExhaustedError, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno not in _REFUSED:
+                    raise  # not the filesystem's word: ours to report
+                raise self._save_failed(step, exc) from exc
         throwaway = tempfile.mkdtemp(prefix=f"hpctf-worker{self._task_index}-ckpt-")
         try:
             tf.train.CheckpointManager(self._checkpoint, throwaway, max_to_keep=1).save(
@@ -148,6 +158,31 @@ class Checkpointer:
         finally:
             shutil.rmtree(throwaway, ignore_errors=True)
         return None
+
+    def _save_failed(self, step: int, exc: BaseException) -> EnvironmentProblem:
+        """The error for a save the filesystem refused, after removing what it left.
+
+        TensorFlow writes ``ckpt-N_temp/`` first and lists ``ckpt-N`` in the ``checkpoint``
+        state file only after the rename, so a failed save is never taken as the latest; on
+        ENOSPC it removes its partial data file but leaves the empty temporary directory
+        (measured, TF 2.21: ``ResourceExhaustedError ... No space left on device [Op:SaveV2]``).
+        """
+        for leftover in self._directory.glob(f"ckpt-{step}_temp*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = said.rsplit("; ", 1)[-1].removesuffix(" [Op:SaveV2]")  # TF's: "<path>; <errno>"
+        if isinstance(exc, OSError) and exc.strerror:
+            cause = exc.strerror
+        kept = max(self.listed(), default=None)
+        return EnvironmentProblem(
+            f"cannot save the checkpoint of step {step} in {self._directory}: {cause}; "
+            + (f"the checkpoint of step {kept} is kept" if kept is not None else "none is kept")
+            + f": free space there, then hpctf resubmit {self._directory.parent}"
+        )
+
+
+# What a filesystem says when it takes no more: full, over quota, read-only.
+_REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 def _readable(path: str) -> bool:

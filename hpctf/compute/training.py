@@ -8,6 +8,7 @@ models and optimizers.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import math
@@ -21,7 +22,7 @@ from hpctf.api import DataSource, Task
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.session import Preempted, Session, with_loss_scaling
 from hpctf.core.config import ResolvedConfig, Train
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -53,6 +54,11 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
             builtin_loop(session, entry)
     except Preempted as stop:
         return int(stop.code or 0)
+    except EnvironmentProblem as exc:
+        if spec.is_chief:  # the batch script does not requeue a run the environment stopped
+            with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full too
+                run.record("environment_failed", job_id=str(spec.job_id), why=str(exc))
+        raise
     return 0
 
 

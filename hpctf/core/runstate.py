@@ -21,6 +21,8 @@ node_fail  the job was killed from outside without a warning: a node  failure
 cancelled  ``hpctf cancel`` or scancel                                --
 ========== ========================================================== ====================
 
+A start that the environment stopped (the chief recorded ``environment_failed``: a full disk
+at save time) is not requeued: it would fail again at the next save.
 A crash or a stall is requeued only when the run advanced (its checkpoint step grew) during
 that start: an entry that raises at step 0 gives up at once instead of burning allocations. A
 node failure is not the code's fault and is retried within the failure budget alone.
@@ -57,6 +59,8 @@ class Start:
     exit_code: int | None = None
     end_step: int | None = None
     nodes: str | None = None
+    # What the chief said when the environment stopped the start (a full disk at save time).
+    environment: str | None = None
 
     @property
     def advanced(self) -> bool:
@@ -131,10 +135,13 @@ def starts_of(events: Sequence[Mapping[str, Any]]) -> list[Start]:
                     "exit_code": None,
                     "end_step": None,
                     "nodes": event.get("nodes"),
+                    "environment": None,
                 }
             )
         elif kind == "preempted":
             saved = event
+        elif kind == "environment_failed" and starts and starts[-1]["reason"] is None:
+            starts[-1]["environment"] = str(event.get("why") or "the environment failed")
         elif kind == "ended" and starts and starts[-1]["reason"] is None:
             starts[-1]["reason"] = event.get("reason") or "failed"
             starts[-1]["exit_code"] = event.get("exit_code")
@@ -223,6 +230,9 @@ def after_end(state: RunState, budgets: Budgets, slurm_ends_it: bool = False) ->
         return Decision(False, False, reason)
     if slurm_ends_it or reason == "node_fail":
         return Decision(False, False, f"{reason}: Slurm ended the job and requeues it if it can")
+    if last.environment is not None:
+        # A full disk or a read-only filesystem stays so: a requeue would fail at the next save.
+        return Decision(False, True, f"{reason}: {last.environment}")
     if reason in PREEMPTION_REASONS:
         used = state.preemption_requeues
         if used >= budgets.preemption:

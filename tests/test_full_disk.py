@@ -1,0 +1,80 @@
+"""A checkpoint the filesystem refuses (full, over quota, read-only): one line saying so, the
+environment's fault, and the previous checkpoint stays the latest. tests/test_slurm_faults.py
+fills a real filesystem under a real Slurm job; here the refusal is TensorFlow's own error."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from hpctf.core.errors import EnvironmentProblem
+
+pytestmark = pytest.mark.tf
+
+
+def checkpointer(directory: Path) -> Any:
+    import tensorflow as tf
+
+    from hpctf.compute.checkpoints import Checkpointer
+
+    checkpoint = tf.train.Checkpoint(v=tf.Variable([1.0, 2.0]))
+    spec = SimpleNamespace(task_index=0, is_chief=True)
+    return Checkpointer(checkpoint, directory, spec, keep=3)  # type: ignore[arg-type]
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tensorflow as tf
+
+    directory = tmp_path / "run" / "checkpoints"
+    saver = checkpointer(directory)
+    assert saver.save(100) == str(directory / "ckpt-100")
+    manager = saver._manager
+
+    def full(checkpoint_number: int) -> str:
+        # What TF 2.21 leaves and says on ENOSPC (measured on a 1 MB tmpfs).
+        (directory / f"ckpt-{checkpoint_number}_temp").mkdir()
+        message = (
+            f"{{{{function_node __wrapped__SaveV2}}}} {directory}/ckpt-{checkpoint_number}_temp/"
+            "part-00000-of-00001.data-00000-of-00001.tempstate1; No space left on device "
+            "[Op:SaveV2]"
+        )
+        raise tf.errors.ResourceExhaustedError(None, None, message)
+
+    monkeypatch.setattr(manager, "save", full)
+    with pytest.raises(EnvironmentProblem) as caught:
+        saver.save(200)
+    assert str(caught.value) == (
+        f"cannot save the checkpoint of step 200 in {directory}: No space left on device; the "
+        f"checkpoint of step 100 is kept: free space there, then hpctf resubmit {directory.parent}"
+    )
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "checkpoint",
+        "ckpt-100.data-00000-of-00001",
+        "ckpt-100.index",
+    ]
+    assert tf.train.latest_checkpoint(str(directory)) == str(directory / "ckpt-100")
+
+    # Read-only: the same; any other OSError is not the filesystem's word and stays as it is.
+    def refused(checkpoint_number: int) -> str:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(manager, "save", refused)
+    with pytest.raises(
+        EnvironmentProblem,
+        match=r"step 300 .*: Read-only file system; the checkpoint of step 100 is kept",
+    ):
+        saver.save(300)
+
+    def other(checkpoint_number: int) -> str:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(manager, "save", other)
+    with pytest.raises(OSError, match="Bad file descriptor") as bad:
+        saver.save(400)
+    assert not isinstance(bad.value, EnvironmentProblem)
