@@ -221,6 +221,45 @@ def test_before_start(events: list[dict[str, Any]], go: bool, gave_up: bool) -> 
     assert (decision.go, decision.gave_up) == (go, gave_up), decision.why
 
 
+def node_failed(*nodes: str, job: str = "7") -> dict[str, Any]:
+    return {"event": "node_failed", "job_id": job, "nodes": list(nodes)}
+
+
+@pytest.mark.parametrize(
+    ("events", "nodes"),
+    [
+        ([SUBMITTED, started(0)], ()),
+        # Recorded by the batch shell's trap while Slurm requeued the job after a node failure;
+        # the ranks saved on the SIGTERM, so the start ended preempted, not node_fail.
+        ([SUBMITTED, started(0), node_failed("node1"), started(100)], ("node1",)),
+        # Every failure of the run, first first, each node once, across jobs and resubmits.
+        (
+            [
+                SUBMITTED,
+                started(0),
+                node_failed("node3", "node1"),
+                started(100),
+                node_failed("node1"),
+                {"event": "submitted", "job_id": "8"},
+                started(200, job="8"),
+                node_failed("node2", job="8"),
+            ],
+            ("node3", "node1", "node2"),
+        ),
+    ],
+)
+def test_failed_nodes(events: list[dict[str, Any]], nodes: tuple[str, ...]) -> None:
+    assert run_state(events).failed_nodes == nodes
+
+
+def test_a_node_failure_is_not_a_failure_of_the_run() -> None:
+    """The node is left out of later starts; the start itself ended as its ranks saw it."""
+    saved = {"event": "preempted", "job_id": "7", "step": 100, "signal": "TERM"}
+    state = run_state([SUBMITTED, started(0), node_failed("node1"), saved, started(100)])
+    assert [s.reason for s in state.starts] == ["preempted", None]
+    assert (state.state, state.failure_requeues, state.preemption_requeues) == ("running", 0, 1)
+
+
 @pytest.mark.parametrize(
     ("advanced", "requeued_without_it"),
     [(True, True), (False, False)],

@@ -2,7 +2,8 @@
 
 The journal holds one event per fact (:meth:`hpctf.core.rundir.RunDir.record`): ``submitted``,
 ``started`` (with the checkpoint step the start resumes from), ``preempted`` (the chief saved
-an agreed step after a warning), ``signalled`` (the batch shell got SIGTERM), ``ended`` (with
+an agreed step after a warning), ``signalled`` (the batch shell got SIGTERM), ``node_failed``
+(nodes of the job that Slurm said were down or drained when it was killed), ``ended`` (with
 its reason, exit code and step), ``requeued``, ``gave_up``, ``cancelled``. Nothing
 else is consulted, so ``hpctf status`` and the batch script always agree on what happened.
 
@@ -77,6 +78,9 @@ class RunState:
     preemption_requeues: int = 0
     failure_requeues: int = 0
     jobs: tuple[str, ...] = field(default=())
+    # Nodes that failed under one of the run's jobs, in the order they did: every later start
+    # leaves them out (the requeued job's ExcNodeList, resubmit's --exclude).
+    failed_nodes: tuple[str, ...] = ()
 
     @property
     def last(self) -> Start | None:
@@ -168,7 +172,17 @@ def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
         preemption_requeues=sum(1 for s in starts[:-1] if s.reason in PREEMPTION_REASONS),
         failure_requeues=sum(1 for s in starts[:-1] if s.reason in FAILURE_REASONS),
         jobs=tuple(dict.fromkeys(str(e["job_id"]) for e in events if e.get("job_id") is not None)),
+        failed_nodes=failed_nodes(events),
     )
+
+
+def failed_nodes(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """Every node a ``node_failed`` record names, first failure first, each once."""
+    nodes: dict[str, None] = {}
+    for event in events:
+        if event.get("event") == "node_failed":
+            nodes.update(dict.fromkeys(str(n) for n in event.get("nodes") or ()))
+    return tuple(nodes)
 
 
 def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tuple[str, str]:

@@ -184,6 +184,45 @@ def requeue(job_id: str, env: Mapping[str, str] | None = None) -> None:
     run_command(["scontrol", "requeue", job_id], env=env)
 
 
+# Node states (sinfo %T, lower case) in which a node is no place to run on: it failed or an
+# administrator took it out. A trailing "*" means not responding (sinfo(1), NODE STATE CODES).
+_UNUSABLE_STATES = ("down", "drain", "fail", "maint", "reboot", "power_down", "powered_down")
+
+
+def unusable_nodes(
+    nodes: str, env: Mapping[str, str] | None = None, timeout: float = 5.0
+) -> list[str]:
+    """The nodes of Slurm node list ``nodes`` that Slurm says are down, drained or draining,
+    failing or not responding, in Slurm's order (one ``sinfo`` call). ``timeout`` is short: the
+    batch shell's trap asks this while KillWait runs out."""
+    out = run_command(
+        ["sinfo", "--noheader", "--Node", f"--nodes={nodes}", "--format=%N|%T"],
+        env=env,
+        timeout=timeout,
+    )
+    bad: dict[str, None] = {}
+    for line in out.splitlines():
+        name, _, state = line.strip().partition("|")
+        if name and (state.endswith("*") or any(word in state for word in _UNUSABLE_STATES)):
+            bad[name] = None  # sinfo --Node lists a node once per partition
+    return list(bad)
+
+
+def exclude_nodes(job_id: str, nodes: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    """Keep pending job ``job_id`` off ``nodes`` from its next start on (its ExcNodeList).
+
+    Slurm 22.05 changes ExcNodeList of a pending job only ("Job is no longer pending
+    execution" otherwise); a job Slurm requeued itself is pending by the time its batch shell's
+    SIGTERM trap runs (measured on the test cluster), and a requeue keeps the job's spec, so
+    this is the one way a requeued job leaves a node out.
+    """
+    run_command(
+        ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"],
+        env=env,
+        timeout=5.0,
+    )
+
+
 def cancel(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     if job_ids:
         run_command(["scancel", *job_ids], env=env)

@@ -64,8 +64,39 @@ def job_start(run_dir: Path) -> None:
 @_run_dir_argument
 @click.argument("name")
 def job_signal(run_dir: Path, name: str) -> None:
-    """Record that the batch shell got signal NAME (its trap calls this)."""
-    RunDir.open(run_dir).record("signalled", job_id=_job_id("job-signal"), signal=name)
+    """Record that the batch shell got signal NAME (its trap calls this); record the job's
+    nodes that Slurm says are down or drained, and keep the job off them when Slurm requeued
+    it (:func:`exclude_failed_nodes`)."""
+    run = RunDir.open(run_dir)
+    job_id = _job_id("job-signal")
+    run.record("signalled", job_id=job_id, signal=name)
+    nodes = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodes:
+        return
+    try:
+        failed = slurm.unusable_nodes(nodes)
+    except (slurm.SlurmFailure, UserError) as exc:
+        click.echo(f"hpctf: cannot tell whether a node of job {job_id} failed: {exc}", err=True)
+        return
+    if failed:
+        run.record("node_failed", job_id=job_id, nodes=failed, signal=name)
+        exclude_failed_nodes(run, job_id)
+
+
+def exclude_failed_nodes(run: RunDir, job_id: str) -> None:
+    """Keep job ``job_id``, pending again after a requeue, off every node that failed under the
+    run (its ExcNodeList); record it. A job that is not pending (it ended for good) is left as
+    it is, with a line on stderr: ``hpctf resubmit`` leaves those nodes out as well."""
+    nodes = run_state(run.events()).failed_nodes
+    if not nodes:
+        return
+    try:
+        slurm.exclude_nodes(job_id, nodes)
+    except (slurm.SlurmFailure, UserError) as exc:
+        click.echo(f"hpctf: job {job_id} keeps its nodes: {exc}", err=True)
+        return
+    run.record("excluded", job_id=job_id, nodes=list(nodes))
+    click.echo(f"hpctf: job {job_id} will not start on failed node(s) {','.join(nodes)}")
 
 
 @click.command("job-end", hidden=True)
@@ -88,6 +119,7 @@ def job_end(run_dir: Path, exit_code: int) -> None:
         try:
             slurm.requeue(job_id)
             run.record("requeued", job_id=job_id, why=decision.why)
+            exclude_failed_nodes(run, job_id)
         finally:
             signal.signal(signal.SIGTERM, previous)
         click.echo(f"hpctf: job {job_id} requeued: {decision.why}")

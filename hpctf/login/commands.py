@@ -27,6 +27,7 @@ from hpctf.core.rundir import (
     with_snapshot,
     write_atomic,
 )
+from hpctf.core.runstate import run_state
 from hpctf.core.sites import describe_site, listing, read_site, search_path
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login import scaffold
@@ -256,7 +257,13 @@ def _start(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> i
 @click.option(
     "--exclude",
     metavar="NODES",
-    help="Leave these nodes out of the new job (a Slurm node list, e.g. node[3-4],node7).",
+    help="Leave these nodes out of the new job (a Slurm node list, e.g. node[3-4],node7), as "
+    "well as the nodes that failed under the run's earlier jobs.",
+)
+@click.option(
+    "--retry-failed-nodes",
+    is_flag=True,
+    help="Do not leave out the nodes that failed under the run's earlier jobs.",
 )
 @click.option(
     "--update-code",
@@ -264,7 +271,9 @@ def _start(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> i
     help="Copy the code from the experiment's python_path again (by default every start runs "
     "the copy taken at submit).",
 )
-def resubmit(run_dir: Path, exclude: str | None, update_code: bool) -> None:
+def resubmit(
+    run_dir: Path, exclude: str | None, retry_failed_nodes: bool, update_code: bool
+) -> None:
     """Start a new job on RUN_DIR; it resumes from the latest checkpoint."""
     run = RunDir.open(run_dir)
     config = run.load_config()
@@ -294,6 +303,14 @@ def resubmit(run_dir: Path, exclude: str | None, update_code: bool) -> None:
         run.record("code-updated", sources=sources)
         for source in snapshot.read(run.path):
             click.echo(f"code: {source.describe()}")
+    failed = run_state(run.events()).failed_nodes
+    if failed and config.site.scheduler == "slurm" and not retry_failed_nodes:
+        click.echo(
+            f"note: leaving out {','.join(failed)}, which failed under earlier jobs of the run "
+            "(--retry-failed-nodes keeps them)",
+            err=True,
+        )
+        exclude = ",".join([*([exclude] if exclude else []), *failed])
     sys.exit(_start(run, config, exclude))
 
 
