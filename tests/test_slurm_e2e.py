@@ -193,10 +193,11 @@ def wait_for_log(path: Path, text: str, run_dir: Path, deadline: float) -> str:
     return path.read_text()
 
 
-def report_fault(case: str, run_dir: Path) -> None:
+def report_fault(case: str, run_dir: Path, **measured: object) -> None:
     """With HPCTF_FAULT_REPORT=FILE, append what a fault test saw: each start's end, the steps
     trained twice (0 when every logged step is unique), the seconds from an end to the next
-    start. For the README's fault matrix; tests assert on the same records."""
+    start, and what else the test ``measured``. For the README's fault matrix; tests assert on
+    the same records."""
     target = os.environ.get("HPCTF_FAULT_REPORT")
     if not target:
         return
@@ -215,6 +216,7 @@ def report_fault(case: str, run_dir: Path) -> None:
                     "events": times,
                     "logged_twice": len(steps) - len(set(steps)),
                     "starts": [e.get("step") for e in events if e["event"] == "started"],
+                    **measured,
                 }
             )
             + "\n"
