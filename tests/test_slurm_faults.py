@@ -377,6 +377,9 @@ def test_a_full_disk_at_save_time_keeps_the_last_checkpoint_and_resumes_after_a_
             f"hpctf resubmit {run_dir}"
         ], rank0[-2000:]
         assert "Traceback" not in rank0
+        out = (run_dir / "logs" / f"slurm-{job_id}.out").read_text()
+        (gave_up,) = [line for line in out.splitlines() if " not requeued: " in line]
+        assert gave_up.count("hpctf resubmit") == 1, gave_up  # the fix, said once
 
         filler.unlink()
         proc = subprocess.run(

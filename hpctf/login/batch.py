@@ -127,10 +127,10 @@ def job_end(run_dir: Path, exit_code: int) -> None:
         click.echo(f"hpctf: job {job_id} ended: {decision.why}")
     elif decision.gave_up:
         run.record("gave_up", job_id=job_id, why=decision.why)
-        raise _GaveUp(
-            f"hpctf: job {job_id} not requeued: {decision.why}; after a fix, resume with "
-            f"hpctf resubmit {run.path}"
-        )
+        message = f"hpctf: job {job_id} not requeued: {decision.why}"
+        if "hpctf resubmit" not in decision.why:  # a full disk's line already says it
+            message += f"; after a fix, resume with hpctf resubmit {run.path}"
+        raise _GaveUp(message)
 
 
 COMMANDS = (job_start, job_signal, job_end)
