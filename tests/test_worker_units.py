@@ -206,7 +206,7 @@ def test_records_without_tensorboard_keep_metrics(
 ) -> None:
     """Without the tensorboard package tf.summary.scalar raises TBNotInstalledError at the first
     logged step; the records go on with metrics.jsonl and say so once, at start."""
-    from hpctf.compute.session import ChiefRecords
+    from hpctf.compute.chief_records import ChiefRecords
     from hpctf.core.rundir import RunDir
 
     monkeypatch.setitem(sys.modules, "tensorboard.summary.v2", None)
@@ -221,7 +221,7 @@ def test_records_without_tensorboard_keep_metrics(
 
 
 def test_records_with_tensorboard_write_events(tmp_path: Path) -> None:
-    from hpctf.compute.session import ChiefRecords
+    from hpctf.compute.chief_records import ChiefRecords
     from hpctf.core.rundir import RunDir
 
     ChiefRecords(RunDir(tmp_path), chief=True).record(10, {"loss": 0.5})

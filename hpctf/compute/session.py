@@ -24,7 +24,6 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -32,9 +31,10 @@ import tensorflow as tf
 
 from hpctf.api import DataSource
 from hpctf.compute.checkpoints import Checkpointer
+from hpctf.compute.chief_records import ChiefRecords
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.data import cardinality, evaluation_dataset, plan_shards, training_input
-from hpctf.compute.preemption import PREEMPTION_SIGNALS, early_signal
+from hpctf.compute.preemption import Preempted, PreemptionWatch, check_interval
 from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
 from hpctf.core.config import Checkpoint, Train
@@ -111,106 +111,6 @@ def _format_eta(seconds: float) -> str:
     minutes, secs = divmod(max(0, round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
-
-
-class Preempted(SystemExit):
-    """Raised by :meth:`Session.step_done` after the agreed preemption checkpoint."""
-
-    def __init__(self) -> None:
-        super().__init__(PREEMPTED_EXIT)
-
-
-class PreemptionWatch:
-    """Turns a preemption warning to any rank into the same decision on every rank.
-
-    Install it after the strategy exists: TF's own C++ handler takes SIGTERM once the strategy
-    is created, so a Python handler installed before never runs. The handlers are installed
-    before the early handler's record is read, so a signal between the two is not lost.
-    """
-
-    def __init__(self, gather: Callable[[int], list[int]]) -> None:
-        self._signalled = 0
-        for signum in PREEMPTION_SIGNALS:
-            signal.signal(signum, self._on_signal)
-        early = early_signal()
-        if early and not self._signalled:
-            self._signalled = early
-            log.warning(
-                "got %s while starting: saving at the first agreed step",
-                signal.Signals(early).name,
-            )
-        self._gather = gather
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        if not self._signalled:
-            log.warning("got %s: saving at the next agreed step", signal.Signals(signum).name)
-        self._signalled = signum
-
-    def agree(self, step_seconds: float) -> tuple[int, float]:
-        """A collective: every rank calls it at the same step. Returns the signal any rank got
-        (SIGTERM, a preemption, wins over the walltime warning; 0 for none) and the slowest
-        rank's seconds per step, the same on every rank."""
-        micros = min(max(round(step_seconds * 1e6), 0), _MICROS_MASK)
-        values = self._gather(self._signalled << _SIGNAL_SHIFT | micros)
-        signum = max(value >> _SIGNAL_SHIFT for value in values)
-        slowest = max(value & _MICROS_MASK for value in values) / 1e6
-        return signum, slowest
-
-
-# One int64 per rank carries both answers of PreemptionWatch.agree: the signal number above bit
-# 40, the step time in microseconds (up to 12 days) below.
-_SIGNAL_SHIFT = 40
-_MICROS_MASK = (1 << _SIGNAL_SHIFT) - 1
-
-
-def check_interval(configured: int, slowest_step: float, warning_seconds: int | None) -> int:
-    """Steps until the ranks next agree on a warning: ``train.preemption_check_every_steps``,
-    fewer when steps are slow, so that a warning waits at most a quarter of the site's
-    ``preemption.warning_seconds`` for the agreement (the rest is for the save and the exit).
-    Pure, and fed the same values on every rank, so every rank picks the same step."""
-    if not warning_seconds or slowest_step <= 0:
-        return configured
-    return max(1, min(configured, int(warning_seconds / 4 / slowest_step)))
-
-
-class ChiefRecords:
-    """The chief's metrics.jsonl and TensorBoard events; nothing on the other ranks."""
-
-    def __init__(self, run: RunDir, chief: bool) -> None:
-        self._run = run
-        self._chief = chief
-        self._writer = None
-        if chief and _tensorboard_installed():
-            self._writer = tf.summary.create_file_writer(str(run.path / "tensorboard"))
-        elif chief:
-            log.warning(
-                "the tensorboard package is not installed: no TensorBoard events, only %s "
-                "(pip install tensorboard, or hpctf[tf])",
-                run.metrics,
-            )
-
-    def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
-        if not self._chief:
-            return
-        line = {"step": step, group: values} if group else {"step": step, **values}
-        with self._run.metrics.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line) + "\n")
-        if self._writer is None:
-            return
-        with self._writer.as_default(step=step):
-            for name, value in values.items():
-                tf.summary.scalar(f"{group}/{name}" if group else name, value)
-        self._writer.flush()
-
-
-def _tensorboard_installed() -> bool:
-    """Whether ``tf.summary.scalar`` will work: TF imports tensorboard only at the first
-    call, and raises TBNotInstalledError there, in the middle of training."""
-    try:
-        from tensorboard.summary.v2 import scalar  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Session:

@@ -20,7 +20,8 @@ import tensorflow as tf
 
 from hpctf.api import DataSource, Task
 from hpctf.compute.cluster import ClusterSpec
-from hpctf.compute.session import Preempted, Session, with_loss_scaling
+from hpctf.compute.preemption import Preempted
+from hpctf.compute.session import Session, with_loss_scaling
 from hpctf.core.config import ResolvedConfig, Train
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir
