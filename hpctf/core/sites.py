@@ -23,7 +23,8 @@ from typing import Any
 from hpctf.core.assets import shipped_dir
 from hpctf.core.config import Site
 from hpctf.core.errors import UserError
-from hpctf.core.sources import KeyPath, Origin, Origins, file_origins, load_yaml, validate_model
+from hpctf.core.sources import KeyPath, Origin, Origins, file_origins, load_yaml
+from hpctf.core.validation import validate_model
 
 _NOT_INHERITED = ("name", "description")
 

@@ -20,16 +20,8 @@ from typing import Any
 
 from hpctf.core.config import SITE_RESOURCE_KEYS, Experiment, ResolvedConfig, Resources, Site
 from hpctf.core.errors import UserError
-from hpctf.core.sources import (
-    KeyPath,
-    Origin,
-    Origins,
-    apply_overrides,
-    file_origins,
-    load_yaml,
-    origin_of,
-    validate_model,
-)
+from hpctf.core.sources import KeyPath, Origin, Origins, file_origins, load_yaml, origin_of
+from hpctf.core.validation import apply_overrides, validate_model
 from hpctf.core.values import slurm_time_seconds
 
 
