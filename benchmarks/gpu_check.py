@@ -23,7 +23,7 @@ of CUDA_VISIBLE_DEVICES, else GPU 0):
     .venv/bin/python benchmarks/gpu_check.py [--rounds 2] [--steps 300] [--batch 256] \
         [--gpus 0] [--json gpu-check.json] [--min-ratio 0.95]
 
-Anywhere, in CI (32x32 images, 12 steps, CPU only, RING, mixed_bfloat16, XLA):
+Anywhere, in CI (32x32 images, 12 steps, CPU only, RING, mixed_bfloat16, XLA; both sides at once):
 
     .venv/bin/python benchmarks/gpu_check.py --tiny --json tiny.json
 """
@@ -31,10 +31,10 @@ Anywhere, in CI (32x32 images, 12 steps, CPU only, RING, mixed_bfloat16, XLA):
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -138,12 +138,13 @@ def build(image_size: int, classes: int, examples: int, shuffle_buffer: int) -> 
 
 
 def plain_worker(setup: Setup, out: Path) -> None:
-    """The same training, written by hand with TensorFlow and Keras only; windows to ``out``."""
-    import time
+    """The same training, written by hand with TensorFlow and Keras only; windows to ``out``.
 
-    with socket.socket() as probe:  # a free port for the one worker's gRPC server
-        probe.bind(("localhost", 0))
-        port = probe.getsockname()[1]
+    The step and its timing are plain_mwms.py's (a custom loop with no hpctf code), here
+    with one worker, mixed precision and XLA."""
+    from plain_mwms import free_ports, make_train_step, timed_windows
+
+    (port,) = free_ports(1)  # the one worker's gRPC server
     os.environ["TF_CONFIG"] = json.dumps(
         {"cluster": {"worker": [f"localhost:{port}"]}, "task": {"type": "worker", "index": 0}}
     )
@@ -171,38 +172,10 @@ def plain_worker(setup: Setup, out: Path) -> None:
         return dataset.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-
-    def gradients(images: Any, labels: Any) -> tuple[Any, Any]:
-        with tf.GradientTape() as tape:
-            logits = tf.cast(model(images, training=True), tf.float32)
-            loss = tf.nn.compute_average_loss(
-                loss_fn(labels, logits), global_batch_size=setup.global_batch
-            )
-            scaled = optimizer.scale_loss(loss)
-        return loss, tape.gradient(scaled, model.trainable_variables)
-
-    compiled = tf.function(gradients, jit_compile=True) if setup.jit_compile else gradients
-
-    def replica_step(images: Any, labels: Any) -> Any:
-        loss, grads = compiled(images, labels)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
-
-    @tf.function
-    def train_step(iterator: Any) -> Any:
-        images, labels = next(iterator)
-        per_replica = strategy.run(replica_step, args=(images, labels))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    windows = []
-    started = time.perf_counter()
-    for step in range(1, setup.steps + 1):
-        loss = train_step(iterator)
-        if step % setup.log_every == 0:
-            float(loss)  # waits for the step, as hpctf's loop does when it logs
-            now = time.perf_counter()
-            windows.append(setup.log_every / (now - started))
-            started = now
+    train_step = make_train_step(
+        strategy, model, optimizer, loss_fn, setup.global_batch, setup.jit_compile
+    )
+    windows = timed_windows(train_step, iterator, setup.steps, setup.log_every)
     gpus = tf.config.list_physical_devices("GPU")
     details = tf.config.experimental.get_device_details(gpus[0]) if gpus else {}
     out.write_text(
@@ -372,6 +345,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hpctf-gpu-check-") as tmp:
         work = Path(tmp)
         for index in range(rounds):  # alternate who goes first
+            if args.tiny:
+                # Numbers that say nothing, so both sides at once: each is mostly one core
+                # compiling ResNet-50 with XLA, and CI waits for the slower only.
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    hpctf_side = pool.submit(run_hpctf, setup, work, index)
+                    plain_side = pool.submit(run_plain, setup, work, index)
+                    hpctf_runs.append(hpctf_side.result())
+                    plain_runs.append(plain_side.result())
+                print(f"round {index + 1}/{rounds}: both sides done", file=sys.stderr)
+                continue
             order = ("hpctf", "plain") if index % 2 == 0 else ("plain", "hpctf")
             for side in order:
                 if side == "hpctf":

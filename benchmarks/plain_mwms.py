@@ -16,6 +16,10 @@ those windows are the measurement.
     .venv/bin/python benchmarks/plain_mwms.py --steps 3000 --log-every 250 --out plain.json
 
 Rank 0 writes ``{"steps_per_s": [one per window], ...}`` to ``--out``.
+
+``make_train_step`` and ``timed_windows`` are also the plain side of ``gpu_check.py``. They
+mirror ``hpctf.compute.training.make_train_step`` on purpose and import nothing of hpctf: a
+baseline that ran hpctf's code would measure nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,69 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def make_train_step(
+    strategy: Any,
+    model: Any,
+    optimizer: Any,
+    loss_fn: Any,
+    global_batch: int,
+    jit_compile: bool = False,
+) -> Any:
+    """A ``tf.function`` that trains one step on the next global batch of ``iterator`` and
+    returns the loss summed over replicas: TensorFlow's custom-loop tutorial, plus what mixed
+    precision needs (the loss in float32, scaled by a ``LossScaleOptimizer``; Keras 3's
+    ``scale_loss`` returns the loss unchanged otherwise) and, with ``jit_compile``, the
+    forward and backward compiled by XLA (the all-reduce stays outside)."""
+    import tensorflow as tf
+
+    def gradients(x: Any, y: Any) -> tuple[Any, Any]:
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(x, training=True), tf.float32)
+            loss = tf.nn.compute_average_loss(loss_fn(y, logits), global_batch_size=global_batch)
+            scaled = optimizer.scale_loss(loss)
+        return loss, tape.gradient(scaled, model.trainable_variables)
+
+    compiled = tf.function(gradients, jit_compile=True) if jit_compile else gradients
+
+    def replica_step(x: Any, y: Any) -> Any:
+        loss, grads = compiled(x, y)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def train_step(iterator: Any) -> Any:
+        x, y = next(iterator)
+        per_replica = strategy.run(replica_step, args=(x, y))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return train_step
+
+
+def timed_windows(
+    train_step: Any,
+    iterator: Any,
+    steps: int,
+    log_every: int,
+    report: Callable[[int, float, float], None] | None = None,
+) -> list[float]:
+    """Run ``steps`` steps; the steps/s of each window of ``log_every`` steps, each window
+    ended by reading the loss on the host (which waits for the step, as hpctf's loop does when
+    it logs; the steps between are dispatched back to back). ``report(step, loss, rate)``
+    is called at the end of each window."""
+    windows: list[float] = []
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        loss = train_step(iterator)
+        if step % log_every == 0:
+            value = float(loss)
+            now = time.perf_counter()
+            windows.append(round(log_every / (now - started), 3))
+            started = now
+            if report is not None:
+                report(step, value, windows[-1])
+    return windows
 
 
 def worker(rank: int, ports: list[int], steps: int, log_every: int, batch: int, out: Path) -> None:
@@ -93,32 +161,13 @@ def worker(rank: int, ports: list[int], steps: int, log_every: int, batch: int, 
         return dataset.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    train_step = make_train_step(strategy, model, optimizer, loss_fn, batch)
 
-    def replica_step(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            logits = model(x, training=True)
-            loss = tf.nn.compute_average_loss(loss_fn(y, logits), global_batch_size=batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
+    def report(step: int, loss: float, rate: float) -> None:
+        if rank == 0:
+            print(f"step {step}/{steps} loss {loss:.4f} {rate:.1f} steps/s", flush=True)
 
-    @tf.function
-    def train_step(iterator: Any) -> Any:
-        x, y = next(iterator)
-        per_replica = strategy.run(replica_step, args=(x, y))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    windows = []
-    started = time.perf_counter()
-    for step in range(1, steps + 1):
-        loss = train_step(iterator)
-        if step % log_every == 0:
-            value = float(loss)  # waits for the step, as hpctf's loop does when it logs
-            now = time.perf_counter()
-            windows.append(round(log_every / (now - started), 3))
-            started = now
-            if rank == 0:
-                print(f"step {step}/{steps} loss {value:.4f} {windows[-1]:.1f} steps/s", flush=True)
+    windows = timed_windows(train_step, iterator, steps, log_every, report)
     if rank == 0:
         out.write_text(
             json.dumps(
