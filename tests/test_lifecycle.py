@@ -220,6 +220,7 @@ def test_queries_name_every_job_once_and_read_slurms_no_data_answers(
     (call,) = fake_slurm.calls("squeue")
     assert call.split() == [
         "--jobs=1,2",
+        "--array",
         "--states=all",
         "--noheader",
         "--format=%i|%T|%r|%S|%M|%N",
@@ -434,7 +435,7 @@ def test_status_of_one_run_keeps_its_lines_and_adds_slurm_progress_and_a_sparkli
     assert sparkline.startswith("loss: 0.2 █") and sparkline.endswith("0.006667 (steps 10-300)")
     assert "last logged step: 300\ndone: no\n" in out
     assert fake_slurm.calls("squeue") == [
-        "--jobs=4242 --states=all --noheader --format=%i|%T|%r|%S|%M|%N"
+        "--jobs=4242 --array --states=all --noheader --format=%i|%T|%r|%S|%M|%N"
     ]
 
 
@@ -994,7 +995,7 @@ def test_real_status_of_two_runs_one_squeue_call(
     assert (rows[short_dir.name]["SLURM"], rows[short_dir.name]["STATE"]) == ("COMPLETED", "done")
     assert (rows[long_dir.name]["SLURM"], rows[long_dir.name]["STATE"]) == ("RUNNING", "running")
     assert calls.read_text().splitlines() == [
-        f"squeue --jobs={','.join(sorted([short, long]))} --states=all --noheader "
+        f"squeue --jobs={','.join(sorted([short, long]))} --array --states=all --noheader "
         "--format=%i|%T|%r|%S|%M|%N"
     ]  # both known to slurmctld: no sacct call
     document = json.loads(hpctf(env, "status", "--json").stdout)

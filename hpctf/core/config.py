@@ -210,6 +210,17 @@ class Doctor(_Strict):
     )
 
 
+class Sweep(_Strict):
+    """How ``hpctf sweep`` submits on this site."""
+
+    max_array_size: int | None = Field(
+        None,
+        ge=1,
+        description="tasks per job array; default: the cluster's MaxArraySize (scontrol show "
+        "config). Larger sweeps are split into several arrays",
+    )
+
+
 class Site(_Strict):
     """One site_configs/<name>.yaml: what is true of a cluster for every experiment on it."""
 
@@ -262,6 +273,7 @@ class Site(_Strict):
         "{host}", description="address of a node in TF_CONFIG, e.g. '{host}-ib' for IPoIB"
     )
     doctor: Doctor = Field(default_factory=Doctor, description="thresholds for hpctf doctor")
+    sweep: Sweep = Field(default_factory=Sweep, description="how hpctf sweep submits job arrays")
     container: Container | None = Field(
         None, description="run the workers in a container: runtime, image, mounts, env, python"
     )

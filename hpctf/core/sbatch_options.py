@@ -190,9 +190,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("gpus-per-task", instead="set resources.gpus_per_node"),
     Option("error", instead=_OUTPUT, short="e"),
     Option("no-requeue", instead=_REQUEUE),
-    Option(
-        "array", instead="one run per job; submit the experiment once per run instead", short="a"
-    ),
+    # Rendered only for a sweep (hpctf sweep): one task per point, each with its run directory.
+    Option("array", instead="use hpctf sweep: one array task per point", short="a"),
     Option("wrap", instead="the rendered script is the job"),
     Option("test-only", instead="use hpctf submit --dry-run"),
     Option("wait", instead="hpctf submit returns once the job is queued", short="W"),
@@ -209,13 +208,30 @@ MANAGED_SHORT: dict[str, str] = {o.short: o.flag for o in OPTIONS if o.short}
 EXPLAINED_BY: dict[str, KeyPath] = {o.flag: o.key for o in OPTIONS if o.key}
 
 
-def rendered(config: Config, run_dir: Path) -> list[tuple[str, Value]]:
-    """The ``#SBATCH`` options hpctf writes for ``config``, in the table's order."""
-    options = []
+@dataclass(frozen=True)
+class ArrayJob:
+    """A sweep's job array: ``spec`` is sbatch's ``--array`` value (``0-2%2``); ``log_dir``
+    holds the array's own output (each task then writes into its run directory)."""
+
+    spec: str
+    log_dir: Path
+
+
+def rendered(
+    config: Config, run_dir: Path, array: ArrayJob | None = None
+) -> list[tuple[str, Value]]:
+    """The ``#SBATCH`` options hpctf writes for ``config``, in the table's order; with
+    ``array``, ``--array`` after the job name and one output file per task (``%A_%a``: the
+    array and task, which name no run directory)."""
+    options: list[tuple[str, Value]] = []
     for option in OPTIONS:
         value = option.value(config, run_dir)
+        if array is not None and option.flag == "output":
+            value = f"{array.log_dir}/slurm-%A_%a.out"
         if value is not ABSENT:
             options.append((option.flag, value))
+        if array is not None and option.flag == "job-name":
+            options.append(("array", array.spec))
     return options
 
 

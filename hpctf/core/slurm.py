@@ -223,6 +223,17 @@ def exclude_nodes(job_id: str, nodes: Sequence[str], env: Mapping[str, str] | No
     )
 
 
+def max_array_size(env: Mapping[str, str] | None = None) -> int:
+    """The cluster's MaxArraySize (``scontrol show config``): every array index must be
+    below it (slurm.conf(5))."""
+    out = query(["scontrol", "show", "config"], env=env)
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return int(value.strip())
+    raise SlurmError(["scontrol", "show", "config"], 0, "", "no MaxArraySize in its output")
+
+
 def cancel(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     if job_ids:
         run_command(["scancel", *job_ids], env=env)
@@ -374,9 +385,12 @@ def squeue_jobs(
     ids = sorted(set(job_ids))
     if not ids:
         return {}
+    # --array: one line per array task. Without it squeue folds pending tasks into one line
+    # (500003_[1-2]) that names none of the ids asked (measured, Slurm 22.05).
     argv = [
         "squeue",
         f"--jobs={','.join(ids)}",
+        "--array",
         "--states=all",
         "--noheader",
         f"--format={'|'.join(SQUEUE_FIELDS)}",

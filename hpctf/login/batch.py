@@ -30,9 +30,18 @@ def budgets(config: ResolvedConfig) -> Budgets:
 
 
 def _job_id(command: str) -> str:
+    """This job's id as Slurm commands take it. For a task of a job array (a sweep's point)
+    that is ``<array>_<task>`` (as submitted, and as squeue shows it): the task's own
+    SLURM_JOB_ID is unique, but the last task to start gets the array's id itself, and
+    ``scontrol requeue <array id>`` requeues every task of the array (measured on Slurm 22.05;
+    the trap of Lightning-AI/pytorch-lightning#15022), as ``scancel`` and ``scontrol update``
+    act on all of them."""
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
         raise UserError(f"SLURM_JOB_ID is not set: {command} runs inside a Slurm batch job")
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
     return job_id
 
 
@@ -49,6 +58,7 @@ def job_start(run_dir: Path) -> None:
     decision = before_start(run_state(run.events()), budgets(run.load_config()))
     run.record_start(
         job_id,
+        **({"slurm_job_id": os.environ["SLURM_JOB_ID"]} if "_" in job_id else {}),
         nodes=os.environ.get("SLURM_JOB_NODELIST"),
         restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
     )

@@ -11,13 +11,19 @@ from hpctf.core.errors import UserError
 from hpctf.core.rundir import job_history
 from hpctf.login.runs import Run
 from hpctf.login.slurm_view import cancelled_by_user
+from hpctf.login.sweep_commands import sweep_cancel
+from hpctf.login.sweep_dir import is_sweep_dir
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 def cancel(run_dir: Path) -> None:
     """Cancel the job of RUN_DIR that has not ended, and record that the user cancelled it:
-    the run ends `cancelled` (it is not requeued); `hpctf resubmit` starts it again."""
+    the run ends `cancelled` (it is not requeued); `hpctf resubmit` starts it again. On a
+    sweep directory: every point's open job, in one scancel."""
+    if is_sweep_dir(run_dir):
+        sweep_cancel(run_dir)
+        return
     run = Run.read(run_dir)
     if not run.slurm:
         raise UserError(f"{run.run.path} runs on a local site: stop its launcher (Ctrl-C) instead")

@@ -35,6 +35,8 @@ from hpctf.login.doctor import doctor
 from hpctf.login.loader import load_config
 from hpctf.login.render import explain as explain_script
 from hpctf.login.render import render
+from hpctf.login.sweep_commands import sweep, sweep_resubmit
+from hpctf.login.sweep_dir import is_sweep_dir
 
 # A Slurm node list as scontrol writes one: names, ranges in brackets, commas.
 _NODELIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*")
@@ -148,7 +150,7 @@ def submit(
         return
     run, config, script = _new_run(config)
     try:
-        status = _start(run, config)
+        status = start_run(run, config)
     except SlurmFailure:
         remove_new_run_dir(run)  # sbatch refused or failed: no run was started
         raise
@@ -222,7 +224,7 @@ def _new_run(config: ResolvedConfig) -> tuple[RunDir, ResolvedConfig, str]:
     raise RunDirTaken(f"no free run directory under {plan_run_dir(config).path.parent}")
 
 
-def _start(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> int:
+def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> int:
     """Start one job on ``run``: sbatch for Slurm sites (``exclude``: nodes to leave out),
     local processes for local ones."""
     if config.site.scheduler == "local":
@@ -274,7 +276,12 @@ def _start(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> i
 def resubmit(
     run_dir: Path, exclude: str | None, retry_failed_nodes: bool, update_code: bool
 ) -> None:
-    """Start a new job on RUN_DIR; it resumes from the latest checkpoint."""
+    """Start a new job on RUN_DIR; it resumes from the latest checkpoint. On a sweep
+    directory: one new job array over the points that did not finish."""
+    if is_sweep_dir(run_dir):
+        options = {"--exclude": exclude, "--retry-failed-nodes": retry_failed_nodes}
+        sweep_resubmit(run_dir, {**options, "--update-code": update_code})
+        return
     run = RunDir.open(run_dir)
     config = run.load_config()
     if run.done.exists():
@@ -311,7 +318,7 @@ def resubmit(
             err=True,
         )
         exclude = ",".join([*([exclude] if exclude else []), *failed])
-    sys.exit(_start(run, config, exclude))
+    sys.exit(start_run(run, config, exclude))
 
 
 COMMANDS = (
@@ -323,4 +330,5 @@ COMMANDS = (
     init,
     resubmit,
     doctor,
+    sweep,
 )

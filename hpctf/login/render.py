@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,15 +167,29 @@ def check_site_template(path: str) -> None:
         )
 
 
-def render(config: ResolvedConfig, run_dir: Path) -> str:
-    """The complete batch script for ``config`` running in ``run_dir``."""
+@dataclass(frozen=True)
+class ArrayScript:
+    """What makes the batch script a sweep's job array: sbatch's ``--array`` value, where the
+    array's own output goes, and the run directory of each task, by task index."""
+
+    spec: str
+    log_dir: Path
+    run_dirs: tuple[Path, ...]
+
+
+def render(config: ResolvedConfig, run_dir: Path, array: ArrayScript | None = None) -> str:
+    """The complete batch script for ``config`` running in ``run_dir``; with ``array``, one
+    script for a job array whose task N runs in ``array.run_dirs[N]`` (``run_dir`` is then
+    only where the array's output goes) and otherwise does what the single-run script does."""
     res = config.experiment.resources
     env = {**config.site.env, **config.experiment.env}
+    job = sbatch_options.ArrayJob(array.spec, array.log_dir) if array else None
     context = {
         "version": __version__,
         "name": config.experiment.name,
         "site": config.site.name,
-        "sbatch_options": sbatch_options.rendered(config, run_dir),
+        "sbatch_options": sbatch_options.rendered(config, run_dir, job),
+        "array": {"run_dirs": [str(p) for p in array.run_dirs]} if array else None,
         "extra_sbatch": list(res.extra_sbatch),
         "run_dir": str(run_dir),
         "python": config.python,

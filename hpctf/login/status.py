@@ -33,6 +33,7 @@ from hpctf.login.slurm_view import (
     slurm_state,
     slurm_text,
 )
+from hpctf.login.sweep_dir import find_sweeps, is_sweep_dir, summary
 
 # Runs `hpctf status` shows without RUN arguments: those still queued or running, and those
 # whose journal moved within this many days (--all: every run).
@@ -269,7 +270,13 @@ def status(
 ) -> None:
     """Show runs: one RUN in full (state and why, budgets, code, Slurm, progress, each job and
     start), several as a table; without RUN, the recent runs under the runs root (--all:
-    every run). At most one squeue and one sacct call, however many runs."""
+    every run). At most one squeue and one sacct call, however many runs. A sweep
+    directory: one line per point."""
+    if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):
+        from hpctf.login.sweep_commands import sweep_status
+
+        sweep_status(run_dirs[0], as_json)
+        return
     runs = _selected_runs(run_dirs, root, site_name, every)
     single = len(run_dirs) == 1
     view = job_states(runs, all_jobs=single)
@@ -311,17 +318,38 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
                 "last_step": max((int(r["step"]) for r in records), default=None),
             }
         )
+    sweeps = []
+    for record in find_sweeps(where):
+        points = [{"state": run.state.state} for run in record.runs()]
+        sweeps.append(
+            {
+                "sweep": record.path.name,
+                "path": str(record.path),
+                "created": record.data.get("created"),
+                "site": record.data.get("site"),
+                "points": len(points),
+                "states": summary(points),
+            }
+        )
     if as_json:
-        click.echo(json.dumps({"root": str(where), "runs": documents}, indent=2))
+        click.echo(
+            json.dumps({"root": str(where), "runs": documents, "sweeps": sweeps}, indent=2)
+        )
         return
-    if not documents:
+    if not documents and not sweeps:
         click.echo(f"no runs under {where}", err=True)
         return
     rows = [
         (d["run"], d["created"], d["site"], d["state"], str(d["last_step"] or "-"))
         for d in documents
     ]
-    click.echo(format_table(("RUN", "CREATED", "SITE", "STATE", "LAST STEP"), rows), nl=False)
+    if rows:
+        click.echo(format_table(("RUN", "CREATED", "SITE", "STATE", "LAST STEP"), rows), nl=False)
+    if sweeps:
+        sweep_rows = [
+            (str(s["sweep"]), str(s["created"]), str(s["site"]), str(s["states"])) for s in sweeps
+        ]
+        click.echo(format_table(("SWEEP", "CREATED", "SITE", "POINTS"), sweep_rows), nl=False)
 
 
 COMMANDS = (status, runs)

@@ -1,0 +1,384 @@
+"""``hpctf sweep``, and what ``status``, ``resubmit`` and ``cancel`` do with a sweep directory.
+
+Each point is a whole experiment: ``--set`` of its values on top of the sweep's own ``--set``,
+resolved and validated as ``hpctf submit`` does (:func:`hpctf.login.loader.load_config`), with
+a run directory of its own. On a Slurm site all points go in one job array (several when there
+are more than MaxArraySize), ``%K`` throttled; the array's script is the single-run template
+with the run directory picked by the task's index (:class:`hpctf.login.render.ArrayScript`).
+On a local site the points run one after another, each as ``hpctf submit`` would run it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctf.core import slurm
+from hpctf.core.config import ResolvedConfig
+from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.rundir import RunDir, create_run_dir, job_history, runs_root, write_atomic
+from hpctf.core.slurm import FINAL_STATES, SlurmFailure
+from hpctf.login.loader import load_config
+from hpctf.login.render import ArrayScript, render
+from hpctf.login.runs import Run
+from hpctf.login.slurm_view import cancelled_by_user, job_states, slurm_records
+from hpctf.login.sweep import (
+    DEFAULT_MAX_POINTS,
+    SLURM_DEFAULT_MAX_ARRAY_SIZE,
+    Point,
+    chunks,
+    parse_grid,
+    parse_range,
+    plan_points,
+    run_names,
+)
+from hpctf.login.sweep_dir import SweepDir, point_documents, status_text
+
+# A stand-in run directory: every point's script, rendered for it, must be the same script.
+_SAME_SCRIPT = Path("/hpctf-sweep-point")
+# Problems listed before "and N more": a bad key refuses every point alike.
+_SHOWN_PROBLEMS = 10
+
+
+def _first_line(exc: UserError) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def resolve_points(
+    experiment: Path, site_name: str | None, overrides: Sequence[str], points: Sequence[Point]
+) -> list[ResolvedConfig]:
+    """Each point's resolved config, or one UserError listing what was refused: each grid value
+    on its own first (so a bad value is named once, not once per point), then each point."""
+    problems: list[str] = []
+    keys: dict[str, list[str]] = {}
+    for point in points:
+        for key, value in point.values.items():
+            if value not in keys.setdefault(key, []):
+                keys[key].append(value)
+    for key, values in keys.items():
+        for value in values:
+            try:
+                load_config(experiment, site_name, [*overrides, f"{key}={value}"], os.environ)
+            except UserError as exc:
+                problems.append(
+                    f"--grid/--range {key}: value {value!r} refused: {_first_line(exc)}"
+                )
+                break  # an unknown key refuses every value alike: say it once
+    configs: list[ResolvedConfig] = []
+    if not problems:
+        for point in points:
+            try:
+                sets = [*overrides, *point.sets()]
+                configs.append(load_config(experiment, site_name, sets, os.environ).config)
+            except UserError as exc:
+                problems.append(f"point {point.index} ({point.label()}): {_first_line(exc)}")
+    if problems:
+        more = len(problems) - _SHOWN_PROBLEMS
+        shown = problems[:_SHOWN_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
+        raise UserError("\n".join(shown))
+    return configs
+
+
+def check_one_script(points: Sequence[Point], configs: Sequence[ResolvedConfig]) -> None:
+    """One job array runs one script: refuse keys that change it (an #SBATCH line, env,
+    setup, the site). Train, checkpoint and other config-only keys can be swept."""
+    first = configs[0]
+    if first.site.container is not None:
+        raise UserError(
+            f"site {first.site.name} runs the workers in a container; hpctf sweep does not "
+            "support containers yet: submit each point with hpctf submit --set ..."
+        )
+    script = render(first, _SAME_SCRIPT)
+    for point, config in zip(points[1:], configs[1:], strict=True):
+        if render(config, _SAME_SCRIPT) != script:
+            differ = [k for k, v in point.values.items() if points[0].values.get(k) != v]
+            raise UserError(
+                f"--grid/--range {', '.join(differ)}: changes the batch script (an #SBATCH line, "
+                "env, setup or the site), but one job array runs one script for every point; "
+                "sweep keys under train or checkpoint, or submit those points separately"
+            )
+
+
+def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
+    """The most tasks one array may have and where that number came from."""
+    if config.site.sweep.max_array_size:
+        return config.site.sweep.max_array_size, f"site {config.site.name}: sweep.max_array_size"
+    try:
+        return slurm.max_array_size(), "the cluster's MaxArraySize"
+    except (SlurmFailure, UserError) as exc:
+        if not dry_run:
+            raise
+        return SLURM_DEFAULT_MAX_ARRAY_SIZE, f"Slurm's default MaxArraySize (not asked: {exc})"
+
+
+def _sweep_path(config: ResolvedConfig) -> Path:
+    root = runs_root(config)
+    base = f"{config.experiment.name}-sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    for attempt in range(1000):
+        path = root / (base if attempt == 0 else f"{base}-{attempt}")
+        if not path.exists():
+            return path
+    raise UserError(f"cannot find a free sweep directory name under {root}")
+
+
+def _array_scripts(
+    config: ResolvedConfig, sweep_path: Path, run_dirs: Sequence[Path], indices: Sequence[int],
+    limit: int, max_running: int | None,
+) -> list[tuple[tuple[int, ...], str]]:  # fmt: skip
+    """Each array's point indices and script."""
+    out = []
+    for chunk in chunks(indices, limit):
+        array = ArrayScript(
+            chunk.spec(max_running), sweep_path / "logs", tuple(run_dirs[i] for i in chunk.indices)
+        )
+        out.append((chunk.indices, render(config, sweep_path, array)))
+    return out
+
+
+def submit_arrays(
+    sweep: SweepDir, config: ResolvedConfig, indices: Sequence[int], limit: int
+) -> list[str]:
+    """Submit the points ``indices`` as job arrays; record each point's ``<array>_<task>`` in
+    its journal and each array in sweep.json. Arrays after the first wait for the one before
+    (``afterany``), so that no more than ``max_running`` points run at once across arrays."""
+    run_dirs = [Path(p["run_dir"]) for p in sweep.points]
+    scripts = _array_scripts(config, sweep.path, run_dirs, indices, limit, sweep.max_running)
+    ids: list[str] = []
+    for chunk_indices, script in scripts:
+        path = sweep.next_script()
+        write_atomic(path, script)
+        dependency = [
+            config.experiment.resources.dependency or "",
+            f"afterany:{ids[-1]}" if ids else "",
+        ]
+        extra = [f"--dependency={','.join(d for d in dependency if d)}"] if ids else []
+        job_id, dropped = slurm.sbatch(path, os.environ, extra)
+        if dropped and not ids:
+            click.echo(f"note: left out {', '.join(dropped)} from your shell", err=True)
+        for task, index in enumerate(chunk_indices):
+            RunDir(run_dirs[index]).record(
+                "submitted", job_id=f"{job_id}_{task}", array_job_id=job_id, array_task_id=task
+            )
+        sweep.data.setdefault("arrays", []).append(
+            {"job_id": job_id, "indices": list(chunk_indices), "script": str(path)}
+        )
+        sweep.write()
+        ids.append(job_id)
+        spread = f"{chunk_indices[0]}-{chunk_indices[-1]}" if len(chunk_indices) > 1 else ""
+        click.echo(
+            f"submitted job array {job_id}: {len(chunk_indices)} point(s) "
+            f"{spread or chunk_indices[0]}"
+        )
+    return ids
+
+
+@click.command()
+@click.argument("experiment", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--grid",
+    "grids",
+    multiple=True,
+    metavar="KEY=V1,V2,...",
+    help="Values of one experiment key (repeatable: the points are the product).",
+)
+@click.option(
+    "--random",
+    "draws",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Draw N points from the --range keys (times the grid's points).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draws.")
+@click.option(
+    "--range",
+    "ranges",
+    multiple=True,
+    metavar="KEY=LO:HI[:log]",
+    help="A range to draw from (uniform, or log-uniform with :log).",
+)
+@click.option(
+    "--max-running",
+    type=click.IntRange(min=1),
+    metavar="K",
+    help="Run at most K points at once (the array's %K).",
+)
+@click.option(
+    "--max-points",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_POINTS,
+    show_default=True,
+    help="Refuse sweeps with more points than this.",
+)
+@click.option("--site", "site_name", metavar="NAME", help="Site config name or path.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override an experiment key for every point (repeatable).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the points and the array script(s); "
+              "write and submit nothing.")  # fmt: skip
+def sweep(
+    experiment: Path, grids: tuple[str, ...], draws: int | None, seed: int,
+    ranges: tuple[str, ...], max_running: int | None, max_points: int, site_name: str | None,
+    overrides: tuple[str, ...], dry_run: bool,
+) -> None:  # fmt: skip
+    """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
+    directory of its own, all of them one Slurm job array (local sites: one after another)."""
+    problems, parsed_grids, parsed_ranges = [], [], []
+    for text in grids:
+        try:
+            parsed_grids.append(parse_grid(text))
+        except UserError as exc:
+            problems.append(str(exc))
+    for text in ranges:
+        try:
+            parsed_ranges.append(parse_range(text))
+        except UserError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise UserError("\n".join(problems))
+    fixed = [item.partition("=")[0] for item in overrides]
+    points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
+    configs = resolve_points(experiment, site_name, overrides, points)
+    check_one_script(points, configs)
+    base = configs[0]
+    sweep_path = _sweep_path(base)
+    run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
+    slurm_site = base.site.scheduler == "slurm"
+    if dry_run:
+        click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
+        for point, path in zip(points, run_dirs, strict=True):
+            click.echo(f"# point {point.index}: {point.label()} -> {path.name}")
+        if slurm_site:
+            limit, source = array_size_limit(base, dry_run=True)
+            scripts = _array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
+                                     max_running)  # fmt: skip
+            click.echo(f"# {len(scripts)} job array(s) of at most {limit} tasks ({source})")
+            for number, (indices, script) in enumerate(scripts):
+                click.echo(f"# ----- array-{number}.sbatch: points {indices[0]}-{indices[-1]}")
+                click.echo(script, nl=False)
+        click.echo("# dry run: nothing written, nothing submitted", err=True)
+        return
+    limit = array_size_limit(base, dry_run=False)[0] if slurm_site else 0
+    try:
+        (sweep_path / "logs").mkdir(parents=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot create {sweep_path}: {exc.strerror}") from exc
+    record = SweepDir(sweep_path, {
+        "name": base.experiment.name,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "experiment": str(experiment.resolve()), "site": base.site.name,
+        "scheduler": base.site.scheduler, "grid": list(grids), "range": list(ranges),
+        "random": draws, "seed": seed, "set": list(overrides), "max_running": max_running,
+        "points": [{"index": p.index, "values": dict(p.values), "run_dir": str(d)}
+                   for p, d in zip(points, run_dirs, strict=True)],
+        "arrays": [],
+    })  # fmt: skip
+    for config, path in zip(configs, run_dirs, strict=True):
+        create_run_dir(RunDir(path), config, render(config, path))
+    record.write()
+    click.echo(f"sweep directory: {sweep_path}")
+    if not slurm_site:
+        sys.exit(_run_locally(record, range(len(points))))
+    submit_arrays(record, base, range(len(points)), limit)
+    click.echo(f"status: hpctf status {sweep_path}")
+
+
+def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
+    """Each point in turn, as ``hpctf submit --site local`` runs one; the first non-zero exit
+    status, or 0. Ctrl-C stops the sweep (the later points stay unstarted: resubmit runs
+    them)."""
+    from hpctf.login.commands import start_run
+
+    first_failure = 0
+    for index in indices:
+        point = sweep.points[index]
+        run = RunDir.open(Path(point["run_dir"]))
+        click.echo(f"point {index}: {' '.join(f'{k}={v}' for k, v in point['values'].items())}")
+        status = start_run(run, run.load_config())
+        if status == 130:
+            return status
+        first_failure = first_failure or status
+    return first_failure
+
+
+def sweep_status(path: Path, as_json: bool) -> None:
+    """``hpctf status SWEEP_DIR``: one line per point, one squeue (and one sacct) call."""
+    import json
+
+    record = SweepDir.read(path)
+    runs = record.runs()
+    view = job_states(runs, all_jobs=False)
+    documents = point_documents(record, runs, view, time.time())
+    if as_json:
+        notes = [view.problem] if view.problem else []
+        document = {"sweep": str(record.path), "points": documents, "notes": notes}
+        click.echo(json.dumps(document, indent=2))
+    else:
+        click.echo(status_text(record, documents), nl=False)
+
+
+def _open_jobs(run: Run) -> list[str]:
+    return [
+        job["job_id"]
+        for job in job_history(run.events)
+        if "ended" not in job and not cancelled_by_user(run.events, job["job_id"])
+    ]
+
+
+def sweep_cancel(path: Path) -> None:
+    """``hpctf cancel SWEEP_DIR``: one scancel of every point's open job, recorded per run."""
+    record = SweepDir.read(path)
+    if record.data.get("scheduler") != "slurm":
+        raise UserError(f"{record.path} runs on a local site: stop its launcher (Ctrl-C) instead")
+    runs = record.runs()
+    open_jobs = {run.run.path: _open_jobs(run) for run in runs}
+    every = [job for jobs in open_jobs.values() for job in jobs]
+    if not every:
+        click.echo(f"nothing to cancel: no point of {record.path} has an open job")
+        return
+    slurm.cancel(every)
+    for run in runs:
+        if open_jobs[run.run.path]:
+            run.run.record("cancelled", jobs=open_jobs[run.run.path])
+    click.echo(
+        f"cancelled {len(every)} job(s) of {sum(1 for j in open_jobs.values() if j)} point(s)"
+    )
+
+
+def sweep_resubmit(path: Path, extra_options: dict[str, Any]) -> None:
+    """``hpctf resubmit SWEEP_DIR``: a new array over the points that did not finish (same
+    throttle); points still queued or running in Slurm are left alone."""
+    record = SweepDir.read(path)
+    given = [name for name, value in extra_options.items() if value]
+    if given:
+        raise UserError(f"{', '.join(given)}: not for a sweep; resubmit its points one by one")
+    runs = record.runs()
+    unfinished = [i for i, run in enumerate(runs) if not run.run.done.exists()]
+    if not unfinished:
+        click.echo(f"every point of {record.path} is done: nothing to resume")
+        return
+    config = runs[unfinished[0]].config
+    if config.site.scheduler != "slurm":
+        sys.exit(_run_locally(record, unfinished))
+    current = {i: job for i in unfinished if (job := runs[i].job)}
+    view = slurm_records(list(current.values()))
+    if view.problem:
+        raise EnvironmentProblem(f"{view.problem}; cannot tell which points still run")
+    busy = [i for i, job in current.items() if job in view.records and view.records[job].state
+            not in FINAL_STATES]  # fmt: skip
+    if busy:
+        click.echo(f"note: points {', '.join(map(str, busy))} are still in Slurm; left alone")
+    todo = [i for i in unfinished if i not in busy]
+    if not todo:
+        return
+    submit_arrays(record, config, todo, array_size_limit(config, dry_run=False)[0])

@@ -1,0 +1,187 @@
+"""A sweep directory and what ``hpctf status SWEEP_DIR`` says of it.
+
+Layout::
+
+    <runs_root>/<name>-sweep-<time>/
+      sweep.json              every point (index, values, run dir) and every array submitted
+      array-<n>.sbatch        the job array scripts, in the order they were submitted
+      logs/                   each array's own output (slurm-<array>_<task>.out)
+      <name>-<values>/        one ordinary run directory per point
+
+A point's run directory is a run like any other (config, journal, checkpoints): every command
+that takes a RUN_DIR works on it. Its jobs are recorded as ``<array>_<task>``
+(:func:`hpctf.login.batch._job_id` says why).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import write_atomic
+from hpctf.login.runs import METRICS_TAIL_BYTES, Run, metric_records
+from hpctf.login.slurm_view import SlurmView
+
+SWEEP_FILE = "sweep.json"
+
+
+def is_sweep_dir(path: Path) -> bool:
+    return (path / SWEEP_FILE).is_file()
+
+
+@dataclass
+class SweepDir:
+    """A sweep directory and its ``sweep.json`` (a mapping: name, created, experiment, site,
+    max_running, points [{index, values, run_dir}], arrays [{job_id, indices, script}])."""
+
+    path: Path
+    data: dict[str, Any]
+
+    @classmethod
+    def read(cls, path: Path) -> SweepDir:
+        file = path / SWEEP_FILE
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UserError(
+                f"{path}: not a sweep directory (no {SWEEP_FILE}); pass the directory that "
+                "`hpctf sweep` printed"
+            ) from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"{file}: damaged sweep record: {exc}") from None
+        return cls(path.resolve(), data)
+
+    def write(self) -> None:
+        write_atomic(self.path / SWEEP_FILE, json.dumps(self.data, indent=2) + "\n")
+
+    @property
+    def points(self) -> list[dict[str, Any]]:
+        return list(self.data["points"])
+
+    @property
+    def max_running(self) -> int | None:
+        value = self.data.get("max_running")
+        return int(value) if value else None
+
+    def next_script(self) -> Path:
+        return self.path / f"array-{len(self.data.get('arrays', []))}.sbatch"
+
+    def runs(self) -> list[Run]:
+        return [Run.read(Path(point["run_dir"])) for point in self.points]
+
+
+def eval_results(run: Run) -> tuple[dict[str, float], dict[str, float]]:
+    """The last evaluation's metrics and, per metric, the best one logged (lowest for names
+    with ``loss`` or ``error``, highest for the rest), from metrics.jsonl and DONE."""
+    evals = [
+        r["eval"]
+        for r in metric_records(run.run.metrics, METRICS_TAIL_BYTES)
+        if isinstance(r.get("eval"), dict)
+    ]
+    if run.run.done.exists():
+        try:
+            final = json.loads(run.run.done.read_text(encoding="utf-8")).get("eval")
+        except (OSError, ValueError, AttributeError):
+            final = None
+        if isinstance(final, dict) and final:
+            evals.append(final)
+    numbers = [{k: v for k, v in e.items() if isinstance(v, (int, float))} for e in evals]
+    best: dict[str, float] = {}
+    for entry in numbers:
+        for name, value in entry.items():
+            lower = "loss" in name or "error" in name
+            if name not in best or (value < best[name] if lower else value > best[name]):
+                best[name] = value
+    return (numbers[-1] if numbers else {}), best
+
+
+def point_documents(
+    sweep: SweepDir, runs: Sequence[Run], view: SlurmView, now: float
+) -> list[dict[str, Any]]:
+    """One mapping per point: index, values, run dir, and what ``hpctf status`` says of its
+    run (state, Slurm, step, loss), its last and best evaluation."""
+    from hpctf.login.status import run_document
+
+    documents = []
+    for point, run in zip(sweep.points, runs, strict=True):
+        document = run_document(run, view, now)
+        last_eval, best_eval = eval_results(run)
+        documents.append(
+            {
+                "index": point["index"],
+                "values": point["values"],
+                "run_dir": point["run_dir"],
+                "job": document["job"],
+                "slurm": document["slurm"],
+                "state": document["state"],
+                "why": document["why"],
+                "step": document["step"],
+                "total_steps": document["total_steps"],
+                "loss": document["loss"],
+                "eval": last_eval,
+                "best_eval": best_eval,
+            }
+        )
+    return documents
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
+
+
+def summary(documents: Sequence[Mapping[str, Any]]) -> str:
+    """``3 points: 2 done, 1 running``."""
+    counts = Counter(d["state"] for d in documents)
+    states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    return f"{len(documents)} points: {states}"
+
+
+def status_text(sweep: SweepDir, documents: Sequence[Mapping[str, Any]]) -> str:
+    """One line per point: values, job, Slurm, state, step, loss, last evaluation."""
+    from hpctf.login.slurm_view import slurm_text
+    from hpctf.login.status import format_table
+
+    rows = []
+    for d in documents:
+        step = "-" if d["step"] is None else f"{d['step']}/{d['total_steps'] or '?'}"
+        evaluation = " ".join(f"{k} {_number(v)}" for k, v in d["eval"].items()) or "-"
+        values = " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in d["values"].items())
+        rows.append(
+            (
+                str(d["index"]),
+                values,
+                d["job"] or "-",
+                slurm_text(d["slurm"]),
+                d["state"],
+                step,
+                _number(d["loss"]),
+                evaluation,
+            )
+        )
+    header = ("POINT", "VALUES", "JOB", "SLURM", "STATE", "STEP", "LOSS", "EVAL")
+    text = f"sweep {sweep.path.name}: {summary(documents)}\n"
+    text += format_table(header, rows)
+    for d in documents:
+        if d["why"]:
+            text += f"point {d['index']}: {d['state']}: {d['why']}\n"
+    return text
+
+
+def find_sweeps(root: Path) -> list[SweepDir]:
+    """The sweep directories directly under ``root``, newest first; damaged ones skipped."""
+    try:
+        children = [c for c in root.iterdir() if is_sweep_dir(c)]
+    except OSError:
+        return []
+    sweeps = []
+    for child in children:
+        try:
+            sweeps.append(SweepDir.read(child))
+        except UserError:
+            continue
+    return sorted(sweeps, key=lambda s: str(s.data.get("created", "")), reverse=True)
