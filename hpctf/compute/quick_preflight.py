@@ -81,7 +81,7 @@ def judge(run: RunDir, spec: ClusterSpec, checks: Iterable[Check]) -> int | None
     log.error("%s", failure_line(spec, failed))
     run.record(
         EVENT,
-        job_id=str(spec.job_id),
+        job_id=spec.journal_job,
         node=spec.node,
         rank=spec.task_index,
         check=failed.check,

@@ -287,7 +287,7 @@ class Session:
             # --kill-on-bad-exit may kill a rank that is still exiting after the save.
             self.run.record(
                 "preempted",
-                job_id=str(self.spec.job_id),
+                job_id=self.spec.journal_job,
                 step=step,
                 signal=name.removeprefix("SIG"),  # as the site names it: USR2, TERM
             )

@@ -58,7 +58,7 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     except EnvironmentProblem as exc:
         if spec.is_chief:  # the batch script does not requeue a run the environment stopped
             with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full too
-                run.record("environment_failed", job_id=str(spec.job_id), why=str(exc))
+                run.record("environment_failed", job_id=spec.journal_job, why=str(exc))
         raise
     return 0
 

@@ -179,6 +179,21 @@ def wait_for_job(
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
 
+def job_handle(env: Mapping[str, str]) -> str | None:
+    """The id Slurm commands take for the job of ``env`` (a job's own SLURM_* variables).
+
+    For a task of a job array (a sweep's point) that is ``<array>_<task>``, as sbatch's
+    submission names it and squeue shows it. The task's own SLURM_JOB_ID is unique, but the
+    last task to start gets the array's own id, and ``scontrol requeue <array id>`` requeued
+    every task of the array on the test cluster (Slurm 22.05), as scancel and ``scontrol
+    update`` act on all of them: the trap of Lightning-AI/pytorch-lightning#15022. The journal,
+    the requeue and ``hpctf cancel`` all use this handle."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
 def requeue(job_id: str, env: Mapping[str, str] | None = None) -> None:
     """Put a running job back into the queue (it starts again with SLURM_RESTART_COUNT + 1)."""
     run_command(["scontrol", "requeue", job_id], env=env)

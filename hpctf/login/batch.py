@@ -30,18 +30,10 @@ def budgets(config: ResolvedConfig) -> Budgets:
 
 
 def _job_id(command: str) -> str:
-    """This job's id as Slurm commands take it. For a task of a job array (a sweep's point)
-    that is ``<array>_<task>`` (as submitted, and as squeue shows it): the task's own
-    SLURM_JOB_ID is unique, but the last task to start gets the array's id itself, and
-    ``scontrol requeue <array id>`` requeues every task of the array (measured on Slurm 22.05;
-    the trap of Lightning-AI/pytorch-lightning#15022), as ``scancel`` and ``scontrol update``
-    act on all of them."""
-    job_id = os.environ.get("SLURM_JOB_ID")
+    """This job's id as the journal and Slurm commands take it (:func:`slurm.job_handle`)."""
+    job_id = slurm.job_handle(os.environ)
     if not job_id:
         raise UserError(f"SLURM_JOB_ID is not set: {command} runs inside a Slurm batch job")
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array and task:
-        return f"{array}_{task}"
     return job_id
 
 

@@ -1,0 +1,347 @@
+"""hpctf sweep without a cluster: planning the points (pure), bad grids refused before anything
+is written, a 2,500-point sweep split into arrays under MaxArraySize 1,001 (dry run), and
+submit, status, cancel and resubmit of a sweep directory against a fake Slurm."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpctf.cli import cli
+from hpctf.login.sweep import (
+    Grid,
+    Point,
+    Range,
+    chunks,
+    parse_grid,
+    parse_range,
+    plan_points,
+    run_names,
+)
+from tests.conftest import DIGITS, require_tool, write
+from tests.test_lifecycle import FakeSlurm, fake_slurm, squeue_line  # noqa: F401
+
+# --- the points, pure ---------------------------------------------------------------------------
+
+
+def test_grid_points_are_the_product_last_key_fastest() -> None:
+    points = plan_points([parse_grid("train.args.lr=0.1,0.01"), parse_grid("train.args.w=8,16")])
+    assert [dict(p.values) for p in points] == [
+        {"train.args.lr": "0.1", "train.args.w": "8"},
+        {"train.args.lr": "0.1", "train.args.w": "16"},
+        {"train.args.lr": "0.01", "train.args.w": "8"},
+        {"train.args.lr": "0.01", "train.args.w": "16"},
+    ]
+    assert [p.index for p in points] == [0, 1, 2, 3]
+    assert points[1].sets() == ["train.args.lr=0.1", "train.args.w=16"]
+
+
+def test_a_yaml_list_value_keeps_its_commas() -> None:
+    assert parse_grid("train.python_path=[a,b],[c]").values == ("[a,b]", "[c]")
+
+
+def test_random_draws_are_seeded_in_range_and_times_the_grid() -> None:
+    ranges = [parse_range("train.args.lr=1e-4:1e-1:log"), parse_range("train.args.w=8:64")]
+    grid = [Grid("train.seed", ("0", "1"))]
+    first = plan_points(grid, ranges, draws=5, seed=7)
+    assert len(first) == 10
+    assert [dict(p.values) for p in first] == [
+        dict(p.values) for p in plan_points(grid, ranges, 5, 7)
+    ]
+    assert [dict(p.values) for p in first] != [
+        dict(p.values) for p in plan_points(grid, ranges, 5, 8)
+    ]
+    for point in first:
+        assert 1e-4 <= float(point.values["train.args.lr"]) <= 1e-1
+        assert re.fullmatch(r"\d+", point.values["train.args.w"])  # integer ends: integers
+        assert 8 <= int(point.values["train.args.w"]) <= 64
+    # The same draws for each grid value.
+    assert [p.values["train.args.lr"] for p in first[:5]] == [
+        p.values["train.args.lr"] for p in first[5:]
+    ]
+
+
+def test_run_names_are_safe_and_unique() -> None:
+    points = [
+        Point(0, {"train.args.lr": "0.01", "train.args.act": "re lu/x"}),
+        Point(1, {"train.args.lr": "0.01", "train.args.act": "re:lu/x"}),
+        Point(2, {"train.args.lr": "1e-3", "train.args.act": "../etc"}),
+    ]
+    names = run_names("digits", points)
+    assert names == [
+        "digits-lr0.01-actre_lu_x",
+        "digits-lr0.01-actre_lu_x-1",
+        "digits-lr1e-3-actetc",
+    ]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
+
+
+def test_chunks_count_from_zero_below_max_array_size() -> None:
+    parts = chunks(range(2500), 1001)
+    assert [len(c.indices) for c in parts] == [1001, 1001, 498]
+    assert parts[1].indices[0] == 1001 and parts[2].indices[-1] == 2499
+    assert [c.spec(4) for c in parts] == ["0-1000%4", "0-1000%4", "0-497%4"]
+    assert chunks([7], 1001)[0].spec(None) == "0"
+
+
+def test_a_range_needs_draws_and_draws_need_a_range() -> None:
+    with pytest.raises(Exception, match="--range needs --random N"):
+        plan_points([], [Range("train.args.lr", 0.1, 1.0, False, False)])
+    with pytest.raises(Exception, match="--random N needs at least one --range"):
+        plan_points([Grid("train.seed", ("1",))], [], draws=3)
+
+
+# --- bad grids: one line each, exit 2, nothing written ---------------------------------------
+
+BAD_GRIDS = [
+    (
+        "unknown key",
+        ["--grid", "train.argz.lr=0.1,0.2"],
+        "train.argz: unknown key (did you mean 'args'?); allowed: args,",
+    ),
+    (
+        "a value the schema refuses",
+        ["--grid", "train.steps=100,0"],
+        "train.steps: value '0' refused: ",
+    ),
+    ("an empty grid", ["--grid", "train.steps="], "an empty value; give one or more"),
+    ("an empty value", ["--grid", "train.steps=1,,2"], "an empty value"),
+    (
+        "a duplicate key",
+        ["--grid", "train.steps=1,2", "--grid", "train.steps=3"],
+        "train.steps: swept twice",
+    ),
+    ("a value twice", ["--grid", "train.seed=1,1"], "value '1' given twice"),
+    (
+        "swept and --set",
+        ["--grid", "train.seed=1,2", "--set", "train.seed=3"],
+        "train.seed: swept and also given by --set",
+    ),
+    (
+        "more points than --max-points",
+        ["--grid", "train.seed=1,2,3", "--grid", "train.steps=1,2", "--max-points", "5"],
+        "6 points is more than --max-points 5",
+    ),
+    (
+        "the default --max-points",
+        [
+            "--grid",
+            "train.seed=" + ",".join(map(str, range(101))),
+            "--grid",
+            "train.steps=1,2,3,4,5,6,7,8,9,10",
+        ],
+        "1010 points is more than --max-points 1000",
+    ),
+    (
+        "a key that changes the batch script",
+        ["--grid", "resources.nodes=1,2"],
+        "resources.nodes: changes the batch script",
+    ),
+    ("a bad range", ["--random", "2", "--range", "train.args.lr=1:0"], "must be below HI"),
+    ("a log range from 0", ["--random", "2", "--range", "train.args.lr=0:1:log"], "LO > 0"),
+    ("nothing to sweep", [], "nothing to sweep"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), [c[1:] for c in BAD_GRIDS], ids=[c[0] for c in BAD_GRIDS]
+)
+def test_bad_grids_are_refused_before_anything_is_written(
+    runs_root: Path, args: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(cli, ["sweep", str(DIGITS), "--site", "local-slurm", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert message in lines[0]
+    assert "Traceback" not in result.output
+    assert not runs_root.exists() or not any(runs_root.iterdir())
+
+
+# --- 2,500 points under MaxArraySize 1,001: three arrays, dry run ---------------------------
+
+
+def test_2500_points_split_into_arrays_under_max_array_size_in_a_dry_run(
+    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sites = tmp_path / "sites"
+    write(
+        sites / "small.yaml", "name: small\nextends: local-slurm\nsweep: {max_array_size: 1001}\n"
+    )
+    monkeypatch.setenv("HPCTF_SITE_PATH", str(sites))
+    began = time.monotonic()
+    result = CliRunner().invoke(
+        cli,
+        [
+            "sweep", str(DIGITS), "--site", "small", "--grid",
+            "train.seed=" + ",".join(map(str, range(50))), "--grid",
+            "train.log_every_steps=" + ",".join(map(str, range(1, 51))),
+            "--max-running", "8", "--max-points", "2500", "--dry-run",
+        ],
+    )  # fmt: skip
+    took = time.monotonic() - began
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "# 3 job array(s) of at most 1001 tasks (site small: sweep.max_array_size)" in out
+    assert len(re.findall(r"^# point \d+: ", out, re.M)) == 2500
+    scripts = re.split(r"^# ----- array-\d\.sbatch: points .*$", out, flags=re.M)[1:]
+    assert [re.search(r"^#SBATCH --array=(\S+)$", s, re.M).group(1) for s in scripts] == [  # type: ignore[union-attr]
+        "0-1000%8",
+        "0-1000%8",
+        "0-497%8",
+    ]
+    run_dirs = [re.findall(r"^  '(/[^']+)'$", s, re.M) for s in scripts]
+    assert [len(d) for d in run_dirs] == [1001, 1001, 498]
+    # Task 0 of the third array is point 2002 (seed 40, log_every_steps 3).
+    assert run_dirs[2][0].endswith("/digits-seed40-log_every_steps3")
+    assert len({d for part in run_dirs for d in part}) == 2500
+    assert not runs_root.exists()  # nothing written
+    print(f"2,500-point dry run took {took:.1f} s")
+
+
+def test_the_array_script_passes_shellcheck_and_picks_its_run_dir(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    shellcheck = require_tool("shellcheck")
+    result = CliRunner().invoke(
+        cli,
+        ["sweep", str(DIGITS), "--site", "local-slurm", "--grid", "train.args.hidden=8,it's",
+         "--dry-run"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    script = result.stdout[result.stdout.index("#!/bin/bash") :]
+    path = write(tmp_path / "array.sh", script)
+    check = subprocess.run([shellcheck, str(path)], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout
+    # The RUN_DIR lines alone, under bash: task 1 gets the hostile name, quoted; task 2 none.
+    head = script[: script.index("# The array's output")]
+    for task, want in (("1", "digits-hiddenit_s"), ("2", "")):
+        proc = subprocess.run(
+            ["bash", "-c", head + 'echo "RUN_DIR=$RUN_DIR"'],
+            env={"SLURM_ARRAY_TASK_ID": task, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if want:
+            assert proc.stdout.strip().endswith(f"/{want}"), proc.stdout + proc.stderr
+        else:
+            assert proc.returncode == 1 and "has no point in this script" in proc.stderr
+
+
+# --- submit, status, cancel, resubmit against a fake Slurm ------------------------------------
+
+
+def _sweep(fake: FakeSlurm, *args: str) -> Path:
+    result = CliRunner().invoke(
+        cli,
+        ["sweep", str(DIGITS), "--site", "local-slurm", "--grid", "train.seed=0,1,2", *args],
+    )
+    assert result.exit_code == 0, result.output
+    return Path(re.search(r"^sweep directory: (\S+)$", result.output, re.M).group(1))  # type: ignore[union-attr]
+
+
+def _events(run_dir: Path) -> list[dict[str, object]]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "journal").iterdir())]
+
+
+def test_sweep_submits_one_array_and_records_each_task_in_its_run(
+    runs_root: Path,
+    fake_slurm: FakeSlurm,  # noqa: F811
+) -> None:
+    fake_slurm.answer("scontrol", "MaxArraySize            = 1001\nMaxJobCount = 10000\n")
+    path = _sweep(fake_slurm, "--max-running", "2")
+    (call,) = fake_slurm.calls("sbatch")
+    assert call == f"--parsable {path}/array-0.sbatch"
+    assert "#SBATCH --array=0-2%2" in (path / "array-0.sbatch").read_text()
+    record = json.loads((path / "sweep.json").read_text())
+    assert [p["values"] for p in record["points"]] == [{"train.seed": str(i)} for i in range(3)]
+    assert record["arrays"] == [
+        {"job_id": "4242", "indices": [0, 1, 2], "script": str(path / "array-0.sbatch")}
+    ]
+    for index, point in enumerate(record["points"]):
+        run_dir = Path(point["run_dir"])
+        assert run_dir.parent == path and run_dir.name == f"digits-seed{index}"
+        assert (
+            json.loads((run_dir / "config.json").read_text())["experiment"]["train"]["seed"]
+            == index
+        )
+        submitted = _events(run_dir)[-1]
+        assert submitted["event"] == "submitted" and submitted["job_id"] == f"4242_{index}"
+
+    # status: one squeue call for every point, one line each.
+    fake_slurm.answer(
+        "squeue", squeue_line("4242_0", "RUNNING") + squeue_line("4242_1", "PENDING", "Priority")
+    )
+    result = CliRunner().invoke(cli, ["status", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [(p["index"], p["job"], p["slurm"]["state"]) for p in document["points"]] == [
+        (0, "4242_0", "RUNNING"),
+        (1, "4242_1", "PENDING"),
+        (2, "4242_2", "UNKNOWN"),
+    ]
+    assert len(fake_slurm.calls("squeue")) == 1
+    text = CliRunner().invoke(cli, ["status", str(path)]).stdout
+    assert text.startswith(f"sweep {path.name}: 3 points: 3 queued\n")
+    assert re.search(r"^1 +seed=1 +4242_1 +PENDING \(Priority\) +queued", text, re.M), text
+
+    # A point finished; cancel stops the others in one scancel; resubmit resumes only them.
+    runs = [Path(p["run_dir"]) for p in record["points"]]
+    (runs[1] / "DONE").write_text('{"step": 300, "eval": {"accuracy": 0.9}}\n')
+    ended = {"job_id": "4242_1", "exit_code": 0, "reason": "done", "step": 300}
+    started = {"event": "started", "job_id": "4242_1", "step": 0}
+    write(runs[1] / "journal" / "99999999999999999999-1-started.json",
+          json.dumps({**started, "time": "2026-12-01T00:00:00+00:00"}))  # fmt: skip
+    write(runs[1] / "journal" / "99999999999999999999-2-ended.json",
+          json.dumps({"event": "ended", "time": "2026-12-01T00:00:05+00:00", **ended}))  # fmt: skip
+    result = CliRunner().invoke(cli, ["cancel", str(path)])
+    assert result.exit_code == 0, result.output
+    assert fake_slurm.calls("scancel") == ["4242_0 4242_2"]
+    assert [e["event"] for e in _events(runs[0])][-1] == "cancelled"
+    assert [e["event"] for e in _events(runs[1])][-1] == "ended"
+
+    fake_slurm.answer("squeue", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
+    fake_slurm.answer("sbatch", "4300\n")
+    result = CliRunner().invoke(cli, ["resubmit", str(path)])
+    assert result.exit_code == 0, result.output
+    assert fake_slurm.calls("sbatch")[-1] == f"--parsable {path}/array-1.sbatch"
+    script = (path / "array-1.sbatch").read_text()
+    assert "#SBATCH --array=0-1%2" in script
+    assert re.findall(r"^  '(/[^']+)'$", script, re.M) == [str(runs[0]), str(runs[2])]
+    assert _events(runs[2])[-1]["job_id"] == "4300_1"
+    assert json.loads((path / "sweep.json").read_text())["arrays"][-1]["indices"] == [0, 2]
+
+
+def test_arrays_after_the_first_wait_for_the_one_before(
+    runs_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_slurm: FakeSlurm,  # noqa: F811
+) -> None:
+    sites = tmp_path / "sites"
+    write(sites / "tiny.yaml", "name: tiny\nextends: local-slurm\nsweep: {max_array_size: 2}\n")
+    monkeypatch.setenv("HPCTF_SITE_PATH", str(sites))
+    result = CliRunner().invoke(
+        cli,
+        [
+            "sweep",
+            str(DIGITS),
+            "--site",
+            "tiny",
+            "--grid",
+            "train.seed=0,1,2",
+            "--max-running",
+            "1",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    calls = fake_slurm.calls("sbatch")
+    assert len(calls) == 2 and "--dependency=afterany:4242 " in calls[1]
+    assert fake_slurm.calls("scontrol") == []  # the site's limit: Slurm not asked
