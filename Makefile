@@ -27,9 +27,13 @@ system-packages:
 	@tests/system-packages.sh
 
 # The real-Slurm tests start tests/slurm/cluster.sh themselves. HPCTF_REQUIRE_SLURM turns a
-# missing tool or a cluster that does not start into a failure instead of a skip.
+# missing tool or a cluster that does not start into a failure instead of a skip. Two pytest-xdist
+# workers, each with a Slurm cluster of its own (tests/conftest.py): most real-Slurm tests wait
+# on the scheduler (requeue, walltime, MinJobAge) rather than compute, so two overlap well even
+# on 2 cores.
+TEST_WORKERS ?= 2
 test: system-packages lint
-	HPCTF_REQUIRE_SLURM=1 $(BIN)/python -m pytest -ra --durations=10
+	HPCTF_REQUIRE_SLURM=1 $(BIN)/python -m pytest -ra --durations=10 -n $(TEST_WORKERS) --dist worksteal
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

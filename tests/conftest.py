@@ -86,6 +86,23 @@ def no_job_output_in_the_checkout() -> Iterator[None]:
         )
 
 
+def xdist_cluster(env: dict[str, str], worker: str) -> dict[str, str]:
+    """A cluster of its own for each pytest-xdist worker (``gw0``, ``gw1``, ...): its state
+    dir, slurmctld port and first job id moved by the worker's number, so TF's port windows
+    (drawn from job ids) and the daemons' ports of two clusters never meet."""
+    match = re.fullmatch(r"gw(\d+)", worker)
+    if not match:
+        return {}
+    number = int(match.group(1))
+    return {
+        "HPCTF_SLURM_DIR": f"{env['HPCTF_SLURM_DIR']}-{worker}",
+        "HPCTF_SLURM_PORT": str(int(env.get("HPCTF_SLURM_PORT", "16817")) + 400 * number),
+        "HPCTF_SLURM_FIRST_JOB_ID": str(
+            int(env.get("HPCTF_SLURM_FIRST_JOB_ID", "1")) + 50_000 * number
+        ),
+    }
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
     """Start the test cluster once; failing to start is fatal where Slurm is required.
@@ -94,8 +111,9 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
     pass through, so a second test run can keep its cluster apart from one already running.
     """
     # Not under pytest's tmp dir: munged runs as the munge user and cannot enter root's 0700 dirs.
-    state = Path(os.environ.get("HPCTF_SLURM_DIR", "/tmp/hpctf-slurm"))
-    env = {**os.environ, "HPCTF_SLURM_DIR": str(state)}
+    env = {**os.environ, "HPCTF_SLURM_DIR": os.environ.get("HPCTF_SLURM_DIR", "/tmp/hpctf-slurm")}
+    env.update(xdist_cluster(env, os.environ.get("PYTEST_XDIST_WORKER", "")))
+    state = Path(env["HPCTF_SLURM_DIR"])
     proc = subprocess.run(
         [str(CLUSTER), "start"], env=env, capture_output=True, text=True, check=False
     )
