@@ -20,9 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import slurm
+from hpctf.core import slurm, slurm_queries
 from hpctf.core.rundir import RunDir
-from hpctf.core.slurm import JobRecord, SlurmError
+from hpctf.core.slurm import SlurmError
+from hpctf.core.slurm_queries import JobRecord
 from hpctf.login import progress
 from hpctf.login.runs import epoch_seconds
 from hpctf.login.status import TABLE_COLUMNS
@@ -74,7 +75,7 @@ class FakeSlurm:
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     fake = FakeSlurm(tmp_path)
     monkeypatch.setenv("PATH", f"{fake.bin}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(slurm, "RETRY_PAUSES_S", (0.0, 0.0))
+    monkeypatch.setattr(slurm_queries, "RETRY_PAUSES_S", (0.0, 0.0))
     return fake
 
 
@@ -171,7 +172,7 @@ SQUEUE_CASES = [
     ("out", "want"), [c[1:] for c in SQUEUE_CASES], ids=[c[0] for c in SQUEUE_CASES]
 )
 def test_parse_squeue(out: str, want: dict[str, tuple[str, str, str]]) -> None:
-    got = slurm.parse_squeue(out)
+    got = slurm_queries.parse_squeue(out)
     assert {k: (v.state, v.reason, v.nodes) for k, v in got.items()} == want
     assert all(v.source == "squeue" for v in got.values())
 
@@ -207,7 +208,7 @@ SACCT_CASES = [
     ("out", "want"), [c[1:] for c in SACCT_CASES], ids=[c[0] for c in SACCT_CASES]
 )
 def test_parse_sacct(out: str, want: dict[str, tuple[str, str]]) -> None:
-    got = slurm.parse_sacct(out)
+    got = slurm_queries.parse_sacct(out)
     assert {k: (v.state, v.exit_code) for k, v in got.items()} == want
     assert all(v.source == "sacct" for v in got.values())
 
@@ -216,7 +217,7 @@ def test_queries_name_every_job_once_and_read_slurms_no_data_answers(
     fake_slurm: FakeSlurm,
 ) -> None:
     fake_slurm.answer("squeue", squeue_line("2", "RUNNING") + squeue_line("99", "RUNNING"))
-    assert set(slurm.squeue_jobs(["2", "1", "2"])) == {"2"}  # only what was asked
+    assert set(slurm_queries.squeue_jobs(["2", "1", "2"])) == {"2"}  # only what was asked
     (call,) = fake_slurm.calls("squeue")
     assert call.split() == [
         "--jobs=1,2",
@@ -225,11 +226,11 @@ def test_queries_name_every_job_once_and_read_slurms_no_data_answers(
         "--noheader",
         "--format=%i|%T|%r|%S|%M|%N",
     ]
-    assert slurm.squeue_jobs([]) == {} and len(fake_slurm.calls("squeue")) == 1  # no call
+    assert slurm_queries.squeue_jobs([]) == {} and len(fake_slurm.calls("squeue")) == 1  # no call
     # Every id forgotten: squeue exits 1. No accounting: sacct exits 1. Both mean "no data".
     fake_slurm.answer("squeue", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
-    assert slurm.squeue_jobs(["3"]) == {}
-    assert slurm.sacct_jobs(["3"]) == {}
+    assert slurm_queries.squeue_jobs(["3"]) == {}
+    assert slurm_queries.sacct_jobs(["3"]) == {}
     (sacct_call,) = fake_slurm.calls("sacct")
     assert "--parsable2" in sacct_call and "--allocations" in sacct_call
 
@@ -240,31 +241,31 @@ def test_transient_failures_are_retried_a_couple_of_times_then_raised(
     pauses: list[float] = []
     fake_slurm.answer("squeue", "", "slurm_load_jobs error: Socket timed out on send/recv\n", 1)
     with pytest.raises(SlurmError, match="Socket timed out"):
-        slurm.query(["squeue"], sleep=pauses.append)
+        slurm_queries.query(["squeue"], sleep=pauses.append)
     assert len(fake_slurm.calls("squeue")) == 3 and pauses == [0.0, 0.0]
     fake_slurm.forget()
     # A failure that is not transient is raised at once.
     fake_slurm.answer("squeue", "", "squeue: error: invalid user\n", 1)
     with pytest.raises(SlurmError):
-        slurm.query(["squeue"], sleep=pauses.append)
+        slurm_queries.query(["squeue"], sleep=pauses.append)
     assert len(fake_slurm.calls("squeue")) == 1
     # The pauses are real by default: 1 s, then 3 s.
     monkeypatch.undo()
-    assert slurm.RETRY_PAUSES_S == (1.0, 3.0)
+    assert slurm_queries.RETRY_PAUSES_S == (1.0, 3.0)
 
 
 def test_a_slow_transient_failure_is_not_tried_again(
     fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An unreachable slurmctld: squeue itself retried for a while (18 s measured) first."""
-    monkeypatch.setattr(slurm, "SLOW_FAILURE_S", 0.5)
+    monkeypatch.setattr(slurm_queries, "SLOW_FAILURE_S", 0.5)
     (fake_slurm.bin / "squeue").write_text(
         f"#!/bin/sh\necho x >> {fake_slurm.calls_dir / 'squeue'}\nsleep 1\n"
         "echo 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2\n"
         "exit 1\n"
     )
     with pytest.raises(SlurmError, match="Unable to contact slurm controller"):
-        slurm.query(["squeue"])
+        slurm_queries.query(["squeue"])
     assert len(fake_slurm.calls("squeue")) == 1
 
 
@@ -276,7 +277,7 @@ def test_a_query_that_runs_out_of_time_is_not_tried_again(
     )
     start = time.monotonic()
     with pytest.raises(SlurmError, match="timed out"):
-        slurm.query(["squeue"], budget_s=1.0)
+        slurm_queries.query(["squeue"], budget_s=1.0)
     assert time.monotonic() - start < 4 and len(fake_slurm.calls("squeue")) == 1
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import click
 
-from hpctf.core import slurm
 from hpctf.core.errors import UserError
-from hpctf.core.slurm import JobRecord, SlurmFailure
+from hpctf.core.slurm import SlurmFailure
+from hpctf.core.slurm_queries import JobRecord, sacct_jobs, squeue_jobs
 from hpctf.login.runs import ACTIVE_RUN_STATES, Run
 
 # Slurm's states of a job back in the queue after a requeue.
@@ -43,14 +43,14 @@ def slurm_records(job_ids: Sequence[str], env: Mapping[str, str] | None = None) 
     problems = []
     answered = True
     try:
-        records.update(slurm.squeue_jobs(ids, env))
+        records.update(squeue_jobs(ids, env))
     except (SlurmFailure, UserError) as exc:
         problems.append(f"squeue: {exc}")
         answered = False
     missing = [i for i in ids if i not in records]
     if missing:
         try:
-            records.update(slurm.sacct_jobs(missing, env))
+            records.update(sacct_jobs(missing, env))
         except (SlurmFailure, UserError) as exc:
             problems.append(f"sacct: {exc}")
     problem = ""

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from hpctf.core import slurm
+from hpctf.core import slurm, slurm_queries
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir, create_run_dir, job_history, runs_root, write_atomic
@@ -111,7 +111,7 @@ def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
     if config.site.sweep.max_array_size:
         return config.site.sweep.max_array_size, f"site {config.site.name}: sweep.max_array_size"
     try:
-        return slurm.max_array_size(), "the cluster's MaxArraySize"
+        return slurm_queries.max_array_size(), "the cluster's MaxArraySize"
     except (SlurmFailure, UserError) as exc:
         if not dry_run:
             raise
