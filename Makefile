@@ -39,8 +39,8 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # hpctf's benchmarks (benchmarks/README.md): a table on stdout and hpctf-benchmarks.json.
-# The full run took 28-36 minutes on 2 cores (16 of them a 100,000-step soak);
-# `make bench BENCH_ARGS=--tiny` is the CI size (2-3 minutes).
+# The full run takes under 20 minutes on the shared 2-core VM (the 100,000-step soak, with the
+# other sections beside it); `make bench BENCH_ARGS=--tiny` is the CI size (about a minute).
 .PHONY: bench
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
