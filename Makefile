@@ -30,10 +30,11 @@ system-packages:
 # missing tool or a cluster that does not start into a failure instead of a skip. Two pytest-xdist
 # workers, each with a Slurm cluster of its own (tests/conftest.py): most real-Slurm tests wait
 # on the scheduler (requeue, walltime, MinJobAge) rather than compute, so two overlap well even
-# on 2 cores.
+# on 2 cores. HPCTF_SLURM_ACCOUNTING=1: the clusters keep real accounting (MariaDB + slurmdbd,
+# about 9 s at start), so sacct answers for jobs slurmctld has forgotten, as on a real site.
 TEST_WORKERS ?= 2
 test: system-packages lint
-	HPCTF_REQUIRE_SLURM=1 $(BIN)/python -m pytest -ra --durations=10 -n $(TEST_WORKERS) --dist worksteal
+	HPCTF_REQUIRE_SLURM=1 HPCTF_SLURM_ACCOUNTING=1 $(BIN)/python -m pytest -ra --durations=10 -n $(TEST_WORKERS) --dist worksteal
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
