@@ -28,12 +28,8 @@ from hpctf.compute.cluster import (
     port_window,
 )
 from hpctf.compute.gpus import gpu_binding
-from hpctf.compute.runtime import (
-    check_port_free,
-    check_resolves,
-    prepare_environment,
-    startup_checks,
-)
+from hpctf.compute.node_checks import check_port_free
+from hpctf.compute.runtime import check_resolves, prepare_environment, startup_checks
 from hpctf.core.errors import UserError
 from hpctf.core.hostnames import check_hostname_template, expand_nodelist
 from hpctf.core.sites import read_site_file

@@ -148,7 +148,7 @@ def test_more_gpus_than_given_is_refused() -> None:
 def test_worker_check_with_this_machines_tensorflow() -> None:
     # The venv's TensorFlow (tensorflow-cpu in CI): the glue in hpctf.compute.runtime asks it
     # what it is and names the package it came from.
-    from hpctf.compute.runtime import check_tensorflow_gpus
+    from hpctf.compute.node_checks import check_tensorflow_gpus
 
     check_tensorflow_gpus(Grant(0))
     import tensorflow as tf

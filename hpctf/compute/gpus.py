@@ -5,9 +5,10 @@ os.environ.
 A CPU-only TensorFlow (``tensorflow-cpu``, or PyPI's ``tensorflow`` for aarch64 Linux, whose
 2.21.0 wheel says ``is_cuda_build: False`` even when installed as ``tensorflow[and-cuda]``)
 trains happily on the CPUs of a GPU node: the job runs for hours at a fraction of the speed and
-nothing fails. So before a worker joins the cluster, :mod:`hpctf.compute.runtime` asks
-TensorFlow what it is and sees, and :func:`check_gpus` stops the task with one line naming the
-fix. The worker then exits 2 and ``srun --kill-on-bad-exit=1`` ends the job before any training.
+nothing fails. So before a worker joins the cluster,
+:func:`hpctf.compute.node_checks.check_tensorflow_gpus` asks TensorFlow what it is and sees,
+and :func:`check_gpus` stops the task with one line naming the fix. The worker then exits 2
+and ``srun --kill-on-bad-exit=1`` ends the job before any training.
 """
 
 from __future__ import annotations

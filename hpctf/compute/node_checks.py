@@ -2,11 +2,11 @@
 before the all-reduce, each returning a :class:`Check` (ok, warn, fail or skip, with a fix).
 
 - ``tensorflow``: importable; its build (CUDA or CPU) and the GPUs it sees against what Slurm
-  gave the task (:func:`hpctf.compute.runtime.check_tensorflow_gpus`);
+  gave the task (:func:`check_tensorflow_gpus`);
 - ``memlock``: the locked-memory limit, which RDMA needs unlimited;
 - ``infiniband``: devices and port state under /sys/class/infiniband (skipped without it);
 - ``hostnames``: the names the site's ``hostname_template`` gives the nodes resolve here;
-- ``port``: this task's worker port is free (:func:`hpctf.compute.runtime.check_port_free`);
+- ``port``: this task's worker port is free (:func:`check_port_free`);
 - ``nccl``: an NCCL log scanned for a fallback to TCP sockets where InfiniBand exists.
 
 The judging functions are pure; the ``read_``/``*_check(spec)`` ones look at this machine.
@@ -15,6 +15,9 @@ TensorFlow is imported inside :func:`tensorflow_check` only.
 
 from __future__ import annotations
 
+import errno
+import importlib.metadata
+import platform
 import re
 import resource
 import socket
@@ -25,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.compute.cluster import ClusterSpec
-from hpctf.compute.gpus import Grant
-from hpctf.compute.runtime import check_port_free, check_tensorflow_gpus
+from hpctf.compute.gpus import Grant, check_gpus
 from hpctf.core.errors import UserError
 
 IB_ROOT = Path("/sys/class/infiniband")
@@ -306,3 +308,65 @@ def node_addresses(spec: ClusterSpec) -> list[tuple[str, str]]:
     if spec.local_id == 0:
         return list(pairs.items())
     return list({spec.host: spec.node, spec.chief_host: spec.nodes[0]}.items())
+
+
+def check_port_free(host: str, port: int) -> None:
+    """UserError naming host and port if something already listens on ``port`` here.
+
+    TensorFlow's gRPC server listens on 0.0.0.0:PORT; on a taken port (even one taken on
+    127.0.0.1 only) it fails with just "UNKNOWN: Could not start gRPC server", naming neither
+    port nor host (measured with TF 2.21). The test socket binds the same wildcard address and
+    is closed again at once (a small race remains; ports come from a window that moves with the
+    job id, see :func:`hpctf.compute.cluster.port_window`).
+    """
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # gRPC sets SO_REUSEADDR too, so a port in TIME_WAIT from an earlier run is free for it;
+        # without the flag such a port would be reported as taken. A listening socket still
+        # makes bind fail with EADDRINUSE.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("", port))
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise UserError(
+                f"port {port} on {host} is taken ({exc.strerror}): another job or a leftover "
+                "process listens there; hpctf picks ports from the site's port_range by job id"
+            ) from None
+        raise
+    finally:
+        probe.close()
+
+
+def check_tensorflow_gpus(grant: Grant) -> None:
+    """Import TensorFlow and stop with a UserError unless it can use the GPUs of ``grant``.
+
+    Runs after :func:`prepare_environment` (CUDA_VISIBLE_DEVICES is final) and before the
+    strategy exists; listing physical devices does not create TensorFlow's context, so MWMS
+    still configures the devices afterwards. The decision is :func:`hpctf.compute.gpus.check_gpus`.
+    """
+    import tensorflow as tf  # the worker imports it next anyway (hpctf.compute.training)
+
+    if not grant.count:
+        return
+    cuda_build = bool(tf.test.is_built_with_gpu_support())
+    seen = len(tf.config.list_physical_devices("GPU")) if cuda_build else 0
+    check_gpus(
+        grant.count,
+        seen,
+        cuda_build,
+        tf.__version__,
+        source=grant.source,
+        device_files=grant.device_files,
+        packages=_tensorflow_packages() if not cuda_build else (),
+        machine=platform.machine(),
+    )
+
+
+def _tensorflow_packages() -> tuple[str, ...]:
+    """The installed distributions that provide the ``tensorflow`` module (for messages)."""
+    try:
+        names = importlib.metadata.packages_distributions().get("tensorflow", [])
+    except Exception:  # metadata of some unrelated package is broken: say nothing
+        return ()
+    # As PEP 503 normalizes them: the wheel's metadata says tensorflow_cpu.
+    return tuple(sorted({re.sub(r"[-_.]+", "-", name).lower() for name in names}))

@@ -10,19 +10,17 @@ login path.
 
 from __future__ import annotations
 
-import errno
-import importlib.metadata
 import logging
 import os
-import platform
-import re
 import socket
 import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from hpctf.compute import quick_preflight
 from hpctf.compute.cluster import ClusterSpec, cluster_spec
-from hpctf.compute.gpus import Grant, check_gpus, granted_gpus
+from hpctf.compute.gpus import granted_gpus
+from hpctf.compute.node_checks import check_port_free, check_tensorflow_gpus
 from hpctf.compute.preemption import install_early_handlers
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import RunDir
@@ -60,33 +58,6 @@ def check_resolves(name: str, node: str, template: str) -> None:
         ) from None
 
 
-def check_port_free(host: str, port: int) -> None:
-    """UserError naming host and port if something already listens on ``port`` here.
-
-    TensorFlow's gRPC server listens on 0.0.0.0:PORT; on a taken port (even one taken on
-    127.0.0.1 only) it fails with just "UNKNOWN: Could not start gRPC server", naming neither
-    port nor host (measured with TF 2.21). The test socket binds the same wildcard address and
-    is closed again at once (a small race remains; ports come from a window that moves with the
-    job id, see :func:`hpctf.compute.cluster.port_window`).
-    """
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        # gRPC sets SO_REUSEADDR too, so a port in TIME_WAIT from an earlier run is free for it;
-        # without the flag such a port would be reported as taken. A listening socket still
-        # makes bind fail with EADDRINUSE.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(("", port))
-    except OSError as exc:
-        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-            raise UserError(
-                f"port {port} on {host} is taken ({exc.strerror}): another job or a leftover "
-                "process listens there; hpctf picks ports from the site's port_range by job id"
-            ) from None
-        raise
-    finally:
-        probe.close()
-
-
 def startup_checks(spec: ClusterSpec) -> None:
     """What must hold on this machine before TensorFlow starts, or a UserError saying why.
 
@@ -98,41 +69,6 @@ def startup_checks(spec: ClusterSpec) -> None:
     if spec.chief_host != spec.host:
         check_resolves(spec.chief_host, spec.nodes[0], spec.hostname_template)
     check_port_free(spec.host, spec.port)
-
-
-def check_tensorflow_gpus(grant: Grant) -> None:
-    """Import TensorFlow and stop with a UserError unless it can use the GPUs of ``grant``.
-
-    Runs after :func:`prepare_environment` (CUDA_VISIBLE_DEVICES is final) and before the
-    strategy exists; listing physical devices does not create TensorFlow's context, so MWMS
-    still configures the devices afterwards. The decision is :func:`hpctf.compute.gpus.check_gpus`.
-    """
-    import tensorflow as tf  # the worker imports it next anyway (hpctf.compute.training)
-
-    if not grant.count:
-        return
-    cuda_build = bool(tf.test.is_built_with_gpu_support())
-    seen = len(tf.config.list_physical_devices("GPU")) if cuda_build else 0
-    check_gpus(
-        grant.count,
-        seen,
-        cuda_build,
-        tf.__version__,
-        source=grant.source,
-        device_files=grant.device_files,
-        packages=_tensorflow_packages() if not cuda_build else (),
-        machine=platform.machine(),
-    )
-
-
-def _tensorflow_packages() -> tuple[str, ...]:
-    """The installed distributions that provide the ``tensorflow`` module (for messages)."""
-    try:
-        names = importlib.metadata.packages_distributions().get("tensorflow", [])
-    except Exception:  # metadata of some unrelated package is broken: say nothing
-        return ()
-    # As PEP 503 normalizes them: the wheel's metadata says tensorflow_cpu.
-    return tuple(sorted({re.sub(r"[-_.]+", "-", name).lower() for name in names}))
 
 
 def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
@@ -163,8 +99,6 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
         return 0
     quick = config.experiment.train.preflight == "quick"
     if quick:
-        from hpctf.compute import quick_preflight  # imports this module: not at the top
-
         if (failed := quick_preflight.check_node(run, spec, env)) is not None:
             return failed
     else:
