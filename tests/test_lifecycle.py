@@ -25,8 +25,8 @@ from hpctf.core.rundir import RunDir
 from hpctf.core.slurm import SlurmError
 from hpctf.core.slurm_queries import JobRecord
 from hpctf.login import progress
+from hpctf.login.run_report import TABLE_COLUMNS
 from hpctf.login.runs import epoch_seconds
-from hpctf.login.status import TABLE_COLUMNS
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 
 # --- fake Slurm commands ---------------------------------------------------------------------

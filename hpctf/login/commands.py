@@ -15,11 +15,10 @@ from pathlib import Path
 import click
 
 from hpctf.core import slurm, snapshot
-from hpctf.core.config import Experiment, ResolvedConfig, Site
-from hpctf.core.errors import PREEMPTED_EXIT, UserError
+from hpctf.core.config import Experiment, Site
+from hpctf.core.errors import UserError
 from hpctf.core.rundir import (
     RunDir,
-    RunDirTaken,
     create_run_dir,
     job_history,
     plan_run_dir,
@@ -32,6 +31,7 @@ from hpctf.core.sites import describe_site, listing, read_site, search_path
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login import scaffold
 from hpctf.login.doctor import doctor
+from hpctf.login.launch import new_run, start_run
 from hpctf.login.loader import load_config
 from hpctf.login.render import explain as explain_script
 from hpctf.login.render import render
@@ -148,7 +148,7 @@ def submit(
             slurm.test_only(script)  # a SlurmFailure carries Slurm's own words
             click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
         return
-    run, config, script = _new_run(config)
+    run, config, script = new_run(config)
     try:
         status = start_run(run, config)
     except SlurmFailure:
@@ -206,52 +206,6 @@ def init(directory: Path, site_name: str, name: str | None, force: bool) -> None
     for path in written:
         click.echo(f"wrote {path}")
     click.echo(f"next: hpctf validate {written[0]} && hpctf submit {written[0]}")
-
-
-def _new_run(config: ResolvedConfig) -> tuple[RunDir, ResolvedConfig, str]:
-    """Create a new run directory and its script; the frozen config comes back with them.
-
-    Two submits of one experiment in the same second plan the same directory: the one that
-    loses the race plans the next free name and renders again (the script names its run
-    directory)."""
-    for _ in range(10):
-        run = plan_run_dir(config)
-        script = render(config, run.path)
-        try:
-            return run, create_run_dir(run, config, script), script
-        except RunDirTaken:
-            continue
-    raise RunDirTaken(f"no free run directory under {plan_run_dir(config).path.parent}")
-
-
-def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> int:
-    """Start one job on ``run``: sbatch for Slurm sites (``exclude``: nodes to leave out),
-    local processes for local ones."""
-    if config.site.scheduler == "local":
-        from hpctf.login import local
-
-        click.echo(f"run directory: {run.path}")
-        click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
-        status = local.launch(config, run, os.environ, sys.stdout)
-        if status == 0:
-            click.echo(f"done; run directory: {run.path}")
-        elif status == PREEMPTED_EXIT:
-            click.echo(f"stopped after a checkpoint; resume with: hpctf resubmit {run.path}")
-        else:
-            click.echo(f"failed (exit {status}); run directory: {run.path}")
-        return status
-    extra = [f"--exclude={exclude}"] if exclude else []
-    job_id, dropped = slurm.sbatch(run.script, os.environ, extra)
-    if dropped:
-        click.echo(
-            f"note: left out {', '.join(dropped)} from your shell: a run's sbatch options come "
-            "from its experiment and site",
-            err=True,
-        )
-    run.record("submitted", job_id=job_id, **({"exclude": exclude} if exclude else {}))
-    click.echo(f"submitted job {job_id}")
-    click.echo(f"run directory: {run.path}")
-    return 0
 
 
 @click.command()

@@ -25,6 +25,7 @@ from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir, create_run_dir, job_history, runs_root, write_atomic
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
+from hpctf.login.launch import start_run
 from hpctf.login.loader import load_config
 from hpctf.login.render import ArrayScript, render
 from hpctf.login.runs import Run
@@ -297,8 +298,6 @@ def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
     """Each point in turn, as ``hpctf submit --site local`` runs one; the first non-zero exit
     status, or 0. Ctrl-C stops the sweep (the later points stay unstarted: resubmit runs
     them)."""
-    from hpctf.login.commands import start_run
-
     first_failure = 0
     for index in indices:
         point = sweep.points[index]

@@ -24,8 +24,9 @@ from typing import Any
 
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import write_atomic
+from hpctf.login.run_report import format_table, run_document
 from hpctf.login.runs import METRICS_TAIL_BYTES, Run, metric_records
-from hpctf.login.slurm_view import SlurmView
+from hpctf.login.slurm_view import SlurmView, slurm_text
 
 SWEEP_FILE = "sweep.json"
 
@@ -105,8 +106,6 @@ def point_documents(
 ) -> list[dict[str, Any]]:
     """One mapping per point: index, values, run dir, and what ``hpctf status`` says of its
     run (state, Slurm, step, loss), its last and best evaluation."""
-    from hpctf.login.status import run_document
-
     documents = []
     for point, run in zip(sweep.points, runs, strict=True):
         document = run_document(run, view, now)
@@ -143,9 +142,6 @@ def summary(documents: Sequence[Mapping[str, Any]]) -> str:
 
 def status_text(sweep: SweepDir, documents: Sequence[Mapping[str, Any]]) -> str:
     """One line per point: values, job, Slurm, state, step, loss, last evaluation."""
-    from hpctf.login.slurm_view import slurm_text
-    from hpctf.login.status import format_table
-
     rows = []
     for d in documents:
         step = "-" if d["step"] is None else f"{d['step']}/{d['total_steps'] or '?'}"

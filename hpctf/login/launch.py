@@ -1,0 +1,63 @@
+"""Starting a run: a new run directory with its frozen config and script, and one job on it
+(sbatch on Slurm sites, local worker processes on local ones). Shared by ``submit``,
+``resubmit`` and the sweeps.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from hpctf.core import slurm
+from hpctf.core.config import ResolvedConfig
+from hpctf.core.errors import PREEMPTED_EXIT
+from hpctf.core.rundir import RunDir, RunDirTaken, create_run_dir, plan_run_dir
+from hpctf.login.render import render
+
+
+def new_run(config: ResolvedConfig) -> tuple[RunDir, ResolvedConfig, str]:
+    """Create a new run directory and its script; the frozen config comes back with them.
+
+    Two submits of one experiment in the same second plan the same directory: the one that
+    loses the race plans the next free name and renders again (the script names its run
+    directory)."""
+    for _ in range(10):
+        run = plan_run_dir(config)
+        script = render(config, run.path)
+        try:
+            return run, create_run_dir(run, config, script), script
+        except RunDirTaken:
+            continue
+    raise RunDirTaken(f"no free run directory under {plan_run_dir(config).path.parent}")
+
+
+def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> int:
+    """Start one job on ``run``: sbatch for Slurm sites (``exclude``: nodes to leave out),
+    local processes for local ones."""
+    if config.site.scheduler == "local":
+        from hpctf.login import local
+
+        click.echo(f"run directory: {run.path}")
+        click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
+        status = local.launch(config, run, os.environ, sys.stdout)
+        if status == 0:
+            click.echo(f"done; run directory: {run.path}")
+        elif status == PREEMPTED_EXIT:
+            click.echo(f"stopped after a checkpoint; resume with: hpctf resubmit {run.path}")
+        else:
+            click.echo(f"failed (exit {status}); run directory: {run.path}")
+        return status
+    extra = [f"--exclude={exclude}"] if exclude else []
+    job_id, dropped = slurm.sbatch(run.script, os.environ, extra)
+    if dropped:
+        click.echo(
+            f"note: left out {', '.join(dropped)} from your shell: a run's sbatch options come "
+            "from its experiment and site",
+            err=True,
+        )
+    run.record("submitted", job_id=job_id, **({"exclude": exclude} if exclude else {}))
+    click.echo(f"submitted job {job_id}")
+    click.echo(f"run directory: {run.path}")
+    return 0

@@ -1,0 +1,200 @@
+"""What ``hpctf status`` says of runs, pure: one run as a JSON-ready document (state and why,
+budgets, Slurm's word, progress, code, each job and start), many as a table, one in full as
+lines. The commands that read runs and ask Slurm are in :mod:`hpctf.login.status`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hpctf.core import slurm, snapshot
+from hpctf.core.rundir import job_history
+from hpctf.core.runstate import Start
+from hpctf.login.progress import code_text, duration, progress, sparkline
+from hpctf.login.runs import METRICS_TAIL_BYTES, Run, metric_records
+from hpctf.login.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
+
+
+def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> dict[str, Any]:
+    """Everything `hpctf status` says of one run, as one JSON-ready mapping."""
+    records = metric_records(run.run.metrics, None if full else METRICS_TAIL_BYTES)
+    budgets = run.config.site.preemption
+    current = slurm_state(run, run.job, view)
+    state, why = run.state.state, run.state.why
+    last = run.state.last
+    if state in ("failed", "running") and current and current["state"] in REQUEUED_STATES:
+        # Slurm requeues a job itself after a node failure (or scontrol requeue): the journal
+        # says the start failed, or (its batch shell killed first) is still running, while
+        # the job is back in the queue; its next start records itself.
+        after = f" after {last.reason}" if last and last.reason else ""
+        state, why = "requeued", f"by Slurm{after}"
+    document: dict[str, Any] = {
+        "run": run.name,
+        "path": str(run.run.path),
+        "site": run.config.site.name,
+        "scheduler": run.config.site.scheduler,
+        "job": run.job,
+        "slurm": current,
+        "state": state,
+        "why": why,
+        "requeues": {
+            "preemption": [run.state.preemption_requeues, budgets.max_requeues],
+            "failure": [run.state.failure_requeues, budgets.max_failure_requeues],
+        },
+        **progress(run, now, records),
+        "code": [
+            {"source": s.source, "git_commit": s.git_commit, "git_dirty": s.git_dirty}
+            for s in snapshot.read(run.run.path)
+        ],
+        "starts": [
+            {
+                "job": s.job_id,
+                "from_step": s.step,
+                "reason": s.reason,
+                "exit_code": s.exit_code,
+                "end_step": s.end_step,
+                "nodes": s.nodes,
+            }
+            for s in run.state.starts
+        ],
+        "jobs": [],
+    }
+    for job in job_history(run.events):
+        document["jobs"].append(
+            {
+                "job": job["job_id"],
+                "slurm": slurm_state(run, job["job_id"], view),
+                "ended": "ended" in job,
+                "exit_code": job.get("exit_code"),
+                "starts": job["starts"],
+                "nodes": job.get("nodes"),
+            }
+        )
+    if full:
+        document["losses"] = [[r["step"], r["loss"]] for r in records if "loss" in r]
+    return document
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+TABLE_COLUMNS = (
+    "RUN", "JOB", "SLURM", "STATE", "STARTS", "STEP", "LOSS", "STEPS/S", "ELAPSED", "ETA", "CODE",
+)  # fmt: skip
+
+
+def table_rows(documents: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for d in documents:
+        total = d["total_steps"] or "?"
+        step = "-" if d["step"] is None else f"{d['step']}/{total}"
+        rows.append(
+            (
+                d["run"],
+                d["job"] or "-",
+                slurm_text(d["slurm"]),
+                d["state"],
+                str(len(d["starts"])),
+                step,
+                _number(d["loss"]),
+                _number(d["steps_per_s"], 3),
+                duration(d["elapsed_s"]) if d["starts"] else "-",
+                duration(d["eta_s"]),
+                code_text(d["code"]),
+            )
+        )
+    return rows
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def status_table(documents: Sequence[Mapping[str, Any]]) -> str:
+    """The runs as one table, then a line for each run whose state has a why, and a legend
+    when a state comes from the journal alone."""
+    text = format_table(TABLE_COLUMNS, table_rows(documents))
+    for d in documents:
+        if d["why"]:
+            text += f"{d['run']}: {d['state']}: {d['why']}\n"
+    if any((d["slurm"] or {}).get("state") == "ENDED" for d in documents):
+        text += (
+            "ENDED (reason): Slurm no longer knows the job; its end as the run directory "
+            "recorded it\n"
+        )
+    return text
+
+
+def describe_run(run: Run, document: Mapping[str, Any]) -> str:
+    """The single-run view: state and why, budgets, code, Slurm, progress, each job, each
+    start."""
+    lines = []
+    pre, fail = document["requeues"]["preemption"], document["requeues"]["failure"]
+    why = f" ({document['why']})" if document["why"] else ""
+    lines.append(
+        f"run: {document['state']}{why}; requeues after preemption {pre[0]}/{pre[1]}, "
+        f"after failures {fail[0]}/{fail[1]}"
+    )
+    lines.extend(f"code: {source.describe()}" for source in snapshot.read(run.run.path))
+    if run.slurm and document["job"]:
+        lines.append(f"slurm: job {document['job']} {slurm_text(document['slurm'])}")
+    total = document["total_steps"] or "?"
+    if document["step"] is not None:
+        lines.append(
+            f"progress: step {document['step']}/{total}, loss {_number(document['loss'])}, "
+            f"{_number(document['steps_per_s'], 3)} steps/s, elapsed "
+            f"{duration(document['elapsed_s'])}, eta {duration(document['eta_s'])}"
+        )
+    losses = [loss for _, loss in document.get("losses", [])]
+    if len(losses) > 1:
+        lines.append(
+            f"loss: {_number(losses[0])} {sparkline(losses)} {_number(losses[-1])} "
+            f"(steps {document['losses'][0][0]}-{document['losses'][-1][0]})"
+        )
+    for job in document["jobs"]:
+        state = job["slurm"]
+        if job["ended"] and (state is None or state["source"] == "journal" or _final(state)):
+            text = "ENDED"
+        elif state is None:
+            text = "PENDING/RUNNING"
+        elif state["state"] == "UNKNOWN":
+            text = f"UNKNOWN ({state['reason']})"
+        else:
+            text = slurm_text(state)
+        exit_text = f" exit {job['exit_code']}" if job["exit_code"] is not None else ""
+        lines.append(
+            f"job {job['job']}: {text}{exit_text} starts {job['starts']} "
+            f"nodes {job['nodes'] or '-'}"
+        )
+    jobs = {job["job"]: job["slurm"] for job in document["jobs"]}
+    for number, start in enumerate(run.state.starts, 1):
+        lines.append(
+            f"start {number}: job {start.job_id} from step {start.step}: "
+            f"{_end(start, jobs.get(start.job_id))}"
+        )
+    lines.append(f"last logged step: {document['step'] if document['step'] is not None else '-'}")
+    done = run.run.done.read_text().strip() if run.run.done.exists() else "no"
+    lines.append(f"done: {done}")
+    return "\n".join(lines) + "\n"
+
+
+def _final(state: Mapping[str, str]) -> bool:
+    return state["state"] in slurm.FINAL_STATES
+
+
+def _end(start: Start, job: Mapping[str, str] | None) -> str:
+    if not start.reason:
+        # Its batch shell was killed before it could record the end (scancel, KillWait).
+        if job is not None and job["source"] != "journal" and _final(job):
+            return f"ended without a record of its own (Slurm: {job['state']})"
+        return "not ended"
+    return f"{start.reason} at step {start.end_step} (exit {start.exit_code})"
