@@ -42,6 +42,20 @@ def submit(env: dict[str, str], *args: str) -> tuple[str, Path]:
     return job_id, run_dir
 
 
+def submit_digits(env: dict[str, str], *sets: str, site: str = "local-slurm") -> tuple[str, Path]:
+    """Submit examples/digits to ``site``, each ``KEY=VALUE`` of ``sets`` as a ``--set``."""
+    return submit(env, str(DIGITS), "--site", site, *(a for s in sets for a in ("--set", s)))
+
+
+def wait_for_first_checkpoint(run_dir: Path, timeout: float = 300) -> list[int]:
+    """The run's checkpoint steps, once there is one (the rank logs if none comes)."""
+    deadline = time.monotonic() + timeout
+    while not (steps := checkpoint_steps(run_dir)):
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    return steps
+
+
 def logs_of(run_dir: Path) -> str:
     return "\n".join(
         f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((run_dir / "logs").iterdir())
@@ -119,20 +133,14 @@ def long_run(
 ) -> tuple[str, Path, float]:
     """Submit LONG digits steps with a checkpoint every ``every_steps``; return the job id,
     the run directory and a deadline, once the first checkpoint exists."""
-    job_id, run_dir = submit(
+    job_id, run_dir = submit_digits(
         env,
-        str(DIGITS),
-        "--site",
-        "local-slurm",
-        "--set",
         f"train.steps={LONG}",
-        "--set",
         f"checkpoint.every_steps={every_steps}",
     )
     deadline = time.monotonic() + 400
-    while wait_for_checkpoint and not checkpoint_steps(run_dir):
-        assert time.monotonic() < deadline, logs_of(run_dir)
-        time.sleep(0.2)
+    if wait_for_checkpoint:
+        wait_for_first_checkpoint(run_dir, timeout=400)
     return job_id, run_dir, deadline
 
 
@@ -231,14 +239,9 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir = submit(
+    job_id, run_dir = submit_digits(
         env,
-        str(DIGITS),
-        "--site",
-        "local-slurm",
-        "--set",
         f"train.steps={LONG}",
-        "--set",
         "checkpoint.every_steps=1000",
     )
     rank0 = run_dir / "logs" / "rank-0.log"
@@ -332,8 +335,17 @@ def test_gpu_job_that_cannot_use_its_gpus_fails_at_once(
     ranks = [p.read_text() for p in sorted((run_dir / "logs").glob("rank-*.log"))]
     assert ranks, logs_of(run_dir)
     # srun --kill-on-bad-exit may end the other rank before it says anything; whoever speaks
-    # says it in one line.
-    lines = [line for text in ranks for line in text.splitlines() if line.startswith("Error: ")]
+    # says it in one line: the worker's own error, or (train.preflight: quick, the default) the
+    # node check's, which names node, rank and check before the same words.
+    node_check = re.compile(
+        r"\d\d:\d\d:\d\d rank \d+: error: node check failed on node\d \(rank \d+\): \w+: "
+    )
+    lines = [
+        "Error: " + node_check.sub("", line) if node_check.match(line) else line
+        for text in ranks
+        for line in text.splitlines()
+        if line.startswith("Error: ") or node_check.match(line)
+    ]
     assert lines, logs_of(run_dir)
     for line in lines:
         assert re.fullmatch(message + r".*", line), line
@@ -347,14 +359,9 @@ def test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir = submit(
+    job_id, run_dir = submit_digits(
         env,
-        str(DIGITS),
-        "--site",
-        "local-slurm",
-        "--set",
         "train.entry=entries:crash_at_start",
-        "--set",
         f"train.python_path={json.dumps(ENTRIES_PATH)}",
     )
     info = wait_for_job(job_id)
@@ -377,14 +384,9 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     """SIGKILL to one rank (an OOM kill): srun ends the step, the run had advanced, so the
     job is requeued within the failure budget and resumes from its last checkpoint."""
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir = submit(
+    job_id, run_dir = submit_digits(
         env,
-        str(DIGITS),
-        "--site",
-        "local-slurm",
-        "--set",
         f"train.steps={LONG}",
-        "--set",
         "checkpoint.every_steps=100",
     )
     deadline = time.monotonic() + 300

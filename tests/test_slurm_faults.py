@@ -19,7 +19,6 @@ import pytest
 
 from hpctf.core import slurm
 from tests.conftest import (
-    DIGITS,
     HPCTF,
     checkpoint_steps,
     losses,
@@ -33,7 +32,8 @@ from tests.test_slurm_e2e import (
     logs_of,
     release_requeued,
     report_fault,
-    submit,
+    submit_digits,
+    wait_for_first_checkpoint,
     wait_for_log,
 )
 
@@ -95,16 +95,10 @@ def test_a_preemption_with_a_grace_time_saves_and_is_requeued_by_hpctf(
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     scontrol(env, "update", "PartitionName=debug", "GraceTime=60")
     try:
-        job_id, run_dir = submit(
+        job_id, run_dir = submit_digits(
             env,
-            str(DIGITS),
-            "--site",
-            "local-slurm",
-            "--set",
             f"train.steps={LONG}",
-            "--set",
             "checkpoint.every_steps=1000",
-            "--set",
             "train.log_every_steps=10",
         )
         deadline = time.monotonic() + 300
@@ -167,19 +161,13 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
     site = tmp_path / "one-minute.yaml"
     site.write_text("name: one-minute\nextends: local-slurm\npreemption:\n  warning_seconds: 15\n")
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir = submit(
+    job_id, run_dir = submit_digits(
         env,
-        str(DIGITS),
-        "--site",
-        str(site),
-        "--set",
         "resources.time=1",
-        "--set",
         "train.steps=1000000",
-        "--set",
         "checkpoint.every_steps=100000",
-        "--set",
         "train.log_every_steps=10",
+        site=str(site),
     )
     deadline = time.monotonic() + 400
     for requeue in (1, 2):
@@ -227,24 +215,15 @@ def test_a_node_set_down_mid_run_is_left_out_of_the_next_start(
     (measured); a node that really failed stays out, as the drained one does here.
     """
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir = submit(
+    job_id, run_dir = submit_digits(
         env,
-        str(DIGITS),
-        "--site",
-        "local-slurm",
-        "--set",
         "resources.nodes=1",
-        "--set",
         f"train.steps={LONG}",
-        "--set",
         "checkpoint.every_steps=100",
-        "--set",
         "train.log_every_steps=10",
     )
     deadline = time.monotonic() + 300
-    while not checkpoint_steps(run_dir):
-        assert time.monotonic() < deadline, logs_of(run_dir)
-        time.sleep(0.2)
+    wait_for_first_checkpoint(run_dir)
     node = (slurm.job_info(job_id) or {})["NodeList"]
     other = {"node1": "node2", "node2": "node1"}[node]
     try:
@@ -338,20 +317,12 @@ def test_a_full_disk_at_save_time_keeps_the_last_checkpoint_and_resumes_after_a_
     state = Path(slurm_cluster["HPCTF_SLURM_DIR"])
     with small_filesystem(tmp_path / "small", state) as root:
         env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(root)}
-        job_id, run_dir = submit(
+        job_id, run_dir = submit_digits(
             env,
-            str(DIGITS),
-            "--site",
-            "local-slurm",
-            "--set",
             "train.steps=3000",
-            "--set",
             "checkpoint.every_steps=1000",
         )
-        deadline = time.monotonic() + 300
-        while not checkpoint_steps(run_dir):
-            assert time.monotonic() < deadline, logs_of(run_dir)
-            time.sleep(0.2)
+        wait_for_first_checkpoint(run_dir)
         size = sum(p.stat().st_size for p in (run_dir / "checkpoints").glob("ckpt-1000.*"))
         free = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
         filler = root / "someone-elses-file"
