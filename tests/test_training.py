@@ -144,12 +144,14 @@ def _start_two_workers(
     return procs, logs
 
 
-# The bounds the README states: a dead rank ends the others within 5 s, a frozen one within
-# twice heartbeat_timeout_seconds (default 10: TF checks heartbeats once per timeout period, so
-# detection takes between one and two periods; measured 10.4-20.4 s) + 5 s.
+# The bounds the README states: a dead rank ends the others within heartbeat_timeout_seconds
+# (default 10) + 5 s: usually at once (its sockets close: measured 0.9-1.1 s), but when no
+# collective was waiting on them TF's heartbeat finds the dead task (measured 10.5-10.7 s in 2
+# of 7 tries); a frozen one within twice heartbeat_timeout_seconds (TF checks heartbeats once
+# per timeout period, so detection takes between one and two periods; measured 10.4-20.4 s) + 5 s.
 @pytest.mark.parametrize(
     ("how", "victim", "bound"),
-    [(signal.SIGKILL, 1, 5.0), (signal.SIGSTOP, 1, 25.0), (signal.SIGSTOP, 0, 25.0)],
+    [(signal.SIGKILL, 1, 15.0), (signal.SIGSTOP, 1, 25.0), (signal.SIGSTOP, 0, 25.0)],
     ids=["kill-worker", "freeze-worker", "freeze-chief"],
 )
 def test_a_dead_or_frozen_rank_ends_the_other_within_the_bound(
