@@ -145,10 +145,11 @@ def _start_two_workers(
 
 
 # The bounds the README states: a dead rank ends the others within heartbeat_timeout_seconds
-# (default 10) + 5 s: usually at once (its sockets close: measured 0.9-1.1 s), but when no
-# collective was waiting on them TF's heartbeat finds the dead task (measured 10.5-10.7 s in 2
-# of 7 tries); a frozen one within twice heartbeat_timeout_seconds (TF checks heartbeats once
-# per timeout period, so detection takes between one and two periods; measured 10.4-20.4 s) + 5 s.
+# (default 10) + 5 s: usually at once (its sockets close: measured 0.9-1.1 s), but sometimes
+# the collective in flight is aborted only by TF's heartbeat check ("stopped sending
+# heartbeats": measured 10.5-10.7 s in 2 of 7 tries); a frozen one within twice
+# heartbeat_timeout_seconds (TF checks heartbeats once per timeout period, so detection takes
+# between one and two periods; measured 10.4-20.4 s) + 5 s.
 @pytest.mark.parametrize(
     ("how", "victim", "bound"),
     [(signal.SIGKILL, 1, 15.0), (signal.SIGSTOP, 1, 25.0), (signal.SIGSTOP, 0, 25.0)],
@@ -215,7 +216,7 @@ train:
         assert f"(train.stall_timeout_seconds {timeout}; last: step " in text
         assert "the stacks of this rank follow" in text
     # The stuck rank's own stack shows where it is stuck: the user's sleep, in its loop.
-    assert 'in step_done' in texts[1] and "entries.py" in texts[1]
+    assert "in step_done" in texts[1] and "entries.py" in texts[1]
     assert texts[0].count("rank 0 on localhost: no progress") == 1
 
 
