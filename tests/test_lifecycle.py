@@ -28,6 +28,7 @@ from hpctf.login import progress
 from hpctf.login.run_report import TABLE_COLUMNS
 from hpctf.login.runs import epoch_seconds
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
+from tests.test_slurm_e2e import release_requeued
 
 # --- fake Slurm commands ---------------------------------------------------------------------
 
@@ -1046,19 +1047,7 @@ def test_real_logs_follow_a_run_across_a_requeue_until_it_ends(
     try:
         until(lambda: any((path / "checkpoints").glob("ckpt-*.index")), "no checkpoint")
         subprocess.run(["scontrol", "requeue", job], env=env, check=True, capture_output=True)
-        # Release the requeued job early (it would wait ~120 s for its BeginTime).
-        until(lambda: (slurm.job_info(job) or {}).get("JobState") == "PENDING", "not requeued")
-        time.sleep(2)  # not within the second of the requeue ("Job credential revoked")
-        deadline = time.monotonic() + 120
-        while (slurm.job_info(job) or {}).get("JobState") == "PENDING":
-            assert time.monotonic() < deadline, "the requeued job never started again"
-            subprocess.run(
-                ["scontrol", "update", f"JobId={job}", "StartTime=now"],
-                env=env,
-                capture_output=True,
-                check=False,
-            )
-            time.sleep(0.5)
+        release_requeued(job, env, time.monotonic() + 120)  # not ~120 s for its BeginTime
         assert wait_for_job(job)["JobState"] == "COMPLETED"
         out, _ = follower.communicate(timeout=120)
     finally:
@@ -1155,17 +1144,7 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
     seen = status_of(env, path)
     assert seen["slurm"] == {"state": "PENDING", "reason": "BeginTime", "source": "squeue"}
     assert seen["state"] == "requeued", seen
-    time.sleep(2)  # not within the second of the requeue ("Job credential revoked")
-    deadline = time.monotonic() + 120
-    while (slurm.job_info(job) or {}).get("JobState") == "PENDING":
-        assert time.monotonic() < deadline, "the requeued job never started again"
-        subprocess.run(
-            ["scontrol", "update", f"JobId={job}", "StartTime=now"],
-            env=env,
-            capture_output=True,
-            check=False,
-        )
-        time.sleep(0.5)
+    release_requeued(job, env, time.monotonic() + 120)
     assert wait_for_job(job)["JobState"] == "COMPLETED"
     seen = status_of(env, path)
     assert seen["slurm"] == {"state": "COMPLETED", "reason": "", "source": "squeue"}
