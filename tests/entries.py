@@ -45,3 +45,15 @@ def stuck_at(session: Session, rank: int = 1, step: int = 40) -> None:
 def crash_at_start(**args: object) -> hpctf.Task:
     """An entry with a bug: it raises before the first step, on every start."""
     raise RuntimeError("a bug in the user's entry")
+
+
+def data_that_raises(**args: object) -> hpctf.Task:
+    """The digits task whose training data function has a bug: it raises when hpctf calls it."""
+    task = digits.build(**args)  # type: ignore[arg-type]
+
+    def train_data() -> object:
+        rows = {"images": []}
+        return rows["labels"]  # KeyError: the user's own line, in this file
+
+    task.train_data = train_data
+    return task

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS, HPCTF, run_dir_from
+from tests.conftest import DIGITS, ENTRIES_PATH, HPCTF, run_dir_from
 
 pytestmark = pytest.mark.tf
 
@@ -53,3 +53,38 @@ def test_digits_on_two_local_workers(runs_root: Path, tmp_path: Path) -> None:
     )
     events = list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0
+
+
+def test_a_raise_in_the_users_data_function_is_named_as_theirs(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """One local worker; the entry's train_data raises KeyError: the rank log shows the user's
+    traceback and line, the worker exits 65 (not 70), the journal records the line, and
+    `hpctf status` shows it instead of an exit status."""
+    settings = ["resources.nodes=1", "train.entry=entries:data_that_raises"]
+    settings.append(f"train.python_path={json.dumps(ENTRIES_PATH)}")
+    settings = [arg for setting in settings for arg in ("--set", setting)]
+    proc = subprocess.run(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local", *settings],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 65, proc.stdout + proc.stderr
+    (run_dir,) = runs_root.iterdir()
+    line = "your code raised KeyError at entries.py:56 in train_data: 'labels'"
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"rank 0: error: {line}\n" in log, log
+    assert 'entries.py", line 56, in train_data' in log and "bug in hpctf" not in log
+    events = [json.loads(p.read_text()) for p in sorted((run_dir / "journal").glob("*.json"))]
+    raised = [e for e in events if e["event"] == "user_code_failed"]
+    assert [(e["rank"], e["error"], e["at"], e["line"]) for e in raised] == [
+        (0, "KeyError", "entries.py:56", line)
+    ]
+    status = subprocess.run(
+        [*HPCTF, "status", str(run_dir)], capture_output=True, text=True, check=True
+    ).stdout
+    assert status.startswith(f"run: failed ({line}); "), status
+    assert f"from step 0: {line} (step 0, exit 65)" in status, status

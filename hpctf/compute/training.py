@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from hpctf.api import DataSource, Task
+from hpctf.compute import user_code
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.preemption import Preempted
 from hpctf.compute.session import Session, with_loss_scaling
@@ -47,14 +48,17 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     settings = config.experiment.train
     warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
     session = Session(settings, config.experiment.checkpoint, run, spec, warning)
-    entry = load_entry(settings.entry)
     try:
-        if settings.loop == "custom":
-            entry(session, **settings.args)
-        else:
-            builtin_loop(session, entry)
+        with user_code.region():
+            entry = load_entry(settings.entry)
+            if settings.loop == "custom":
+                user_code.call(f"train.entry {settings.entry}", entry, session, **settings.args)
+            else:
+                builtin_loop(session, entry)
     except Preempted as stop:
         return int(stop.code or 0)
+    except user_code.UserCodeError as exc:
+        return user_code.report(exc, run, spec)
     except EnvironmentProblem as exc:
         if spec.is_chief:  # the batch script does not requeue a run the environment stopped
             with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full too
@@ -89,7 +93,7 @@ def build_task(
     """Call the user's entry inside the strategy's scope; check and finish what it returns
     (loss scaling for float16, optimizer slots built)."""
     with strategy.scope():
-        task = entry(**settings.args)
+        task = user_code.call(f"train.entry {settings.entry}", entry, **settings.args)
         if not isinstance(task, Task):
             raise UserError(
                 f"train.entry {settings.entry!r} returned {type(task).__name__}, not hpctf.Task"
