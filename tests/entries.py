@@ -57,3 +57,22 @@ def data_that_raises(**args: object) -> hpctf.Task:
 
     task.train_data = train_data
     return task
+
+
+def compile_style(examples: int = 64) -> hpctf.Task:
+    """A tiny regression written as for model.compile: names for optimizer, loss and metrics."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(examples, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], dtype="float32")).astype("float32")
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
+    return hpctf.Task(
+        model=model,
+        optimizer="adam",
+        loss="mse",
+        metrics=["mae"],
+        train_data=lambda: tf.data.Dataset.from_tensor_slices((x, y)),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((x, y)),
+    )

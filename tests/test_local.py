@@ -88,3 +88,33 @@ def test_a_raise_in_the_users_data_function_is_named_as_theirs(
     ).stdout
     assert status.startswith(f"run: failed ({line}); "), status
     assert f"from step 0: {line} (step 0, exit 65)" in status, status
+
+
+def test_a_compile_style_task_trains(runs_root: Path, tmp_path: Path) -> None:
+    """optimizer="adam", loss="mse", metrics=["mae"], as model.compile takes them."""
+    settings = [
+        "resources.nodes=1",
+        "train.entry=entries:compile_style",
+        "train.args={}",
+        "train.steps=20",
+        "train.global_batch_size=16",
+        "train.log_every_steps=10",
+        "checkpoint.every_steps=20",
+        f"train.python_path={json.dumps(ENTRIES_PATH)}",
+    ]
+    proc = subprocess.run(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local"]
+        + [arg for setting in settings for arg in ("--set", setting)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = runs_root.iterdir()
+    done = json.loads((run_dir / "DONE").read_text())
+    assert done["step"] == 20 and set(done["eval"]) == {"loss", "mae"}, done
+    assert 0 < done["eval"]["mae"] < 10 and 0 < done["eval"]["loss"] < 100, done
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert re.search(r"rank 0: eval at step 20: loss \d+\.\d{4} mae \d+\.\d{4}\n", log), log

@@ -9,11 +9,12 @@ models and optimizers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import keras
 import tensorflow as tf
@@ -21,6 +22,7 @@ import tensorflow as tf
 from hpctf.api import DataSource, Task
 from hpctf.compute import user_code
 from hpctf.compute.cluster import ClusterSpec
+from hpctf.compute.compile_style import resolve_loss, resolve_metrics, resolve_optimizer
 from hpctf.compute.preemption import Preempted
 from hpctf.compute.session import Session, with_loss_scaling
 from hpctf.core.config import ResolvedConfig, Train
@@ -98,6 +100,13 @@ def build_task(
             raise UserError(
                 f"train.entry {settings.entry!r} returned {type(task).__name__}, not hpctf.Task"
             )
+        # What model.compile takes (names, Keras losses of any reduction, metric lists), once.
+        task = dataclasses.replace(
+            task,
+            optimizer=resolve_optimizer(task.optimizer),
+            loss=resolve_loss(task.loss),
+            metrics=resolve_metrics(task.metrics, task.loss),
+        )
         task.optimizer = with_loss_scaling(task.optimizer, policy)
         # Build optimizer slots now so a restore fills them instead of deferring.
         task.optimizer.build(task.model.trainable_variables)
@@ -198,9 +207,14 @@ def make_train_step(strategy: Any, task: Task, global_batch: int, jit_compile: b
     def gradients(features: Any, labels: Any) -> tuple[Any, Any]:
         with tf.GradientTape() as tape:
             predictions = tf.cast(model(features, training=True), tf.float32)
-            loss = tf.nn.compute_average_loss(
-                loss_fn(labels, predictions), global_batch_size=global_batch
-            )
+            per_example = loss_fn(labels, predictions)
+            if per_example.shape.rank == 0:  # known while tracing, before the first step
+                raise UserError(
+                    "Task loss returned one value for the whole batch: return one value per "
+                    "example (hpctf averages over the global batch), or give a Keras loss "
+                    "name or object (any reduction)"
+                )
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
@@ -235,7 +249,8 @@ class Evaluator:
         strategy = self._strategy = session.strategy
         self._keepalive = session.keepalive
         self._dataset = session.evaluation_dataset(eval_data)
-        functions = {"loss": task.loss, **task.metrics}
+        # build_task resolved the metrics to name -> per-example function.
+        functions = {"loss": task.loss, **cast(Mapping[str, Any], task.metrics)}
 
         def replica_sums(features: Any, labels: Any) -> dict[str, Any]:
             predictions = tf.cast(task.model(features, training=False), tf.float32)

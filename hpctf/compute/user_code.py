@@ -206,7 +206,8 @@ def call(what: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 class region:
     """``with region():`` around hpctf code that runs user code (the training loop, a script):
     an exception the user's frame raised leaves as a :class:`UserCodeError`; hpctf's own,
-    :class:`UserError`, :class:`EnvironmentProblem` and ``SystemExit`` leave unchanged."""
+    :class:`UserError` (back to one line when raised in a traced step),
+    :class:`EnvironmentProblem` and ``SystemExit`` leave unchanged."""
 
     def __enter__(self) -> region:
         return self
@@ -219,6 +220,9 @@ class region:
     ) -> Literal[False]:
         if error is None or not isinstance(error, Exception):
             return False
+        if isinstance(error, UserError) and str(error).startswith("in user code:"):
+            # hpctf's own check inside a traced step: AutoGraph put its frames in the message.
+            raise UserError(_message(error)) from None
         if isinstance(error, (UserError, EnvironmentProblem, UserCodeError)):
             return False
         frame = culprit(error)
