@@ -114,3 +114,28 @@ def test_what_cannot_be_used_is_refused_in_one_line(make: Callable[[], Any], wor
     with pytest.raises(UserError) as caught:
         make()
     assert "\n" not in str(caught.value) and words in str(caught.value), str(caught.value)
+
+
+def test_a_loss_returning_one_value_per_batch_is_refused_in_one_line() -> None:
+    """Found while the step is traced, before it runs; one line, not AutoGraph's frames."""
+    import tensorflow as tf
+
+    from hpctf.api import Task
+    from hpctf.compute.training import make_train_step
+    from hpctf.compute.user_code import region
+
+    model = keras.Sequential([keras.Input(shape=(1,)), keras.layers.Dense(1)])
+    task = Task(
+        model=model,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=lambda y, p: keras.ops.mean(keras.losses.mean_squared_error(y, p)),
+        train_data=lambda: None,
+    )
+    step = make_train_step(tf.distribute.get_strategy(), task, 2, jit_compile=False)
+    batches = iter(tf.data.Dataset.from_tensor_slices((Y, P)).batch(2))
+    with pytest.raises(UserError) as caught, region():
+        step(batches)
+    assert str(caught.value) == (
+        "Task loss returned one value for the whole batch: return one value per example (hpctf "
+        "averages over the global batch), or give a Keras loss name or object (any reduction)"
+    )
