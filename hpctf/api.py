@@ -63,6 +63,9 @@ class Task:
             per example; hpctf reports their means over the whole validation set, reduced
             across workers.
         shuffle_buffer: examples held by the training shuffle buffer.
+        callbacks: Keras callbacks (``keras.callbacks.EarlyStopping(...)``, ReduceLROnPlateau,
+            CSVLogger, TerminateOnNaN, your own), called as ``model.fit`` calls them
+            (:mod:`hpctf.compute.task_callbacks` says when, and what an epoch is).
     """
 
     model: Any
@@ -72,3 +75,4 @@ class Task:
     eval_data: DataSource | None = None
     metrics: Mapping[str, Any] | Sequence[Any] = field(default_factory=dict)
     shuffle_buffer: int = 10_000
+    callbacks: Sequence[Any] = ()

@@ -139,3 +139,34 @@ def test_a_loss_returning_one_value_per_batch_is_refused_in_one_line() -> None:
         "Task loss returned one value for the whole batch: return one value per example (hpctf "
         "averages over the global batch), or give a Keras loss name or object (any reduction)"
     )
+
+
+@pytest.mark.parametrize(
+    ("callbacks", "words"),
+    [
+        (keras.callbacks.EarlyStopping(), "give a list of keras.callbacks.Callback objects"),
+        ([print], "builtin_function_or_method is not a keras.callbacks.Callback"),
+        ([keras.callbacks.BackupAndRestore("/tmp/x")], "leave out BackupAndRestore: hpctf resumes"),
+        ([keras.callbacks.TensorBoard()], "leave out TensorBoard: hpctf writes TensorBoard"),
+    ],
+    ids=["not a list", "not a callback", "BackupAndRestore", "TensorBoard"],
+)
+def test_callbacks_that_cannot_be_used_are_refused_in_one_line(callbacks: Any, words: str) -> None:
+    from hpctf.compute.task_callbacks import TaskCallbacks
+
+    model = keras.Sequential([keras.Input(shape=(1,)), keras.layers.Dense(1)])
+    with pytest.raises(UserError) as caught:
+        TaskCallbacks(callbacks, model, "adam", True, 10, 5)
+    assert "\n" not in str(caught.value) and words in str(caught.value), str(caught.value)
+
+
+def test_file_writing_callbacks_run_on_the_chief_only(tmp_path: Any) -> None:
+    from hpctf.compute.task_callbacks import TaskCallbacks
+
+    model = keras.Sequential([keras.Input(shape=(1,)), keras.layers.Dense(1)])
+    stop = keras.callbacks.EarlyStopping()
+    csv = keras.callbacks.CSVLogger(str(tmp_path / "h.csv"))
+    assert TaskCallbacks([stop, csv], model, None, True, 10, 5).callbacks == [stop, csv]
+    others = TaskCallbacks([stop, csv], model, None, False, 10, 5)
+    assert others.callbacks == [stop] and not others.batch_hooks
+    assert TaskCallbacks([keras.callbacks.TerminateOnNaN()], model, None, False, 10, 5).batch_hooks

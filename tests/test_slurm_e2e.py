@@ -21,7 +21,9 @@ from tests.conftest import (
     DIGITS,
     ENTRIES_PATH,
     HPCTF,
+    REPO,
     checkpoint_steps,
+    line_of,
     submitted,
     wait_for_job,
 )
@@ -368,9 +370,10 @@ def test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue(
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", logs_of(run_dir)
     events = _events(run_dir)
     # The entry raised: the user's code, named as theirs (each rank that got to say it).
+    number = line_of(REPO / "tests" / "entries.py", 'raise RuntimeError("a bug in the user')
     line = (
-        "your code raised RuntimeError at entries.py:47 in crash_at_start: a bug in the user's "
-        "entry"
+        f"your code raised RuntimeError at entries.py:{number} in crash_at_start: a bug in the "
+        "user's entry"
     )
     raised = [e for e in events if e["event"] == "user_code_failed"]
     assert raised and all(e["line"] == line for e in raised), events

@@ -25,6 +25,7 @@ from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.compile_style import resolve_loss, resolve_metrics, resolve_optimizer
 from hpctf.compute.preemption import Preempted
 from hpctf.compute.session import Session, with_loss_scaling
+from hpctf.compute.task_callbacks import TaskCallbacks
 from hpctf.core.config import ResolvedConfig, Train
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir
@@ -185,19 +186,61 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         session.record(step, results, group="eval")
         return results
 
+    hooks = TaskCallbacks(
+        task.callbacks,
+        task.model,
+        task.optimizer,
+        session.spec.is_chief,
+        total,
+        steps_per_epoch(settings, total),
+    )
+    if hooks:
+        hooks.train_begin(start)
+    results: dict[str, float] = {}
+    evaluated = final = -1  # the step of the last evaluation; the step training ended at
     for step in range(start + 1, total + 1):
+        if hooks:
+            hooks.step_begin(step)
         loss = train_step(iterator)
+        if hooks:
+            hooks.step_end(step, loss)  # TerminateOnNaN sees a NaN before hpctf refuses it
+        stopping = bool(hooks) and hooks.stop
         # Reading the loss on the host waits for the step to finish; do it only when logging,
         # so the other steps are dispatched back to back.
         value = None
-        if step % settings.log_every_steps == 0 or step == total:
+        if step % settings.log_every_steps == 0 or step == total or stopping:
             value = float(loss)
-            if not math.isfinite(value):
+            if not math.isfinite(value) and not stopping:
                 raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
-        if settings.eval_every_steps and step % settings.eval_every_steps == 0 and step != total:
-            evaluate(step)
+        epoch_end = bool(hooks) and (hooks.epoch_ends(step) or step == total or stopping)
+        due = bool(settings.eval_every_steps) and step % (settings.eval_every_steps or 1) == 0
+        if (due and step != total) or (epoch_end and evaluator is not None):
+            results, evaluated = evaluate(step), step
+        if epoch_end:
+            hooks.epoch_end(step, results if evaluated == step else None)
         session.step_done(step, loss=value)
-    session.finish(total, evaluate(total))
+        if hooks.stop and step != total:  # model.stop_training: EarlyStopping, TerminateOnNaN
+            if step % session.checkpoint_every_steps:
+                session.save(step)
+            log.info(
+                "training stopped at step %d of %d by a callback (model.stop_training)", step, total
+            )
+            final = step
+            break
+    final = total if final < 0 else final
+    if evaluated != final:
+        results = evaluate(final)
+    if hooks:
+        hooks.train_end({f"val_{name}": value for name, value in results.items()})
+    session.finish(final, results)
+
+
+def steps_per_epoch(settings: Train, total: int) -> int:
+    """An epoch for Keras callbacks: one pass over the training data with train.epochs; with
+    train.steps, the steps between evaluations, else the whole run."""
+    if settings.epochs:
+        return max(1, total // settings.epochs)
+    return settings.eval_every_steps or total
 
 
 def make_train_step(strategy: Any, task: Task, global_batch: int, jit_compile: bool) -> Any:
