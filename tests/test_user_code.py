@@ -4,6 +4,8 @@ hpctf's own stays a bug. Pure (user modules written to tmp_path), but for one tr
 from __future__ import annotations
 
 import importlib
+import json
+import re
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -68,6 +70,14 @@ def test_an_exception_inside_the_users_function_names_their_line(seq: ModuleType
     with pytest.raises(UserCodeError) as caught:
         call("train_data", seq.parse, "{")
     assert caught.value.line.startswith("your code raised JSONDecodeError at seq.py:13 in parse: ")
+    # A library function given as the user's own (no frame of theirs below): theirs, named.
+    with pytest.raises(UserCodeError) as caught:
+        call("train_data", json.loads, "{")
+    assert re.fullmatch(
+        r"your train_data raised JSONDecodeError at json/decoder\.py:\d+ in raw_decode: "
+        r"Expecting property name enclosed in double quotes: line 1 column 2 \(char 1\)",
+        caught.value.line,
+    ), caught.value.line
 
 
 def test_hpctf_s_own_frame_is_hpctf_s_bug(seq: ModuleType) -> None:
@@ -182,3 +192,32 @@ def test_a_loss_traced_by_tensorflow_is_attributed_to_its_file(
     assert caught.value.line == (
         "your code raised NameError at lossy.py:5 in loss: name 'missing' is not defined"
     )
+
+
+@pytest.mark.tf
+def test_a_keras_loss_given_labels_of_the_wrong_shape_is_the_users() -> None:
+    """Raised inside Keras while hpctf's step is traced: nothing of the user's below, but the
+    loss is theirs (hpctf called it through loss_call): named as theirs, at Keras's line."""
+    import keras
+    import tensorflow as tf
+
+    from hpctf.api import Task
+    from hpctf.compute.training import make_train_step
+
+    model = keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(4)])
+    task = Task(
+        model=model,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+        train_data=lambda: None,
+    )
+    step = make_train_step(tf.distribute.get_strategy(), task, 2, jit_compile=False)
+    one_hot = tf.data.Dataset.from_tensor_slices(([[1.0, 2.0, 3.0]] * 2, [[0.0, 1.0, 0.0]] * 2))
+    with pytest.raises(UserCodeError) as caught, region():
+        step(iter(one_hot.batch(2)))
+    assert re.fullmatch(
+        r"your Task loss raised ValueError at keras/src/backend/tensorflow/nn\.py:\d+ in "
+        r"sparse_categorical_crossentropy: Argument `output` must have rank \(ndim\) "
+        r"`target\.ndim - 1`\. .*",
+        caught.value.line,
+    ), caught.value.line

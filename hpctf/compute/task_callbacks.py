@@ -33,6 +33,7 @@ from typing import Any
 
 import keras
 
+from hpctf.compute import user_code
 from hpctf.core.errors import UserError
 
 log = logging.getLogger("hpctf.worker")
@@ -117,7 +118,8 @@ class TaskCallbacks:
 
     def _call(self, method: str, *args: Any) -> None:
         for callback in self.callbacks:
-            getattr(callback, method)(*args)
+            what = f"callback {type(callback).__name__}.{method}"
+            user_code.call(what, getattr(callback, method), *args)
 
     @property
     def stop(self) -> bool:

@@ -249,8 +249,9 @@ def make_train_step(strategy: Any, task: Task, global_batch: int, jit_compile: b
 
     def gradients(features: Any, labels: Any) -> tuple[Any, Any]:
         with tf.GradientTape() as tape:
-            predictions = tf.cast(model(features, training=True), tf.float32)
-            per_example = loss_fn(labels, predictions)
+            predicted = user_code.model_call(model, features, training=True)
+            predictions = tf.cast(predicted, tf.float32)
+            per_example = user_code.loss_call(loss_fn, labels, predictions)
             if per_example.shape.rank == 0:  # known while tracing, before the first step
                 raise UserError(
                     "Task loss returned one value for the whole batch: return one value per "
@@ -296,9 +297,12 @@ class Evaluator:
         functions = {"loss": task.loss, **cast(Mapping[str, Any], task.metrics)}
 
         def replica_sums(features: Any, labels: Any) -> dict[str, Any]:
-            predictions = tf.cast(task.model(features, training=False), tf.float32)
+            predicted = user_code.model_call(task.model, features, training=False)
+            predictions = tf.cast(predicted, tf.float32)
             sums = {
-                name: tf.reduce_sum(tf.cast(fn(labels, predictions), tf.float64))
+                name: tf.reduce_sum(
+                    tf.cast(user_code.metric_call(fn, labels, predictions), tf.float64)
+                )
                 for name, fn in functions.items()
             }
             sums["count"] = tf.cast(tf.shape(labels)[0], tf.float64)

@@ -10,8 +10,11 @@ escapes from there into a :class:`UserCodeError` that says where, in one line::
   arguments do not fit the signature) names the function and its signature.
 - :class:`region` wraps a stretch of hpctf code that runs user code inside it (the training
   loop, a script run with ``runpy``).
+- :func:`model_call`, :func:`loss_call`, :func:`metric_call`: how the traced step calls the
+  model, loss and metrics, so that a Keras loss or layer that raises (labels of the wrong
+  shape) is the user's too, named at Keras's line, though no frame of theirs is below.
 
-Whose it is, is read from the traceback (:func:`culprit`): walking from the raising frame
+Whose it is, is read from the traceback (:func:`blame`): walking from the raising frame
 outwards, library frames (the standard library, site-packages: TensorFlow, Keras) are skipped,
 and the first frame left decides: hpctf's own package -> hpctf's bug (re-raised as it is, the CLI
 says so, exit 70); anything else -> the user's. Code that TensorFlow traces inside a
@@ -54,6 +57,7 @@ _HPCTF = str(Path(__file__).resolve().parents[1]) + "/"
 # AutoGraph's traced copy of a function: "in user code:" then the frames of the original source.
 _TRACED = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)', re.M)
 _GENERATED = "__autograph_generated_file"
+_THIS = Path(__file__).name
 
 
 class UserCodeError(Exception):
@@ -101,31 +105,83 @@ def whose(file: str) -> str:
     return "user"
 
 
-def _frames(error: BaseException) -> list[Frame]:
-    """The frames of ``error``, outermost first; for code traced by AutoGraph, the frames its
-    message names after those of the traceback (they are deeper: the traced code)."""
+def _traced_message(error: BaseException) -> str:
+    """AutoGraph's ``in user code:`` text: the message once the error left the ``tf.function``,
+    or the metadata AutoGraph attached while it passes through converted code."""
+    text = str(error)
+    if text.startswith("in user code:"):
+        return text
+    metadata = getattr(error, "ag_error_metadata", None)
+    try:
+        return str(metadata.get_message()) if metadata is not None else ""
+    except Exception:  # AutoGraph's internals: without them, the traceback alone
+        return ""
+
+
+def _frames(error: BaseException, skip: int = 0) -> list[Frame]:
+    """The frames of ``error`` (the ``skip`` outermost left out), outermost first; for code
+    traced by AutoGraph, the frames its message names after those of the traceback (they are
+    deeper: the traced code)."""
     frames = [
         Frame(f.f_code.co_filename, line or 0, f.f_code.co_name)
         for f, line in traceback.walk_tb(error.__traceback__)
-    ]
-    message = str(error)
-    if message.startswith("in user code:"):
-        frames += [Frame(m["file"], int(m["line"]), m["name"]) for m in _TRACED.finditer(message)]
+    ][skip:]
+    traced = _traced_message(error)
+    frames += [Frame(m["file"], int(m["line"]), m["name"]) for m in _TRACED.finditer(traced)]
     return frames
 
 
-def culprit(error: BaseException) -> Frame | None:
-    """The user's frame that raised ``error``, or None when hpctf's own frame did (walking out
-    from the raising frame, past library frames, to the first of hpctf's or the user's)."""
+# hpctf's calls into what the user gave it, inside the traced step: a frame of one of these
+# with only library frames below (a Keras loss, a Keras layer) means the user's choice raised.
+BOUNDARIES = {"model_call": "Task model", "loss_call": "Task loss", "metric_call": "Task metric"}
+
+
+def model_call(model: Any, features: Any, training: bool) -> Any:
+    return model(features, training=training)
+
+
+def loss_call(loss: Callable[[Any, Any], Any], y_true: Any, y_pred: Any) -> Any:
+    return loss(y_true, y_pred)
+
+
+def metric_call(metric: Callable[[Any, Any], Any], y_true: Any, y_pred: Any) -> Any:
+    return metric(y_true, y_pred)
+
+
+@dataclass(frozen=True)
+class Blame:
+    """Whose frame raised: ``user``, ``hpctf`` or ``library`` (only library frames), the
+    frame to name, and what of the user's hpctf called when a library raised (else None)."""
+
+    kind: str
+    frame: Frame
+    what: str | None = None
+
+
+def blame(error: BaseException, skip: int = 0) -> Blame | None:
+    """Walking out from the raising frame past library frames to the first of hpctf's or the
+    user's (``skip``: outer frames to leave out). A frame of :data:`BOUNDARIES` with library
+    frames below: the user's, named at the raising frame. None without frames."""
     if isinstance(error, SyntaxError) and error.filename and whose(error.filename) == "user":
-        return Frame(error.filename, error.lineno or 0, "<module>")  # raised by the compiler
-    for frame in reversed(_frames(error)):
+        return Blame("user", Frame(error.filename, error.lineno or 0, "<module>"))  # compiler
+    frames = _frames(error, skip)
+    for index in range(len(frames) - 1, -1, -1):
+        frame = frames[index]
         kind = whose(frame.file)
         if kind == "user":
-            return frame
+            return Blame("user", frame)
         if kind == "hpctf":
-            return None
-    return None
+            boundary = frame.name in BOUNDARIES and Path(frame.file).name == _THIS
+            if boundary and index < len(frames) - 1:
+                return Blame("user", frames[-1], BOUNDARIES[frame.name])
+            return Blame("hpctf", frame)
+    return Blame("library", frames[-1]) if frames else None
+
+
+def culprit(error: BaseException) -> Blame | None:
+    """Who in the user's code raised ``error``, or None when hpctf's own frame did."""
+    found = blame(error)
+    return found if found is not None and found.kind == "user" else None
 
 
 def _message(error: BaseException) -> str:
@@ -153,10 +209,12 @@ def short_path(file: str) -> str:
     return str(best) if best is not None else path.name
 
 
-def attribute(error: BaseException, frame: Frame) -> UserCodeError:
+def attribute(error: BaseException, found: Blame) -> UserCodeError:
+    frame = found.frame
     at = f"{short_path(frame.file)}:{frame.line}"
     name = type(error).__name__
-    line = f"your code raised {name} at {at} in {frame.name}: {_message(error)}"
+    who = f"your {found.what}" if found.what else "your code"
+    line = f"{who} raised {name} at {at} in {frame.name}: {_message(error)}"
     return UserCodeError(line, name, at)
 
 
@@ -177,30 +235,35 @@ def _definition(function: Callable[..., Any]) -> Frame | None:
 
 
 def call(what: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``function(*args, **kwargs)``, a user function hpctf calls as ``what`` (e.g.
-    ``train.entry seq:build``); what it raises becomes a :class:`UserCodeError` unless
-    hpctf's own frame raised it. A ``TypeError`` from the call itself (arguments that do not
-    fit) names ``what`` and the signature."""
+    """``function(*args, **kwargs)``, something of the user's that hpctf calls as ``what``
+    (``train.entry seq:build``, ``train_data``, ``Task loss``): what it raises becomes a
+    :class:`UserCodeError` unless hpctf's own frame raised it. Raised inside a library the user
+    gave (a Keras loss, layer or callback, nothing of theirs or hpctf's below): theirs, at the
+    library's line. A ``TypeError`` from the call itself (arguments that do not fit) names
+    ``what`` and the signature. Inside a ``tf.function`` it acts while the code is traced."""
     try:
         return function(*args, **kwargs)
     except (UserError, EnvironmentProblem, UserCodeError):
         raise
     except Exception as exc:
         tb = exc.__traceback__
-        at_boundary = tb is not None and tb.tb_next is None
-        if at_boundary and isinstance(exc, TypeError):
+        name = type(exc).__name__
+        if tb is not None and tb.tb_next is None and not _traced_message(exc):
+            if not isinstance(exc, TypeError):
+                raise  # raised by this frame itself: hpctf's
             defined = _definition(function)
             at = f"{short_path(defined.file)}:{defined.line}" if defined else what
-            name = type(exc).__name__
             line = (
                 f"your code raised {name} at {at} in {what}: {_message(exc)}; "
                 f"it takes {signature_of(function)}"
             )
             raise UserCodeError(line, name, at) from exc
-        frame = culprit(exc)
-        if frame is None:
+        found = blame(exc, skip=1)  # below this frame
+        if found is None or found.kind == "hpctf":
             raise
-        raise attribute(exc, frame) from exc
+        if found.kind == "library":  # only the library's frames: what the user gave raised
+            found = Blame("user", found.frame, what)
+        raise attribute(exc, found) from exc
 
 
 class region:
@@ -225,10 +288,10 @@ class region:
             raise UserError(_message(error)) from None
         if isinstance(error, (UserError, EnvironmentProblem, UserCodeError)):
             return False
-        frame = culprit(error)
-        if frame is None:
+        found = culprit(error)
+        if found is None:
             return False
-        raise attribute(error, frame) from error
+        raise attribute(error, found) from error
 
 
 def _trimmed(error: BaseException) -> traceback.TracebackException:
