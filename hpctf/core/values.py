@@ -237,9 +237,11 @@ def check_entry(value: Any) -> Any:
     if not isinstance(value, str) or re.fullmatch(ENTRY_RE, value):
         return value
     if value.endswith(".py") or "/" in value:
+        stem = value.rsplit("/", 1)[-1].removesuffix(".py")
+        module = stem if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", stem) else "train"
         raise ValueError(
             f"{value!r} is a file: to run a script as it is, give it as train.script; an entry "
-            "is module:function, the function returning hpctf.Task (e.g. train:build)"
+            f"is module:function, the function returning hpctf.Task (e.g. {module}:build)"
         )
     module, _, function = value.partition(":")
     example = f"{module or 'train'}:build" if not function else "train:build"
