@@ -1,7 +1,7 @@
 """The fourth cause: an exception raised in the user's code is the user's, not hpctf's.
 
 hpctf calls user code at a few boundaries (the entry, the data functions, ``Files.read``, the
-loss and metrics while TensorFlow traces the step, callbacks, a script). Two wrappers turn what
+loss and metrics while TensorFlow traces the step, callbacks, a script). These wrappers turn what
 escapes from there into a :class:`UserCodeError` that says where, in one line::
 
     your code raised TypeError at seq.py:12 in build: build() got an unexpected keyword ...
