@@ -243,8 +243,9 @@ def check_entry(value: Any) -> Any:
             f"{value!r} is a file: to run a script as it is, give it as train.script; an entry "
             f"is module:function, the function returning hpctf.Task (e.g. {module}:build)"
         )
-    module, _, function = value.partition(":")
-    example = f"{module or 'train'}:build" if not function else "train:build"
+    module = value.partition(":")[0]
+    valid = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", module) and not module.endswith(".")
+    example = f"{module if valid else 'train'}:build"
     raise ValueError(
         f"{value!r} is not module:function: name the module and the function returning "
         f"hpctf.Task (e.g. {example}); to run a script as it is, give train.script"
