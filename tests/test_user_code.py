@@ -17,7 +17,7 @@ import pytest
 
 from hpctf.compute import user_code
 from hpctf.compute.user_code import UserCodeError, call, region, whose
-from hpctf.core.runstate import after_end, run_state
+from hpctf.core.runstate import after_end, before_start, run_state
 from hpctf.login.run_report import _end
 from tests.test_runstate import BUDGETS, SUBMITTED, ended, started
 
@@ -165,6 +165,10 @@ def test_a_start_the_users_code_stopped_is_not_requeued(step: int) -> None:
     assert (decision.go, decision.gave_up) == (False, True)
     assert decision.why == f"{LINE}; not requeued: fix it and run hpctf resubmit"
     assert _end(state.starts[0], None) == f"{LINE} (step {step}, exit 143)"
+    # Resubmitted after each of four such ends: no start is refused for the failure budget (2).
+    resubmits = [SUBMITTED] + [e for _ in range(4) for e in (*events[1:], SUBMITTED)]
+    assert before_start(run_state(resubmits), BUDGETS).go
+    assert run_state([*resubmits[:-1], *events[1:]]).failure_requeues == 0
     # Before the start, it belongs to no start.
     assert run_state([SUBMITTED, RAISED, started(0), events[-1]]).starts[0].user_code is None
 

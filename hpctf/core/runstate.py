@@ -177,10 +177,16 @@ def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
         why,
         tuple(starts),
         preemption_requeues=sum(1 for s in starts[:-1] if s.reason in PREEMPTION_REASONS),
-        failure_requeues=sum(1 for s in starts[:-1] if s.reason in FAILURE_REASONS),
+        failure_requeues=sum(1 for s in starts[:-1] if _spends_failure_budget(s)),
         jobs=tuple(dict.fromkeys(str(e["job_id"]) for e in events if e.get("job_id") is not None)),
         failed_nodes=failed_nodes(events),
     )
+
+
+def _spends_failure_budget(start: Start) -> bool:
+    """A crash, stall or node failure does; an exception from the user's code does not (it is
+    never requeued, and a resubmit after a fix starts with the whole budget)."""
+    return start.reason in FAILURE_REASONS and start.user_code is None
 
 
 def failed_nodes(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
@@ -290,7 +296,7 @@ def before_start(state: RunState, budgets: Budgets) -> Decision:
         return Decision(False, False, "the run is complete")
     if state.state == "gave_up":
         return Decision(False, True, f"the run gave up: {state.why}")
-    failures = sum(1 for s in state.starts if s.reason in FAILURE_REASONS or s.reason is None)
+    failures = sum(1 for s in state.starts if _spends_failure_budget(s) or s.reason is None)
     preemptions = sum(1 for s in state.starts if s.reason in PREEMPTION_REASONS)
     if failures > budgets.failure:
         return Decision(
