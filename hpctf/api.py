@@ -41,28 +41,38 @@ DataSource = Callable[[], Any] | Files
 
 @dataclass
 class Task:
-    """What a training entry returns.
+    """What a training entry returns: what ``model.compile`` and ``model.fit`` would be given.
 
     Attributes:
         model: a Keras model, built inside the strategy scope (the entry is called there).
-        optimizer: a Keras optimizer.
-        loss: ``loss(y_true, y_pred)`` returning one loss value per example (for Keras losses,
-            pass ``reduction=None``); hpctf averages over the global batch.
+        optimizer: a Keras optimizer, or its name as ``model.compile`` takes it (``"adam"``).
+        loss: as ``model.compile`` takes it: a name (``"mse"``,
+            ``"sparse_categorical_crossentropy"``), a ``keras.losses.Loss`` with any reduction
+            (hpctf uses a copy that returns one value per example), or a function
+            ``loss(y_true, y_pred)`` returning one value per example. hpctf averages over the
+            global batch.
         train_data: a :class:`Files`, or a function returning a ``tf.data.Dataset`` of
             unbatched ``(features, label)`` pairs, one pass over the training set (every worker
             then builds all of it and keeps its share: DATA sharding, logged). hpctf shuffles,
             repeats, shards and batches it.
         eval_data: like ``train_data`` for the validation set, or None. Every worker reads all
             of it and evaluates its share.
-        metrics: name -> ``fn(y_true, y_pred)`` returning one value per example; hpctf reports
-            their means over the whole validation set, reduced across workers.
+        metrics: a list as ``model.compile`` takes it (``["mae"]``, ``["accuracy"]``,
+            ``[keras.metrics.MeanAbsoluteError()]``, functions), or a mapping name -> metric.
+            Each is a name, a Keras mean metric, or ``fn(y_true, y_pred)`` returning one value
+            per example; hpctf reports their means over the whole validation set, reduced
+            across workers.
         shuffle_buffer: examples held by the training shuffle buffer.
+        callbacks: Keras callbacks (``keras.callbacks.EarlyStopping(...)``, ReduceLROnPlateau,
+            CSVLogger, TerminateOnNaN, your own), called as ``model.fit`` calls them
+            (:mod:`hpctf.compute.task_callbacks` says when, and what an epoch is).
     """
 
     model: Any
     optimizer: Any
-    loss: Callable[[Any, Any], Any]
+    loss: Any
     train_data: DataSource
     eval_data: DataSource | None = None
-    metrics: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
+    metrics: Mapping[str, Any] | Sequence[Any] = field(default_factory=dict)
     shuffle_buffer: int = 10_000
+    callbacks: Sequence[Any] = ()

@@ -174,3 +174,8 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
         int(p.name.split("-")[1].split(".")[0])
         for p in (run_dir / "checkpoints").glob("ckpt-*.index")
     )
+
+
+def line_of(path: Path, text: str) -> int:
+    """The number of the line of ``path`` that holds ``text`` (for file:line in messages)."""
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)

@@ -7,7 +7,10 @@ builds on, so the run's code snapshot holds all of them.
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
 import digits  # found on train.python_path in a worker
 import keras
@@ -45,3 +48,78 @@ def stuck_at(session: Session, rank: int = 1, step: int = 40) -> None:
 def crash_at_start(**args: object) -> hpctf.Task:
     """An entry with a bug: it raises before the first step, on every start."""
     raise RuntimeError("a bug in the user's entry")
+
+
+def data_that_raises(**args: object) -> hpctf.Task:
+    """The digits task whose training data function has a bug: it raises when hpctf calls it."""
+    task = digits.build(**args)  # type: ignore[arg-type]
+
+    def train_data() -> object:
+        rows = {"images": []}
+        return rows["labels"]  # KeyError: the user's own line, in this file
+
+    task.train_data = train_data
+    return task
+
+
+def compile_style(examples: int = 64, out: str = "") -> hpctf.Task:
+    """A tiny regression written as for model.compile and model.fit: names for optimizer, loss
+    and metrics; with ``out``, Keras callbacks: EarlyStopping and ReduceLROnPlateau that act
+    at the second epoch's end, TerminateOnNaN, CSVLogger and :class:`Recorder` writing to
+    ``out``."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(examples, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], dtype="float32")).astype("float32")
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
+    callbacks: list[keras.callbacks.Callback] = []
+    if out:
+        rank = os.environ["SLURM_PROCID"]
+        never_better = {"monitor": "val_loss", "min_delta": 1e6}  # the second epoch is worse
+        callbacks = [
+            keras.callbacks.TerminateOnNaN(),
+            keras.callbacks.ReduceLROnPlateau(factor=0.5, patience=0, **never_better),
+            keras.callbacks.EarlyStopping(patience=1, **never_better),
+            keras.callbacks.CSVLogger(f"{out}/history-{rank}.csv"),  # the chief's alone
+            Recorder(f"{out}/calls-{rank}.json"),
+        ]
+    return hpctf.Task(
+        model=model,
+        optimizer="adam",
+        loss="mse",
+        metrics=["mae"],
+        train_data=lambda: tf.data.Dataset.from_tensor_slices((x, y)),
+        eval_data=lambda: tf.data.Dataset.from_tensor_slices((x, y)),
+        callbacks=callbacks,
+    )
+
+
+class Recorder(keras.callbacks.Callback):  # type: ignore[misc]
+    """Writes every call it gets to a JSON file: ``[name, epoch or batch, ...]``."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.calls: list[list[object]] = []
+
+    def _add(self, *call: object) -> None:
+        self.calls.append(list(call))
+        self.path.write_text(json.dumps(self.calls))
+
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        self._add("train_begin")
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        self._add("epoch_begin", epoch)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, float] | None = None) -> None:
+        self._add("batch_end", batch, sorted(logs or {}))
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        self._add("epoch_end", epoch, sorted(logs or {}))
+
+    def on_train_end(self, logs: dict[str, float] | None = None) -> None:
+        rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        self._add("train_end", round(rate, 6))

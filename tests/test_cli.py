@@ -120,7 +120,33 @@ BAD_CASES = [
         [],
         "train.entry: required key is missing",
     ),
-    ("entry not module:function", experiment_text(train__entry="digits"), [], "train.entry"),
+    (
+        "entry not module:function",
+        experiment_text(train__entry="digits"),
+        [],
+        "train.entry: 'digits' is not module:function: name the module and the function "
+        "returning hpctf.Task (e.g. digits:build); to run a script as it is, give train.script",
+    ),
+    (
+        "entry a .py file",
+        experiment_text(train__entry="seed_fit.py"),
+        [],
+        "train.entry: 'seed_fit.py' is a file: to run a script as it is, give it as train.script",
+    ),
+    (
+        "misspelled train.args key",
+        experiment_text(train__args={"hidden": 8, "learning_rat": 0.1}),
+        [],
+        "train.args.learning_rat: unknown argument of build() (did you mean 'learning_rate'?); "
+        "build() takes hidden, learning_rate, validation_fraction",
+    ),
+    (
+        "train.args key from --set",
+        experiment_text(),
+        ["--set", "train.args.lrr=0.1"],
+        "train.args.lrr: unknown argument of build(); build() takes hidden, learning_rate, "
+        "validation_fraction (from --set train.args.lrr=0.1)",
+    ),
     (
         "entry module missing",
         experiment_text(train__entry="digitz:build"),

@@ -404,6 +404,7 @@ def test_status_json_for_scripts(runs_root: Path, fake_slurm: FakeSlurm) -> None
             "exit_code": None,
             "end_step": None,
             "nodes": "node[1-2]",
+            "user_code": None,
         }
     ]
     assert run["code"] and run["code"][0]["source"] == str(DIGITS.parent)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS, HPCTF, run_dir_from
+from tests.conftest import DIGITS, ENTRIES_PATH, HPCTF, REPO, line_of, run_dir_from
 
 pytestmark = pytest.mark.tf
 
@@ -53,3 +53,89 @@ def test_digits_on_two_local_workers(runs_root: Path, tmp_path: Path) -> None:
     )
     events = list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0
+
+
+def test_a_raise_in_the_users_data_function_is_named_as_theirs(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """One local worker; the entry's train_data raises KeyError: the rank log shows the user's
+    traceback and line, the worker exits 65 (not 70), the journal records the line, and
+    `hpctf status` shows it instead of an exit status."""
+    settings = ["resources.nodes=1", "train.entry=entries:data_that_raises"]
+    settings.append(f"train.python_path={json.dumps(ENTRIES_PATH)}")
+    settings = [arg for setting in settings for arg in ("--set", setting)]
+    proc = subprocess.run(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local", *settings],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 65, proc.stdout + proc.stderr
+    (run_dir,) = runs_root.iterdir()
+    number = line_of(REPO / "tests" / "entries.py", 'return rows["labels"]')
+    line = f"your code raised KeyError at entries.py:{number} in train_data: 'labels'"
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"rank 0: error: {line}\n" in log, log
+    assert f'entries.py", line {number}, in train_data' in log and "bug in hpctf" not in log
+    events = [json.loads(p.read_text()) for p in sorted((run_dir / "journal").glob("*.json"))]
+    raised = [e for e in events if e["event"] == "user_code_failed"]
+    assert [(e["rank"], e["error"], e["at"], e["line"]) for e in raised] == [
+        (0, "KeyError", f"entries.py:{number}", line)
+    ]
+    status = subprocess.run(
+        [*HPCTF, "status", str(run_dir)], capture_output=True, text=True, check=True
+    ).stdout
+    assert status.startswith(f"run: failed ({line}); "), status
+    assert f"from step 0: {line} (step 0, exit 65)" in status, status
+
+
+def test_a_compile_style_task_with_keras_callbacks(runs_root: Path, tmp_path: Path) -> None:
+    """optimizer="adam", loss="mse", metrics=["mae"] as model.compile takes them, and Keras
+    callbacks on 2 workers: epochs of 10 steps (train.eval_every_steps); EarlyStopping and
+    ReduceLROnPlateau act at the second epoch's end on every rank; CSVLogger on the chief."""
+    out = tmp_path / "out"
+    out.mkdir()
+    settings = [
+        "train.entry=entries:compile_style",
+        f"train.args={{out: {out}}}",
+        "train.steps=40",
+        "train.eval_every_steps=10",
+        "train.global_batch_size=16",
+        "train.log_every_steps=10",
+        "checkpoint.every_steps=15",
+        f"train.python_path={json.dumps(ENTRIES_PATH)}",
+    ]
+    proc = subprocess.run(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local"]
+        + [arg for setting in settings for arg in ("--set", setting)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = runs_root.iterdir()
+    done = json.loads((run_dir / "DONE").read_text())
+    assert done["step"] == 20 and set(done["eval"]) == {"loss", "mae"}, done
+    assert 0 < done["eval"]["mae"] < 10 and 0 < done["eval"]["loss"] < 100, done
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert re.search(r"rank 0: eval at step 20: loss \d+\.\d{4} mae \d+\.\d{4}\n", log), log
+    assert "training stopped at step 20 of 40 by a callback (model.stop_training)" in log, log
+    # The stop is saved (checkpoint.every_steps 15 does not divide it) and marked done.
+    assert (run_dir / "checkpoints" / "ckpt-20.index").exists()
+    for rank in (0, 1):
+        calls = json.loads((out / f"calls-{rank}.json").read_text())
+        batches = [["batch_end", b, ["loss"]] for b in range(10)]
+        assert calls[0] == ["train_begin"] and calls[1] == ["epoch_begin", 0], calls
+        assert calls[2:12] == batches and calls[13] == ["epoch_begin", 1], calls
+        assert calls[14:24] == batches, calls
+        for epoch, call in enumerate((calls[12], calls[24])):
+            assert call[:2] == ["epoch_end", epoch], calls
+            assert {"loss", "val_loss", "val_mae"} <= set(call[2]), calls  # type: ignore[arg-type]
+        assert calls[25:] == [["train_end", 0.0005]], calls  # adam's 0.001, halved once
+    rows = (out / "history-0.csv").read_text().splitlines()
+    assert rows[0].startswith("epoch,") and [r.split(",")[0] for r in rows[1:]] == ["0", "1"]
+    assert not (out / "history-1.csv").exists()

@@ -23,7 +23,7 @@ from hpctf.core.rundir import RunDir
 from hpctf.core.sbatch_options import MANAGED as MANAGED_OPTIONS
 from hpctf.core.sbatch_options import normalize_sbatch_option
 from hpctf.login.render import ENVIRONMENT, sbatch_value, shell_quote
-from tests.conftest import DIGITS, require_tool, write
+from tests.conftest import DIGITS, ENTRIES_PATH, require_tool, write
 
 HOSTILE = "$(touch pwned) `touch pwned2` 'single' \"double\" * ; -rf & | > out ${HOME} \\ !x ~"
 # No $ here: $ in a path is refused (only $NAME expands in site paths), tested below.
@@ -79,7 +79,9 @@ def test_hostile_values_reach_the_job_literally(
     monkeypatch.delenv("HPCTF_RUNS_ROOT", raising=False)
     args = {"text": HOSTILE, "dash": "--help", "list": [HOSTILE, "-x"]}
     data = yaml.safe_load(DIGITS.read_text())
-    data["train"]["python_path"] = [str(DIGITS.parent)]
+    # An entry that takes **args: any name passes `hpctf validate`'s check of train.args.
+    data["train"]["entry"] = "entries:crash_at_start"
+    data["train"]["python_path"] = ENTRIES_PATH
     data["train"]["args"] = args
     data["env"] = {"HOSTILE_EXP": HOSTILE}
     experiment = write(tmp_path / "exp" / "experiment.yaml", yaml.safe_dump(data))

@@ -21,7 +21,9 @@ from tests.conftest import (
     DIGITS,
     ENTRIES_PATH,
     HPCTF,
+    REPO,
     checkpoint_steps,
+    line_of,
     submitted,
     wait_for_job,
 )
@@ -367,14 +369,25 @@ def test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue(
     info = wait_for_job(job_id)
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", logs_of(run_dir)
     events = _events(run_dir)
+    # The entry raised: the user's code, named as theirs (each rank that got to say it).
+    number = line_of(REPO / "tests" / "entries.py", 'raise RuntimeError("a bug in the user')
+    line = (
+        f"your code raised RuntimeError at entries.py:{number} in crash_at_start: a bug in the "
+        "user's entry"
+    )
+    raised = [e for e in events if e["event"] == "user_code_failed"]
+    assert raised and all(e["line"] == line for e in raised), events
+    events = [e for e in events if e["event"] != "user_code_failed"]
     assert [e["event"] for e in events] == ["created", "submitted", "started", "ended", "gave_up"]
     assert events[3]["reason"] == "failed" and events[3]["step"] == 0
-    assert str(events[4]["why"]).startswith("failed without progress")
+    assert events[4]["why"] == f"{line}; not requeued: fix it and run hpctf resubmit"
     status = subprocess.run(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
     )
-    assert status.stdout.startswith("run: gave_up (failed without progress"), status.stdout
-    assert "a bug in the user's entry" in (run_dir / "logs" / "rank-0.log").read_text()
+    assert status.stdout.startswith(f"run: gave_up ({line}; not requeued"), status.stdout
+    assert f"from step 0: {line} (step 0, exit " in status.stdout, status.stdout
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("rank-*.log"))
+    assert f"error: {line}" in logs and "bug in hpctf" not in logs, logs
     report_fault("test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue", run_dir)
 
 

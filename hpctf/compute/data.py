@@ -13,6 +13,7 @@ from typing import Any, Literal
 import tensorflow as tf
 
 from hpctf.api import DataSource, Files
+from hpctf.compute.user_code import call
 from hpctf.core.errors import UserError
 
 log = logging.getLogger("hpctf.worker")
@@ -55,8 +56,8 @@ def _examples(source: DataSource, files: tuple[str, ...], seed: int) -> Any:
         names = tf.data.Dataset.from_tensor_slices(list(files))
         # Reshuffle the file order every pass, the same way on every restart (fixed seed).
         names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        return source.read(names)
-    return source()
+        return call("Files.read", source.read, names)
+    return call("train_data", source)
 
 
 def deterministic_options() -> Any:
@@ -100,9 +101,9 @@ def evaluation_dataset(source: DataSource, global_batch: int) -> Any:
     """The whole validation set, batched globally; tf.data's DATA sharding splits each batch."""
     files = tuple(sorted(source.paths)) if isinstance(source, Files) else ()
     if isinstance(source, Files):
-        dataset = source.read(tf.data.Dataset.from_tensor_slices(list(files)))
+        dataset = call("Files.read", source.read, tf.data.Dataset.from_tensor_slices(list(files)))
     else:
-        dataset = source()
+        dataset = call("eval_data", source)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return dataset.batch(global_batch).with_options(options)
@@ -112,5 +113,5 @@ def cardinality(source: DataSource) -> int | None:
     """Examples in one pass over ``source``, when known."""
     if isinstance(source, Files):
         return source.examples
-    count = int(source().cardinality())
+    count = int(call("train_data", source).cardinality())
     return count if count >= 0 else None

@@ -206,6 +206,11 @@ class Session:
         return start
 
     @property
+    def checkpoint_every_steps(self) -> int:
+        """checkpoint.every_steps: :meth:`step_done` saves the steps it divides."""
+        return self._checkpoint_settings.every_steps
+
+    @property
     def start_step(self) -> int:
         return int(self._step.numpy())
 

@@ -9,19 +9,23 @@ models and optimizers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import keras
 import tensorflow as tf
 
 from hpctf.api import DataSource, Task
+from hpctf.compute import user_code
 from hpctf.compute.cluster import ClusterSpec
+from hpctf.compute.compile_style import resolve_loss, resolve_metrics, resolve_optimizer
 from hpctf.compute.preemption import Preempted
 from hpctf.compute.session import Session, with_loss_scaling
+from hpctf.compute.task_callbacks import TaskCallbacks
 from hpctf.core.config import ResolvedConfig, Train
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir
@@ -47,14 +51,17 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     settings = config.experiment.train
     warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
     session = Session(settings, config.experiment.checkpoint, run, spec, warning)
-    entry = load_entry(settings.entry)
     try:
-        if settings.loop == "custom":
-            entry(session, **settings.args)
-        else:
-            builtin_loop(session, entry)
+        with user_code.region():
+            entry = load_entry(settings.entry)
+            if settings.loop == "custom":
+                user_code.call(f"train.entry {settings.entry}", entry, session, **settings.args)
+            else:
+                builtin_loop(session, entry)
     except Preempted as stop:
         return int(stop.code or 0)
+    except user_code.UserCodeError as exc:
+        return user_code.report(exc, run, spec)
     except EnvironmentProblem as exc:
         if spec.is_chief:  # the batch script does not requeue a run the environment stopped
             with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full too
@@ -89,11 +96,18 @@ def build_task(
     """Call the user's entry inside the strategy's scope; check and finish what it returns
     (loss scaling for float16, optimizer slots built)."""
     with strategy.scope():
-        task = entry(**settings.args)
+        task = user_code.call(f"train.entry {settings.entry}", entry, **settings.args)
         if not isinstance(task, Task):
             raise UserError(
                 f"train.entry {settings.entry!r} returned {type(task).__name__}, not hpctf.Task"
             )
+        # What model.compile takes (names, Keras losses of any reduction, metric lists), once.
+        task = dataclasses.replace(
+            task,
+            optimizer=resolve_optimizer(task.optimizer),
+            loss=resolve_loss(task.loss),
+            metrics=resolve_metrics(task.metrics, task.loss),
+        )
         task.optimizer = with_loss_scaling(task.optimizer, policy)
         # Build optimizer slots now so a restore fills them instead of deferring.
         task.optimizer.build(task.model.trainable_variables)
@@ -172,19 +186,61 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         session.record(step, results, group="eval")
         return results
 
+    hooks = TaskCallbacks(
+        task.callbacks,
+        task.model,
+        task.optimizer,
+        session.spec.is_chief,
+        total,
+        steps_per_epoch(settings, total),
+    )
+    if hooks:
+        hooks.train_begin(start)
+    results: dict[str, float] = {}
+    evaluated = final = -1  # the step of the last evaluation; the step training ended at
     for step in range(start + 1, total + 1):
+        if hooks:
+            hooks.step_begin(step)
         loss = train_step(iterator)
+        if hooks:
+            hooks.step_end(step, loss)  # TerminateOnNaN sees a NaN before hpctf refuses it
+        stopping = bool(hooks) and hooks.stop
         # Reading the loss on the host waits for the step to finish; do it only when logging,
         # so the other steps are dispatched back to back.
         value = None
-        if step % settings.log_every_steps == 0 or step == total:
+        if step % settings.log_every_steps == 0 or step == total or stopping:
             value = float(loss)
-            if not math.isfinite(value):
+            if not math.isfinite(value) and not stopping:
                 raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
-        if settings.eval_every_steps and step % settings.eval_every_steps == 0 and step != total:
-            evaluate(step)
+        epoch_end = bool(hooks) and (hooks.epoch_ends(step) or step == total or stopping)
+        due = bool(settings.eval_every_steps) and step % (settings.eval_every_steps or 1) == 0
+        if (due and step != total) or (epoch_end and evaluator is not None):
+            results, evaluated = evaluate(step), step
+        if epoch_end:
+            hooks.epoch_end(step, results if evaluated == step else None)
         session.step_done(step, loss=value)
-    session.finish(total, evaluate(total))
+        if hooks.stop and step != total:  # model.stop_training: EarlyStopping, TerminateOnNaN
+            if step % session.checkpoint_every_steps:
+                session.save(step)
+            log.info(
+                "training stopped at step %d of %d by a callback (model.stop_training)", step, total
+            )
+            final = step
+            break
+    final = total if final < 0 else final
+    if evaluated != final:
+        results = evaluate(final)
+    if hooks:
+        hooks.train_end({f"val_{name}": value for name, value in results.items()})
+    session.finish(final, results)
+
+
+def steps_per_epoch(settings: Train, total: int) -> int:
+    """An epoch for Keras callbacks: one pass over the training data with train.epochs; with
+    train.steps, the steps between evaluations, else the whole run."""
+    if settings.epochs:
+        return max(1, total // settings.epochs)
+    return settings.eval_every_steps or total
 
 
 def make_train_step(strategy: Any, task: Task, global_batch: int, jit_compile: bool) -> Any:
@@ -193,10 +249,16 @@ def make_train_step(strategy: Any, task: Task, global_batch: int, jit_compile: b
 
     def gradients(features: Any, labels: Any) -> tuple[Any, Any]:
         with tf.GradientTape() as tape:
-            predictions = tf.cast(model(features, training=True), tf.float32)
-            loss = tf.nn.compute_average_loss(
-                loss_fn(labels, predictions), global_batch_size=global_batch
-            )
+            predicted = user_code.model_call(model, features, training=True)
+            predictions = tf.cast(predicted, tf.float32)
+            per_example = user_code.loss_call(loss_fn, labels, predictions)
+            if per_example.shape.rank == 0:  # known while tracing, before the first step
+                raise UserError(
+                    "Task loss returned one value for the whole batch: return one value per "
+                    "example (hpctf averages over the global batch), or give a Keras loss "
+                    "name or object (any reduction)"
+                )
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
@@ -231,12 +293,16 @@ class Evaluator:
         strategy = self._strategy = session.strategy
         self._keepalive = session.keepalive
         self._dataset = session.evaluation_dataset(eval_data)
-        functions = {"loss": task.loss, **task.metrics}
+        # build_task resolved the metrics to name -> per-example function.
+        functions = {"loss": task.loss, **cast(Mapping[str, Any], task.metrics)}
 
         def replica_sums(features: Any, labels: Any) -> dict[str, Any]:
-            predictions = tf.cast(task.model(features, training=False), tf.float32)
+            predicted = user_code.model_call(task.model, features, training=False)
+            predictions = tf.cast(predicted, tf.float32)
             sums = {
-                name: tf.reduce_sum(tf.cast(fn(labels, predictions), tf.float64))
+                name: tf.reduce_sum(
+                    tf.cast(user_code.metric_call(fn, labels, predictions), tf.float64)
+                )
                 for name, fn in functions.items()
             }
             sums["count"] = tf.cast(tf.shape(labels)[0], tf.float64)

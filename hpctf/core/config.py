@@ -37,6 +37,7 @@ from hpctf.core.values import (
     ShellLines,
     SlurmName,
     Time,
+    check_entry,
     check_env,
 )
 
@@ -145,6 +146,8 @@ class Train(_Strict):
         "builtin",
         description="builtin: entry returns hpctf.Task; custom: entry(session, **args) trains",
     )
+
+    _entry = field_validator("entry", mode="before")(check_entry)
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> Train:

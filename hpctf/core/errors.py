@@ -1,11 +1,14 @@
 """Whose fault it was, and how a process says so with its exit status.
 
-Three causes, each caught in one place (the CLI edge, :mod:`hpctf.cli`):
+Four causes, each caught in one place (the CLI edge, :mod:`hpctf.cli`; the worker for user code):
 
 - :class:`UserError`: the user's input is wrong (files, flags, run directories, what was asked
   of Slurm). One line per problem saying what was wrong and what is allowed; exit 2.
 - :class:`EnvironmentProblem`: the machine or the cluster failed (Slurm down or slow, a full
   or read-only filesystem). One line, the cause kept (``raise ... from``); exit 3.
+- user code: an exception raised in the user's own code (entry, data functions, loss,
+  metrics, callbacks, script) is theirs: the traceback and one line naming file:line
+  (:mod:`hpctf.compute.user_code`); exit :data:`USER_CODE_EXIT`.
 - anything else is a bug in hpctf: the traceback, and a line asking to report it; exit 70.
 
 The worker's own statuses (preempted after a checkpoint, stopped by its watchdog) are here too:
@@ -24,6 +27,13 @@ STALLED_EXIT = 124
 # sysexits.h EX_UNAVAILABLE: a rank's node failed a check of train.preflight: quick (the rank
 # log and the journal's node_check_failed record say which node and check).
 NODE_CHECK_EXIT = 69
+# sysexits.h EX_DATAERR, "the input was wrong": here the input is the user's code (it raised).
+# Below 128, so it never reads as a signal (srun and bash show a signal N as 128+N: 143, 137),
+# and apart from Python's own 1 and 2 and hpctf's 2, 3, 69, 70, 75 and 124. It reaches the
+# batch script only when the raising rank is the last to end: srun reports a signal over any
+# exit code (src/srun/launch.c, _task_finish), and --kill-on-bad-exit signals the other ranks,
+# so job-end reads the journal's user_code_failed record instead, as for NODE_CHECK_EXIT.
+USER_CODE_EXIT = 65
 
 
 class UserError(Exception):

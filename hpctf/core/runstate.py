@@ -23,7 +23,9 @@ cancelled  ``hpctf cancel`` or scancel                                --
 ========== ========================================================== ====================
 
 A start that the environment stopped (the chief recorded ``environment_failed``: a full disk
-at save time) is not requeued: it would fail again at the next save.
+at save time) is not requeued: it would fail again at the next save. Nor is a start that the
+user's code stopped (a rank recorded ``user_code_failed``: the entry, a data function, a loss
+raised): it would raise again; its line is the run's why.
 A crash or a stall is requeued only when the run advanced (its checkpoint step grew) during
 that start: an entry that raises at step 0 gives up at once instead of burning allocations. A
 node failure is not the code's fault and is retried within the failure budget alone.
@@ -62,6 +64,8 @@ class Start:
     nodes: str | None = None
     # What the chief said when the environment stopped the start (a full disk at save time).
     environment: str | None = None
+    # The line of the first rank that recorded an exception raised in the user's code.
+    user_code: str | None = None
 
     @property
     def advanced(self) -> bool:
@@ -140,12 +144,15 @@ def starts_of(events: Sequence[Mapping[str, Any]]) -> list[Start]:
                     "end_step": None,
                     "nodes": event.get("nodes"),
                     "environment": None,
+                    "user_code": None,
                 }
             )
         elif kind == "preempted":
             saved = event
         elif kind == "environment_failed" and starts and starts[-1]["reason"] is None:
             starts[-1]["environment"] = str(event.get("why") or "the environment failed")
+        elif kind == "user_code_failed" and starts and starts[-1]["user_code"] is None:
+            starts[-1]["user_code"] = str(event.get("line") or "your code raised an exception")
         elif kind == "ended" and starts and starts[-1]["reason"] is None:
             starts[-1]["reason"] = event.get("reason") or "failed"
             starts[-1]["exit_code"] = event.get("exit_code")
@@ -170,10 +177,16 @@ def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
         why,
         tuple(starts),
         preemption_requeues=sum(1 for s in starts[:-1] if s.reason in PREEMPTION_REASONS),
-        failure_requeues=sum(1 for s in starts[:-1] if s.reason in FAILURE_REASONS),
+        failure_requeues=sum(1 for s in starts[:-1] if _spends_failure_budget(s)),
         jobs=tuple(dict.fromkeys(str(e["job_id"]) for e in events if e.get("job_id") is not None)),
         failed_nodes=failed_nodes(events),
     )
+
+
+def _spends_failure_budget(start: Start) -> bool:
+    """A crash, stall or node failure does; an exception from the user's code does not (it is
+    never requeued, and a resubmit after a fix starts with the whole budget)."""
+    return start.reason in FAILURE_REASONS and start.user_code is None
 
 
 def failed_nodes(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
@@ -209,6 +222,8 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
         return "running", ""
     if kind == "requeued":
         return "requeued", f"after {last.reason}"
+    if last.user_code is not None:
+        return "failed", last.user_code
     return "failed", f"{last.reason} (exit {last.exit_code})"
 
 
@@ -247,6 +262,11 @@ def after_end(state: RunState, budgets: Budgets, slurm_ends_it: bool = False) ->
     if last.environment is not None:
         # A full disk or a read-only filesystem stays so: a requeue would fail at the next save.
         return Decision(False, True, f"{reason}: {last.environment}")
+    if last.user_code is not None and reason in FAILURE_REASONS:
+        # An exception from the user's code raises again at the next start: no requeue.
+        return Decision(
+            False, True, f"{last.user_code}; not requeued: fix it and run hpctf resubmit"
+        )
     if reason in PREEMPTION_REASONS:
         used = state.preemption_requeues
         if used >= budgets.preemption:
@@ -276,7 +296,7 @@ def before_start(state: RunState, budgets: Budgets) -> Decision:
         return Decision(False, False, "the run is complete")
     if state.state == "gave_up":
         return Decision(False, True, f"the run gave up: {state.why}")
-    failures = sum(1 for s in state.starts if s.reason in FAILURE_REASONS or s.reason is None)
+    failures = sum(1 for s in state.starts if _spends_failure_budget(s) or s.reason is None)
     preemptions = sum(1 for s in state.starts if s.reason in PREEMPTION_REASONS)
     if failures > budgets.failure:
         return Decision(

@@ -229,3 +229,24 @@ def check_env(env: Mapping[str, str]) -> Mapping[str, str]:
         if "\n" in value or "\r" in value or "\0" in value:
             raise ValueError(f"the value of {key} holds a newline or NUL byte")
     return env
+
+
+def check_entry(value: Any) -> Any:
+    """A ``train.entry`` that is not ``module:function``, in one line saying what to write
+    (before the pattern's own message, which only quotes the regular expression)."""
+    if not isinstance(value, str) or re.fullmatch(ENTRY_RE, value):
+        return value
+    if value.endswith(".py") or "/" in value:
+        stem = value.rsplit("/", 1)[-1].removesuffix(".py")
+        module = stem if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", stem) else "train"
+        raise ValueError(
+            f"{value!r} is a file: to run a script as it is, give it as train.script; an entry "
+            f"is module:function, the function returning hpctf.Task (e.g. {module}:build)"
+        )
+    module = value.partition(":")[0]
+    valid = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", module) and not module.endswith(".")
+    example = f"{module if valid else 'train'}:build"
+    raise ValueError(
+        f"{value!r} is not module:function: name the module and the function returning "
+        f"hpctf.Task (e.g. {example}); to run a script as it is, give train.script"
+    )

@@ -8,6 +8,7 @@ file and line in every error). Pure apart from reading files: the environment is
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.machinery
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,13 @@ from hpctf.login.resolve import ConfigProblems, Loaded, read_experiment, resolve
 
 
 def entry_problem(config: ResolvedConfig) -> str | None:
-    """Why ``train.entry`` cannot be found, or None. Never imports the user's module.
+    """Why ``train.entry`` cannot be found, or None. Never imports the user's module."""
+    return _entry_source(config)[0]
+
+
+def _entry_source(config: ResolvedConfig) -> tuple[str | None, ast.Module | None]:
+    """Why ``train.entry`` cannot be found (or None), and its module parsed when it is a
+    ``.py`` source. Never imports the user's module.
 
     The module is looked for on ``train.python_path``, then (when compute nodes run this same
     interpreter) among what this interpreter can import. Only a ``.py`` source is checked for
@@ -39,20 +46,80 @@ def entry_problem(config: ResolvedConfig) -> str | None:
             spec = importlib.machinery.PathFinder.find_spec(part, sys.path)
         if spec is None:
             if index == 0 and not same_python:
-                return None  # may be installed in the compute nodes' environment only
+                return None, None  # may be installed in the compute nodes' environment only
             missing = ".".join(module.split(".")[: index + 1])
             where = ", ".join(config.experiment.train.python_path)
-            return f"module {missing} not found (python_path: {where})"
+            return f"module {missing} not found (python_path: {where})", None
         locations = list(spec.submodule_search_locations or [])
     if spec is None or not (spec.origin or "").endswith(".py"):
-        return None
+        return None, None
     try:
         tree = ast.parse(Path(str(spec.origin)).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError) as exc:
-        return f"{spec.origin}: cannot parse: {exc}"
+        return f"{spec.origin}: cannot parse: {exc}", None
     if function not in _top_level_names(tree) and "__getattr__" not in _top_level_names(tree):
-        return f"{spec.origin} defines no {function}"
-    return None
+        return f"{spec.origin} defines no {function}", None
+    return None, tree
+
+
+def args_problems(config: ResolvedConfig, tree: ast.Module) -> list[tuple[KeyPath, str]]:
+    """``train.args`` against the entry's signature, as parsed from its source: each name the
+    function does not take, and each parameter without a default that no arg gives. Nothing
+    when the entry is not a plain ``def`` (a class, a decorated or reassigned function) or takes
+    ``**kwargs``. With ``train.loop: custom`` the first parameter is the session."""
+    settings = config.experiment.train
+    name = settings.entry.partition(":")[2]
+    defined = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Assign)
+        and name in _defined_names(node)
+    ]
+    if len(defined) != 1 or not isinstance(defined[0], ast.FunctionDef | ast.AsyncFunctionDef):
+        return []
+    function = defined[0]
+    if function.decorator_list or function.args.kwarg is not None:
+        return []
+    allowed, required = _parameters(function.args, custom=settings.loop == "custom")
+    takes = f"{name}() takes " + (", ".join(allowed) if allowed else "no arguments")
+    problems: list[tuple[KeyPath, str]] = []
+    for key in settings.args:
+        if key not in allowed:
+            hint = difflib.get_close_matches(key, allowed, n=1)
+            mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+            problems.append(
+                (("train", "args", key), f"unknown argument of {name}(){mean}; {takes}")
+            )
+    missing = [key for key in required if key not in settings.args]
+    if missing:
+        problems.append(
+            (("train", "args"), f"{name}() needs {', '.join(missing)}, not given; {takes}")
+        )
+    return problems
+
+
+def _defined_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.Assign):
+        return {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _parameters(arguments: ast.arguments, custom: bool) -> tuple[list[str], list[str]]:
+    """The names ``train.args`` may give a ``def`` with ``arguments`` (hpctf passes them by
+    keyword), and those it must give (no default). ``custom``: the first parameter is the
+    session, which hpctf passes itself."""
+    positional = [*arguments.posonlyargs, *arguments.args]
+    first_default = len(positional) - len(arguments.defaults)
+    required = {a.arg for a in positional[:first_default]}
+    required |= {
+        a.arg for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True) if d is None
+    }
+    given = positional[1:] if custom else positional
+    allowed = [a.arg for a in given if a in arguments.args]  # positional-only: not by keyword
+    allowed += [a.arg for a in arguments.kwonlyargs]
+    return allowed, [name for name in allowed if name in required]
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -156,9 +223,13 @@ def load_config(
             check_site_template(config.site.template)
         except UserError as exc:
             raise UserError(_located(origins, ("template",), str(exc), experiment_file)) from None
-    problem = entry_problem(config)
+    problem, tree = _entry_source(config)
     if problem:
         raise UserError(_located(origins, ("train", "entry"), problem, experiment_file))
+    if tree is not None and (wrong := args_problems(config, tree)):
+        raise UserError(
+            "\n".join(_located(origins, path, message, experiment_file) for path, message in wrong)
+        )
     return loaded
 
 

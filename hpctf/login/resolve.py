@@ -135,7 +135,10 @@ def _other_origins(
         ("name",): from_experiment("name"),
         ("site",): site_choice,
         ("train", "entry"): from_experiment("train", "entry"),
+        ("train", "args"): from_experiment("train", "args"),
     }
+    for name in experiment.train.args:
+        out[("train", "args", name)] = from_experiment("train", "args", name)
     for name in site.env:
         out[("env", name)] = from_site("env", name)
     for name in experiment.env:

@@ -55,6 +55,7 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
                 "exit_code": s.exit_code,
                 "end_step": s.end_step,
                 "nodes": s.nodes,
+                "user_code": s.user_code,
             }
             for s in run.state.starts
         ],
@@ -197,4 +198,6 @@ def _end(start: Start, job: Mapping[str, str] | None) -> str:
         if job is not None and job["source"] != "journal" and _final(job):
             return f"ended without a record of its own (Slurm: {job['state']})"
         return "not ended"
+    if start.user_code is not None:  # what the user's code raised, not srun's 143 for it
+        return f"{start.user_code} (step {start.end_step}, exit {start.exit_code})"
     return f"{start.reason} at step {start.end_step} (exit {start.exit_code})"
