@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -30,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hpctf.core import snapshot
+from hpctf.core import checkpoint_files, snapshot
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.runstate import end_reason
@@ -98,14 +97,10 @@ class RunDir:
         return self.path / "DONE"
 
     def checkpoint_step(self) -> int:
-        """The step of the newest checkpoint the chief listed (0 for none), read without
-        TensorFlow from the ``checkpoint`` state file (``model_checkpoint_path: "ckpt-300"``)."""
-        try:
-            text = (self.checkpoints / "checkpoint").read_text(encoding="utf-8")
-        except OSError:
-            return 0
-        match = re.search(r'^model_checkpoint_path: ".*?-(\d+)"$', text, re.M)
-        return int(match.group(1)) if match else 0
+        """The step of the newest checkpoint whose files are on disk (0 for none), read without
+        TensorFlow (:mod:`hpctf.core.checkpoint_files`: the ``checkpoint`` state file is only a
+        hint, and a damaged one must not read as "no checkpoint")."""
+        return checkpoint_files.newest_step(self.checkpoints)
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
