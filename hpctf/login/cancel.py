@@ -25,6 +25,7 @@ def cancel(run_dir: Path) -> None:
         sweep_cancel(run_dir)
         return
     run = Run.read(run_dir)
+    run.run.check_journal()  # which jobs are open must come from a whole journal
     if not run.slurm:
         raise UserError(f"{run.run.path} runs on a local site: stop its launcher (Ctrl-C) instead")
     open_jobs = [

@@ -250,6 +250,7 @@ def resubmit(
         sweep_resubmit(run_dir, {**options, "--update-code": update_code})
         return
     run = RunDir.open(run_dir)
+    run.check_journal()  # which jobs may still run must come from a whole journal
     config = run.load_config()
     if run.done.exists():
         raise UserError(f"{run.path} is complete ({run.done} exists): nothing to resume")

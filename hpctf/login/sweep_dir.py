@@ -53,8 +53,13 @@ class SweepDir:
                 f"{path}: not a sweep directory (no {SWEEP_FILE}); pass the directory that "
                 "`hpctf sweep` printed"
             ) from None
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:
             raise UserError(f"{file}: damaged sweep record: {exc}") from None
+        points = data.get("points") if isinstance(data, dict) else None
+        if not isinstance(points, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("run_dir"), str) for p in points
+        ):
+            raise UserError(f"{file}: damaged sweep record: no list of points with a run_dir")
         return cls(path.resolve(), data)
 
     def write(self) -> None:
