@@ -126,3 +126,75 @@ def test_journal_entries_hpctf_writes_pass_the_check(
     assert damaged == [] and [e["event"] for e in events][-2:] == ["started", "ended"]
     assert journal_problem({"event": "x", "time": "t", "job_id": 12345}) is None
     assert journal_problem({"event": "x", "time": "t", "exit_code": True}) is not None
+
+
+# --- bounded YAML ------------------------------------------------------------------------------
+
+
+def alias_bomb(levels: int = 10, aliases: int = 9) -> str:
+    """``aliases ** levels`` strings in a few hundred bytes, under train.args."""
+    lines = ["name: bomb", "train:", "  args:"]
+    lines.append(f"    a0: &a0 [{', '.join(['lol'] * aliases)}]")
+    for level in range(1, levels + 1):
+        lines.append(f"    a{level}: &a{level} [{', '.join([f'*a{level - 1}'] * aliases)}]")
+    return "\n".join(lines) + "\n"
+
+
+MEASURE = """
+import resource, sys, time
+from pathlib import Path
+from hpctf.core.errors import UserError
+from hpctf.core.sources import load_yaml
+began = time.perf_counter()
+try:
+    load_yaml(Path(sys.argv[1]))
+    said = "loaded"
+except UserError as exc:
+    said = str(exc)
+print(time.perf_counter() - began)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+print(said)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "problem"),
+    [
+        (alias_bomb(), 9, "more than 100,000 values once its aliases (*name) are expanded"),
+        # The same under a key the schema does not know: refused before the schema looks.
+        (alias_bomb().replace("train:\n  args:", "unknown:\n  more:"), 9, "more than 100,000"),
+        ("name: deep\nx: " + "[" * 100_000 + "]" * 100_000 + "\n", 2, "nested deeper than 100"),
+        ("[" * 100_000, 1, "nested deeper than 100 levels"),
+        ("a: &a [*a]\n", 1, "an alias refers to a value that holds it"),
+    ],
+    ids=["alias-bomb", "alias-bomb-unknown-key", "deep-nesting", "deep-unclosed", "recursive"],
+)
+def test_hostile_yaml_is_one_line_fast_and_small(
+    tmp_path: Path, text: str, line: int, problem: str
+) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "experiment.yaml"
+    path.write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, check=True
+    )
+    seconds, peak_mb, said = proc.stdout.splitlines()
+    assert said.startswith(f"{path}:{line}: invalid YAML: {problem}"), said
+    assert float(seconds) < 1.0 and int(peak_mb) < 200, (seconds, peak_mb)
+    # Through the CLI: one line, exit 2 (a bug would be exit 70 with a traceback).
+    result = CliRunner().invoke(cli, ["validate", str(path), "--site", "local"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+
+
+def test_aliases_within_the_bound_still_work(tmp_path: Path) -> None:
+    from hpctf.core.sources import load_yaml
+
+    path = tmp_path / "e.yaml"
+    path.write_text(
+        "base: &base {lr: 0.1, steps: 10}\ntrain:\n  args:\n    <<: *base\n    b: *base\n"
+    )
+    data, lines = load_yaml(path)
+    assert data["train"]["args"] == {"lr": 0.1, "steps": 10, "b": {"lr": 0.1, "steps": 10}}
+    assert lines[("train", "args", "b")] == 5 and lines[("base", "lr")] == 1
