@@ -16,6 +16,7 @@ from hpctf.core import slurm, slurm_queries
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import RunDir
 from hpctf.core.runstate import journal_problem
+from tests.conftest import DIGITS
 from tests.test_lifecycle import FakeSlurm, fake_slurm, journal, new_run  # noqa: F401
 
 # --- job ids from the journal -----------------------------------------------------------------
@@ -198,3 +199,96 @@ def test_aliases_within_the_bound_still_work(tmp_path: Path) -> None:
     data, lines = load_yaml(path)
     assert data["train"]["args"] == {"lr": 0.1, "steps": 10, "b": {"lr": 0.1, "steps": 10}}
     assert lines[("train", "args", "b")] == 5 and lines[("base", "lr")] == 1
+
+
+# --- a read-only code snapshot -----------------------------------------------------------------
+
+
+def test_the_code_snapshot_is_read_only_and_a_shared_run_dir_is_warned_of(
+    tmp_path: Path,
+    runs_root: Path,
+    fake_slurm: FakeSlurm,  # noqa: F811
+) -> None:
+    import os
+    import stat
+
+    import yaml
+
+    code = tmp_path / "src"
+    (code / "helpers").mkdir(parents=True)
+    shutil.copy(DIGITS.parent / "digits.py", code / "digits.py")
+    (code / "helpers" / "util.py").write_text("X = 1\n")
+    for path in (code / "digits.py", code / "helpers" / "util.py"):
+        path.chmod(0o666)  # world-writable at the source
+    (code / "helpers").chmod(0o777)
+    experiment = yaml.safe_load(DIGITS.read_text())
+    experiment["train"]["python_path"] = [str(code)]
+    experiment_file = tmp_path / "e.yaml"
+    experiment_file.write_text(yaml.safe_dump(experiment))
+
+    old = os.umask(0o002)  # usual for group project directories
+    try:
+        result = CliRunner().invoke(cli, ["submit", str(experiment_file), "--site", "local-slurm"])
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    (run_dir,) = runs_root.iterdir()
+    assert (
+        f"warning: {run_dir} is group-writable (mode 775; umask 002): whoever can write it runs "
+        f"code as you at its next start; chmod go-w {run_dir}, and set umask 022 before hpctf "
+        "submit\n"
+    ) in result.stderr
+
+    def modes() -> dict[str, int]:
+        return {
+            str(p.relative_to(run_dir / "code")): stat.S_IMODE(p.stat().st_mode)
+            for p in (run_dir / "code").rglob("*")
+        }
+
+    copied = modes()
+    assert copied["0-src/digits.py"] == copied["0-src/helpers/util.py"] == 0o444
+    assert copied["SNAPSHOT.json"] & 0o222 == 0
+    assert copied["0-src/helpers"] == 0o755  # the owner may replace the copy, nobody else
+
+    # --update-code replaces a read-only copy; the new one is read-only too.
+    (code / "helpers" / "util.py").write_text("X = 2\n")
+    fake_slurm.answer("scontrol", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
+    updated = CliRunner().invoke(cli, ["resubmit", "--update-code", str(run_dir)])
+    assert updated.exit_code == 0, updated.output
+    assert (run_dir / "code" / "0-src" / "helpers" / "util.py").read_text() == "X = 2\n"
+    assert modes() == copied
+    shutil.rmtree(run_dir)  # what tests and users do with a run: read-only files are no obstacle
+    # No plain umask, no warning.
+    again = CliRunner().invoke(cli, ["submit", str(experiment_file), "--site", "local-slurm"])
+    assert again.exit_code == 0 and "writable" not in again.output
+
+
+def test_a_sweep_that_loses_its_name_to_another_takes_the_next(
+    runs_root: Path,
+    fake_slurm: FakeSlurm,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two sweeps of one experiment in the same second plan one name; the one whose mkdir loses
+    plans again (it failed with `File exists`)."""
+    from hpctf.login import sweep_commands
+
+    plan = sweep_commands._sweep_path
+    taken: list[Path] = []
+
+    def racing(config: object) -> Path:
+        path = plan(config)  # type: ignore[arg-type]
+        if not taken:  # the other sweep creates it right after we planned it
+            path.mkdir(parents=True)
+            taken.append(path)
+        return path
+
+    monkeypatch.setattr(sweep_commands, "_sweep_path", racing)
+    fake_slurm.answer("scontrol", "MaxArraySize            = 1001\n")
+    args = ["sweep", str(DIGITS), "--site", "local-slurm", "--grid", "train.seed=0,1"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    (other,) = taken
+    assert f"sweep directory: {other}-1\n" in result.output
+    assert list(other.iterdir()) == []  # the other sweep's directory is left alone
+    runs = json.loads((Path(f"{other}-1") / "sweep.json").read_text())["points"]
+    assert all(p["run_dir"].startswith(f"{other}-1/") for p in runs)

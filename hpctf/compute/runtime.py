@@ -105,6 +105,9 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
         startup_checks(spec)
     install_early_handlers()
     prepare_environment(os.environ, spec)
+    # The snapshot is read-only (hpctf.core.snapshot.seal): no __pycache__ written into it
+    # either, which under umask 002 would be a group-writable place for bytecode it then runs.
+    sys.dont_write_bytecode = True
     sys.path[:0] = config.experiment.train.python_path
     grant = granted_gpus(
         spec.gpus,

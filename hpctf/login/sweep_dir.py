@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import write_atomic
 from hpctf.login.run_report import format_table, run_document
 from hpctf.login.runs import METRICS_TAIL_BYTES, Run, metric_records
@@ -186,3 +186,24 @@ def find_sweeps(root: Path) -> list[SweepDir]:
         except UserError:
             continue
     return sorted(sweeps, key=lambda s: str(s.data.get("created", "")), reverse=True)
+
+
+def claim_sweep_dir(plan: Callable[[], Path]) -> Path:
+    """Create the sweep directory ``plan()`` names (with its ``logs/``), or the next one it
+    names when another sweep of the same experiment took that name in the same second: the
+    mkdir is the claim, as for a run directory (:func:`hpctf.login.launch.new_run`)."""
+    for _ in range(100):
+        path = plan()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot create {path}: {exc.strerror}") from exc
+        try:
+            (path / "logs").mkdir()
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot create {path / 'logs'}: {exc.strerror}") from exc
+        return path
+    raise UserError(f"no free sweep directory name under {plan().parent}")
