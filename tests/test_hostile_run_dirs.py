@@ -292,3 +292,14 @@ def test_a_sweep_that_loses_its_name_to_another_takes_the_next(
     assert list(other.iterdir()) == []  # the other sweep's directory is left alone
     runs = json.loads((Path(f"{other}-1") / "sweep.json").read_text())["points"]
     assert all(p["run_dir"].startswith(f"{other}-1/") for p in runs)
+
+
+def test_a_runs_root_with_a_percent_sign_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sbatch expands %u in --output: the job failed to launch and status said queued."""
+    monkeypatch.setenv("HPCTF_RUNS_ROOT", str(tmp_path / "runs-%u"))
+    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "holds '%'" in result.output
+    assert not (tmp_path / "runs-%u").exists()
