@@ -303,3 +303,71 @@ def test_a_runs_root_with_a_percent_sign_is_refused(
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and "holds '%'" in result.output
     assert not (tmp_path / "runs-%u").exists()
+
+
+# --- the batch shell's contract ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("SLURM_JOB_ID", "Slurm sets it for the job"),
+        ("SLURM_PROCID", "Slurm sets it for the job"),
+        ("SRUN_CPUS_PER_TASK", "srun reads it as its own options"),
+        ("SBATCH_TIMELIMIT", "sbatch reads it as the job's options"),
+        ("HPCTF_RUNS_ROOT", "hpctf sets it"),
+        ("BASH_ENV", "bash reads it to run a file in every shell the job starts"),
+        ("ENV", "sh reads it"),
+        ("CUDA_VISIBLE_DEVICES", "Slurm and hpctf choose the GPUs"),
+        ("TF_CONFIG", "set by hpctf itself"),
+    ],
+)
+@pytest.mark.parametrize("where", ["experiment", "site"])
+def test_env_names_slurm_or_hpctf_own_are_refused(
+    tmp_path: Path, runs_root: Path, name: str, why: str, where: str
+) -> None:
+    import yaml
+
+    experiment = yaml.safe_load(DIGITS.read_text())
+    experiment["train"]["python_path"] = [str(DIGITS.parent)]
+    site = "local-slurm"
+    if where == "experiment":
+        experiment["env"] = {name: "1"}
+    else:
+        site_file = tmp_path / "mysite.yaml"
+        site_file.write_text(
+            yaml.safe_dump({"name": "mysite", "extends": "local-slurm", "env": {name: "1"}})
+        )
+        site = str(site_file)
+    experiment_file = tmp_path / "e.yaml"
+    experiment_file.write_text(yaml.safe_dump(experiment))
+    result = CliRunner().invoke(cli, ["validate", str(experiment_file), "--site", site])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and name in result.output and why in result.output
+    fine = CliRunner().invoke(
+        cli, ["validate", str(experiment_file), "--site", "local-slurm", "--set", "env={}"]
+    )
+    assert where == "site" or fine.exit_code == 0, fine.output
+
+
+@pytest.mark.parametrize(
+    "item",
+    ["--chdir=/tmp", "-D /tmp", "-D/tmp", "--uid=0", "--gid=0", "--get-user-env",
+     "--open-mode=truncate", "--open-mode append", "--export-file=/tmp/env"],
+)  # fmt: skip
+def test_extra_sbatch_may_not_change_where_how_or_as_whom_the_batch_shell_runs(
+    runs_root: Path, item: str
+) -> None:
+    result = CliRunner().invoke(
+        cli,
+        [
+            "validate",
+            str(DIGITS),
+            "--site",
+            "local-slurm",
+            "--set",
+            f"resources.extra_sbatch=[{item}]",
+        ],
+    )
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "which hpctf manages" in result.output
