@@ -371,3 +371,43 @@ def test_extra_sbatch_may_not_change_where_how_or_as_whom_the_batch_shell_runs(
     )
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "which hpctf manages" in result.output
+
+
+# --- a copied run directory --------------------------------------------------------------------
+
+
+def test_a_copied_run_directory_neither_runs_nor_cancels_the_original(
+    runs_root: Path,
+    fake_slurm: FakeSlurm,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cp -a RUN copy; hpctf resubmit copy` submitted copy/job.sbatch, whose RUN_DIR named RUN:
+    the job trained and journalled in the original, and the copy said queued for ever."""
+    original = new_run(runs_root, fake_slurm)
+    journal(original, {"event": "started", "job_id": "4242", "step": 0})
+    copy = runs_root / "copy"
+    shutil.copytree(original, copy, symlinks=True)
+    said = (
+        f"Error: {copy} is a copy of the run directory {original} (or was moved from there): "
+        "its script, config and journal name that one, so it cannot run or be cancelled as it "
+        f"is; continue the original with hpctf resubmit {original}, or start a new run with "
+        "hpctf submit EXPERIMENT\n"
+    )
+    for command in (["resubmit", str(copy)], ["cancel", str(copy)]):
+        result = CliRunner().invoke(cli, command)
+        assert (result.exit_code, result.output) == (2, said), command
+    monkeypatch.setenv("SLURM_JOB_ID", "4343")
+    for command in (["job-start", str(copy)], ["worker", str(copy)]):
+        result = CliRunner().invoke(cli, command)
+        assert (result.exit_code, result.output) == (2, said), command
+    assert fake_slurm.calls("sbatch") == [f"--parsable {original}/job.sbatch"]
+    assert fake_slurm.calls("scancel") == [] and fake_slurm.calls("scontrol") == []
+    assert [e["event"] for e in RunDir(original).events()][-1] == "started"  # nothing written
+    # A moved run directory is refused alike; the original itself is not.
+    moved = runs_root / "moved"
+    copy.rename(moved)
+    assert (
+        "is a copy of the run directory" in CliRunner().invoke(cli, ["cancel", str(moved)]).output
+    )
+    assert CliRunner().invoke(cli, ["cancel", str(original)]).exit_code == 0
+    assert fake_slurm.calls("scancel") == ["-- 4242"]

@@ -274,7 +274,12 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> Resolved
         frozen = with_snapshot(config, run)
         write_atomic(run.script, script)
         run.script.chmod(0o755)
-        run.record("created", experiment=config.experiment_file, site=config.site.name)
+        run.record(  # run_dir: hpctf.core.run_identity refuses a copy of it
+            "created",
+            experiment=config.experiment_file,
+            site=config.site.name,
+            run_dir=str(run.path),
+        )
     except (OSError, EnvironmentProblem, UserError) as exc:
         remove_new_run_dir(run)  # nothing half-made is left behind
         if isinstance(exc, EnvironmentProblem | UserError):

@@ -18,6 +18,7 @@ import click
 from hpctf.core import checkpoint_files, slurm, snapshot
 from hpctf.core.config import Experiment, Site
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import (
     RunDir,
     create_run_dir,
@@ -250,6 +251,7 @@ def resubmit(
         sweep_resubmit(run_dir, {**options, "--update-code": update_code})
         return
     run = RunDir.open(run_dir)
+    check_not_a_copy(run)  # a copy's script would start the original
     run.check_journal()  # which jobs may still run must come from a whole journal
     config = run.load_config()
     if run.done.exists():
