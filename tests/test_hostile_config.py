@@ -49,9 +49,19 @@ print(said)
         (alias_bomb().replace("train:\n  args:", "unknown:\n  more:"), 9, "more than 100,000"),
         ("name: deep\nx: " + "[" * 100_000 + "]" * 100_000 + "\n", 2, "nested deeper than 100"),
         ("[" * 100_000, 1, "nested deeper than 100 levels"),
+        ("{a: " * 100_000, 1, "nested deeper than 100 levels"),
+        ("- " * 100_000, 1, "nested deeper than 100 levels"),
         ("a: &a [*a]\n", 1, "an alias refers to a value that holds it"),
     ],
-    ids=["alias-bomb", "alias-bomb-unknown-key", "deep-nesting", "deep-unclosed", "recursive"],
+    ids=[
+        "alias-bomb",
+        "alias-bomb-unknown-key",
+        "deep-nesting",
+        "deep-unclosed",
+        "deep-mappings",
+        "deep-block-sequences",
+        "recursive",
+    ],
 )
 def test_hostile_yaml_is_one_line_fast_and_small(
     tmp_path: Path, text: str, line: int, problem: str
