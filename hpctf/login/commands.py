@@ -33,7 +33,7 @@ from hpctf.core.sites import describe_site, listing, read_site, search_path
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login import scaffold
 from hpctf.login.doctor import doctor
-from hpctf.login.launch import new_run, start_run
+from hpctf.login.launch import new_run, start_run, warn_if_writable_by_others
 from hpctf.login.loader import load_config
 from hpctf.login.render import explain as explain_script
 from hpctf.login.render import render
@@ -116,6 +116,7 @@ def render_command(
         click.echo(shown, nl=False)
         return
     config = create_run_dir(run, config, script)
+    warn_if_writable_by_others(run.path)
     write_atomic(output, script)
     output.chmod(0o755)
     if explain:
