@@ -229,7 +229,7 @@ def test_the_script_starts_the_worker_in_the_container_and_requeues_outside_it(
 
     # The requeue: scontrol called by job-end on the host, and recorded in the journal.
     (scontrol,) = records(recorded, "scontrol")
-    assert scontrol == {"argv": ["requeue", "4242"], "inside": None}
+    assert scontrol == {"argv": ["requeue", "--", "4242"], "inside": None}
     journal = sorted((run_dir / "journal").glob("*.json"))
     events = [json.loads(p.read_text())["event"] for p in journal]
     assert events[-4:] == ["started", "preempted", "ended", "requeued"], events

@@ -361,22 +361,25 @@ def test_here_needs_an_allocation_and_a_slurm_site(monkeypatch: pytest.MonkeyPat
 def test_wait_for_job_polls_until_a_final_state(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fake scontrol (unit test only): RUNNING twice, then COMPLETED; 'gone' was forgotten."""
+    """A fake scontrol (unit test only): RUNNING twice, then COMPLETED; job 6 was forgotten,
+    job 7 is stuck."""
     count = tmp_path / "count"
     write(
         tmp_path / "bin" / "scontrol",
         f"""#!/bin/bash
-[ "$4" = gone ] && {{ echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; }}
+id=${{@: -1}}
+[ "$id" = 6 ] && {{ echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; }}
 n=$(cat {count} 2>/dev/null || echo 0); echo $((n + 1)) > {count}
-if [ "$4" = stuck ] || [ "$n" -lt 2 ]; then state=RUNNING; else state=COMPLETED; fi
-echo "JobId=$4 JobState=$state NodeList=node[1-2]"
+if [ "$id" = 7 ] || [ "$n" -lt 2 ]; then state=RUNNING; else state=COMPLETED; fi
+echo "JobId=$id JobState=$state NodeList=node[1-2]"
 """,
     ).chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     info = slurm.wait_for_job("5", timeout=30, poll=0.01)
     assert info is not None and info["JobState"] == "COMPLETED" and count.read_text() == "3\n"
-    assert slurm.wait_for_job("gone", timeout=30, poll=0.01) == {}
-    assert slurm.wait_for_job("stuck", timeout=0.1, poll=0.02) is None
+    assert info["JobId"] == "5"
+    assert slurm.wait_for_job("6", timeout=30, poll=0.01) == {}
+    assert slurm.wait_for_job("7", timeout=0.1, poll=0.02) is None
 
 
 def test_unknown_site_is_one_line_exit_2() -> None:

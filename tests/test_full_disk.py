@@ -78,3 +78,44 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
     with pytest.raises(OSError, match="Bad file descriptor") as bad:
         saver.save(400)
     assert not isinstance(bad.value, EnvironmentProblem)
+
+
+def test_a_read_only_checkpoint_directory_is_one_line_not_a_bug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorFlow says PermissionDeniedError (it was a traceback and "a bug in hpctf", then two
+    failure requeues): the environment's fault, one line, and the chief records it so the batch
+    script does not requeue (test_runstate: environment_failed)."""
+    import os
+
+    import tensorflow as tf
+
+    directory = tmp_path / "run" / "checkpoints"
+    saver = checkpointer(directory)
+    saver.save(100)
+
+    def read_only(checkpoint_number: int) -> str:
+        # What TF 2.21 says on a read-only mount (measured: a tmpfs remounted ro).
+        message = (
+            "{{function_node __wrapped__SaveV2_dtypes_3_device_/job:localhost/replica:0/task:0/"
+            f"device:CPU:0}}}} {directory}/ckpt-{checkpoint_number}_temp; Read-only file "
+            "system [Op:SaveV2]"
+        )
+        raise tf.errors.PermissionDeniedError(None, None, message)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(saver._manager, "save", read_only)
+        with pytest.raises(EnvironmentProblem) as caught:
+            saver.save(200)
+    assert str(caught.value) == (
+        f"cannot save the checkpoint of step 200 in {directory}: Read-only file system; the "
+        "checkpoint of step 100 is kept: make it writable for you, then hpctf resubmit "
+        f"{directory.parent}"
+    )
+    if os.geteuid() != 0:  # root writes through mode bits: only the message above applies then
+        directory.chmod(0o555)
+        try:
+            with pytest.raises(EnvironmentProblem, match=r"step 300 .*Permission denied"):
+                saver.save(300)
+        finally:
+            directory.chmod(0o755)

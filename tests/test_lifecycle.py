@@ -829,7 +829,7 @@ def test_cancel_records_the_end_status_shows_it_and_resubmit_still_works(
     journal(path, {"event": "started", "job_id": "4242", "step": 0})
     result = CliRunner().invoke(cli, ["cancel", str(path)])
     assert result.exit_code == 0 and result.output == "cancelled: 4242\n"
-    assert fake_slurm.calls("scancel") == ["4242"]
+    assert fake_slurm.calls("scancel") == ["-- 4242"]
     # Slurm has forgotten the job: status shows it ended, from the journal.
     fake_slurm.answer("squeue", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
     status = CliRunner().invoke(cli, ["status", str(path)])
@@ -850,7 +850,7 @@ def test_cancel_records_the_end_status_shows_it_and_resubmit_still_works(
     # Nothing left to cancel.
     again = CliRunner().invoke(cli, ["cancel", str(path)])
     assert again.exit_code == 0 and "nothing to cancel" in again.output
-    assert fake_slurm.calls("scancel") == ["4242"]
+    assert fake_slurm.calls("scancel") == ["-- 4242"]
 
     fake_slurm.answer("scontrol", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
     fake_slurm.answer("sbatch", "4343\n")
@@ -864,7 +864,7 @@ def test_cancel_records_the_end_status_shows_it_and_resubmit_still_works(
     assert run["slurm"] == {"state": "PENDING", "reason": "Priority", "source": "squeue"}
     # The second cancel cancels the new job only.
     CliRunner().invoke(cli, ["cancel", str(path)])
-    assert fake_slurm.calls("scancel") == ["4242", "4343"]
+    assert fake_slurm.calls("scancel") == ["-- 4242", "-- 4343"]
 
 
 def test_cancel_of_a_local_run_says_how_to_stop_it(tmp_path: Path, runs_root: Path) -> None:

@@ -264,7 +264,7 @@ def test_sh_refuses_newlines() -> None:
 
 # --- extra_sbatch in every spelling ---------------------------------------------------------
 
-_SHORT = {"J", "N", "n", "c", "t", "p", "A", "q", "C", "d", "G", "o", "e", "a"}
+_SHORT = {"J", "N", "n", "c", "t", "p", "A", "q", "C", "d", "G", "o", "e", "a", "D"}
 REFUSED = sorted(
     {f"--{name}=1" for name in MANAGED_OPTIONS}
     | {f"--{name} 1" for name in MANAGED_OPTIONS}
@@ -293,7 +293,7 @@ def test_extra_sbatch_refuses_managed_options_in_every_spelling(item: str) -> No
         ("--nice=-5", "--nice=-5"),
         ("--begin=now+1hour", "--begin=now+1hour"),
         ("--time-min=30", "--time-min=30"),  # not a prefix of --time: a real option
-        ("--export-file=/x", "--export-file=/x"),
+        ("--propagate=STACK", "--propagate=STACK"),
     ],
 )
 def test_extra_sbatch_accepts_the_rest_as_one_token(item: str, token: str) -> None:

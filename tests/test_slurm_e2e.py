@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -156,6 +157,32 @@ def test_second_job_resumes_from_latest_checkpoint(
     assert not (run_dir / "DONE").exists()
     saved = checkpoint_steps(run_dir)[-1]
     assert 0 < saved < LONG
+
+    # Hostile run-directory data reaches no Slurm command: a journal job id that is an option
+    # (it was `scancel --user=root`), and a copy of the run directory, whose script names the
+    # original. A job of the same user stands by to be cancelled by mistake.
+    sentinel = subprocess.run(
+        ["sbatch", "--parsable", "--time=5", "--nodes=1", f"--output={tmp_path}/sentinel.out",
+         "--wrap=sleep 300"],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    hostile = run_dir / "journal" / "99999999999999999999-1-submitted.json"
+    hostile.write_text(
+        '{"event": "submitted", "time": "2026-12-01T00:00:00", "job_id": "--user=root"}'
+    )
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy, symlinks=True)
+    said = {}
+    for command in (["cancel", str(run_dir)], ["resubmit", str(copy)]):
+        refused = subprocess.run([*HPCTF, *command], env=env, capture_output=True, text=True)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        said[command[0]] = refused.stderr
+    assert "job_id '--user=root' is not a job id" in said["cancel"]
+    assert f"{copy} is a copy of the run directory {run_dir}" in said["resubmit"]
+    assert job_state(sentinel) in ("PENDING", "RUNNING")
+    hostile.unlink()
+    subprocess.run(["scancel", sentinel], env=env, check=True)
+    assert wait_for_job(sentinel)["JobState"] == "CANCELLED"
 
     proc = subprocess.run(
         [*HPCTF, "resubmit", str(run_dir)], env=env, capture_output=True, text=True, check=True

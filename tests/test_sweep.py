@@ -303,7 +303,7 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
           json.dumps({"event": "ended", "time": "2026-12-01T00:00:05+00:00", **ended}))  # fmt: skip
     result = CliRunner().invoke(cli, ["cancel", str(path)])
     assert result.exit_code == 0, result.output
-    assert fake_slurm.calls("scancel") == ["4242_0 4242_2"]
+    assert fake_slurm.calls("scancel") == ["-- 4242_0 4242_2"]
     assert [e["event"] for e in _events(runs[0])][-1] == "cancelled"
     assert [e["event"] for e in _events(runs[1])][-1] == "ended"
 

@@ -95,12 +95,15 @@ def test_damaged_latest_checkpoint_falls_back_to_the_one_before(
     run_dir = submit_local(*SHORT, cwd=tmp_path)
     final_loss = losses(run_dir)[120]
     assert checkpoint_steps(run_dir) == [60, 90, 120]
-    # An interrupted write: the latest data file is cut short. Start the run again.
+    # An interrupted write: the latest data file is cut short; and the `checkpoint` state file
+    # is garbage (it made TF see no checkpoint at all: a restart from step 0). Start again.
     data = run_dir / "checkpoints" / "ckpt-120.data-00000-of-00001"
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    (run_dir / "checkpoints" / "checkpoint").write_bytes(b"\x00\x01garbage{{{\n")
     (run_dir / "DONE").unlink()
 
     log = resubmit(run_dir)
+    assert "rewritten from the checkpoints on disk (ckpt-60, ckpt-90, ckpt-120)" in log
     assert f"warning: checkpoint {run_dir}/checkpoints/ckpt-120 is unusable" in log
     assert f"resumed from {run_dir}/checkpoints/ckpt-90 at step 90" in log
     assert json.loads((run_dir / "DONE").read_text())["step"] == 120

@@ -109,6 +109,22 @@ def test_ranks_with_no_common_checkpoint_stop_with_a_clear_error() -> None:
         assert "shares" in str(result)
 
 
+def test_checkpoints_that_no_rank_can_read_stop_the_run_naming_them() -> None:
+    """Files on disk but none reads back whole: one line naming them, never step 0 over them."""
+    from hpctf.core.errors import EnvironmentProblem
+
+    results = _agree([{100: False, 200: False}, {100: False, 200: False}])
+    for result in results:
+        assert isinstance(result, EnvironmentProblem)
+        assert str(result) == (
+            "no checkpoint in /runs/x/checkpoints reads back whole (ckpt-100, ckpt-200; the rank "
+            "log says why): training from step 0 over them would lose them; restore them from a "
+            "backup, or start again from step 0 with: hpctf resubmit --from-scratch /runs/x"
+        )
+    # Listed by one rank only, unreadable there: the same (every rank takes part and agrees).
+    assert all(isinstance(r, EnvironmentProblem) for r in _agree([{}, {300: False}]))
+
+
 # --- precision and learning rate ---------------------------------------------------------------
 
 

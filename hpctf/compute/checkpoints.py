@@ -6,6 +6,12 @@ pattern of tensorflow.org/tutorials/distribute/multi_worker_with_ctl). A checkpo
 latest only once complete: TF writes the data and index files first and then replaces the
 ``checkpoint`` state file.
 
+Which checkpoints exist is read from the files on disk (:mod:`hpctf.core.checkpoint_files`),
+never from TensorFlow's ``checkpoint`` state file alone: a damaged state file made TF see no
+checkpoint at all, and the run trained from step 0 over intact ones. The chief rewrites a state
+file that disagrees with the disk before its CheckpointManager reads it, so rotation
+(``checkpoint.keep``) goes on over the checkpoints that are there.
+
 At start the ranks agree on one checkpoint (:func:`agree_on_step`): the newest that every rank
 lists and reads back whole (each tensor's CRC is checked on read). Each rank deciding alone is
 not enough: a rank with a stale view of a parallel filesystem (client-side metadata caching on
@@ -26,11 +32,11 @@ from pathlib import Path
 import tensorflow as tf
 
 from hpctf.compute.cluster import ClusterSpec
+from hpctf.core import checkpoint_files
 from hpctf.core.errors import EnvironmentProblem, UserError
 
 log = logging.getLogger("hpctf.worker")
 
-_STEP_RE = re.compile(r"-(\d+)$")
 NONE = -1  # "no checkpoint" in the gathered step lists
 
 
@@ -55,7 +61,9 @@ def agree_on_step(
     the smallest of the ranks' newest readable steps below the last failed proposal, then
     checks that every rank can read it, so the rounds end after at most ``len(listed) + 1``
     proposals. If some rank could read a checkpoint but no step is common to all, the ranks
-    see different directories: a UserError, never a silent restart from step 0.
+    see different directories: a UserError. If checkpoints are listed but no rank can read
+    any, an EnvironmentProblem naming them (the storage lost them; the batch script does not
+    requeue it): never a silent restart from step 0 over them.
     """
     verdicts: dict[int, bool] = {}
 
@@ -85,14 +93,21 @@ def agree_on_step(
             "readable by all: is the run directory on a filesystem every node shares? "
             "(the site's runs_root)"
         )
+    # Every rank gets here alike (``first`` is the same everywhere): one more collective.
+    if max(gather(len(listed))) > 0:
+        raise unreadable(listed, directory)
     return None
 
 
-def step_of(path: str) -> int:
-    match = _STEP_RE.search(path)
-    if not match:
-        raise ValueError(f"not a numbered checkpoint: {path}")
-    return int(match.group(1))
+def unreadable(listed: Mapping[int, str], directory: str) -> EnvironmentProblem:
+    """The one line for checkpoint files that exist but none of which reads back whole."""
+    names = ", ".join(Path(listed[step]).name for step in sorted(listed)) or "those listed"
+    run = Path(directory).parent
+    return EnvironmentProblem(
+        f"no checkpoint in {directory} reads back whole ({names}; the rank log says why): "
+        "training from step 0 over them would lose them; restore them from a backup, or "
+        f"start again from step 0 with: hpctf resubmit --from-scratch {run}"
+    )
 
 
 class Checkpointer:
@@ -104,18 +119,20 @@ class Checkpointer:
         self._checkpoint = checkpoint
         self._directory = directory
         self._task_index = spec.task_index
-        self._manager = (
-            tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
-            if spec.is_chief
-            else None
-        )
+        self._manager = None
+        if spec.is_chief:
+            repair_state_file(directory)
+            self._manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
 
     def listed(self) -> dict[int, str]:
-        """Checkpoints listed in the chief's directory as this rank sees it, by step."""
-        state = tf.train.get_checkpoint_state(str(self._directory))
-        if state is None:
-            return {}
-        return {step_of(path): path for path in state.all_model_checkpoint_paths}
+        """Checkpoints in the chief's directory as this rank sees its files, by step; a
+        directory this rank may not read is an EnvironmentProblem, not "no checkpoint"."""
+        try:
+            return checkpoint_files.on_disk(self._directory)
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot list the checkpoints in {self._directory}: {exc.strerror or exc}"
+            ) from exc
 
     def restore_agreed(self, gather: Callable[[int], Sequence[int]]) -> str | None:
         """Restore the checkpoint every rank agrees on; return its path, or None to start at 0.
@@ -140,13 +157,18 @@ class Checkpointer:
     def save(self, step: int) -> str | None:
         """Save ``step``; returns the path on the chief, None on the other ranks.
 
-        A filesystem that refuses the chief's save (full, over quota, read-only) is an
-        EnvironmentProblem, in one line; the newest complete checkpoint stays the latest.
+        A filesystem that refuses the chief's save (full, over quota, read-only, permission
+        denied) is an EnvironmentProblem, in one line; the newest complete checkpoint stays the
+        latest.
         """
         if self._manager is not None:
             try:
                 return str(self._manager.save(checkpoint_number=step))
-            except (tf.errors.ResourceExhaustedError, OSError) as exc:
+            except (
+                tf.errors.ResourceExhaustedError,
+                tf.errors.PermissionDeniedError,
+                OSError,
+            ) as exc:
                 if isinstance(exc, OSError) and exc.errno not in _REFUSED:
                     raise  # not the filesystem's word: ours to report
                 raise self._save_failed(step, exc) from exc
@@ -165,7 +187,9 @@ class Checkpointer:
         TensorFlow writes ``ckpt-N_temp/`` first and lists ``ckpt-N`` in the ``checkpoint``
         state file only after the rename, so a failed save is never taken as the latest; on
         ENOSPC it removes its partial data file but leaves the empty temporary directory
-        (measured, TF 2.21: ``ResourceExhaustedError ... No space left on device [Op:SaveV2]``).
+        (measured, TF 2.21: ``ResourceExhaustedError ... No space left on device [Op:SaveV2]``;
+        on a read-only mount ``PermissionDeniedError ... ckpt-20_temp; Read-only file system
+        [Op:SaveV2]``, nothing left).
         """
         for leftover in self._directory.glob(f"ckpt-{step}_temp*"):
             shutil.rmtree(leftover, ignore_errors=True)
@@ -173,16 +197,65 @@ class Checkpointer:
         cause = said.rsplit("; ", 1)[-1].removesuffix(" [Op:SaveV2]")  # TF's: "<path>; <errno>"
         if isinstance(exc, OSError) and exc.strerror:
             cause = exc.strerror
-        kept = max(self.listed(), default=None)
+        try:
+            kept = max(self.listed(), default=None)
+        except EnvironmentProblem:
+            kept = None
+        full = isinstance(exc, tf.errors.ResourceExhaustedError) or (
+            isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        )
+        fix = "free space there" if full else "make it writable for you"
         return EnvironmentProblem(
             f"cannot save the checkpoint of step {step} in {self._directory}: {cause}; "
             + (f"the checkpoint of step {kept} is kept" if kept is not None else "none is kept")
-            + f": free space there, then hpctf resubmit {self._directory.parent}"
+            + f": {fix}, then hpctf resubmit {self._directory.parent}"
         )
 
 
-# What a filesystem says when it takes no more: full, over quota, read-only.
-_REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+# What a filesystem says when it takes no more: full, over quota, read-only, not ours to write.
+_REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def repair_state_file(directory: Path) -> None:
+    """Rewrite ``directory``'s ``checkpoint`` state file from the files on disk when it is
+    damaged, missing or names other checkpoints, so the CheckpointManager (which reads it once,
+    when created) rotates the checkpoints that exist instead of orphaning them. The chief's
+    job, before any save; a filesystem that refuses is an EnvironmentProblem."""
+    try:
+        found = checkpoint_files.on_disk(directory)
+    except OSError:
+        return  # the listing says so, in one line
+    if not found:
+        return
+    state_file = directory / "checkpoint"
+    try:
+        said = state_file.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        said = None
+    wanted = checkpoint_files.state_file_text(found)
+    if said is not None and _names_in(said) == _names_in(wanted):
+        return
+    log.warning(
+        "checkpoint state file %s is %s; rewritten from the checkpoints on disk (%s)",
+        state_file,
+        "missing or unreadable" if said is None else "damaged or out of date",
+        ", ".join(Path(p).name for p in found.values()),
+    )
+    try:
+        tmp = directory / ".checkpoint.hpctf-tmp"
+        tmp.write_text(wanted, encoding="utf-8")
+        tmp.replace(state_file)
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot rewrite the checkpoint state file {state_file}: {exc.strerror or exc}"
+        ) from exc
+
+
+def _names_in(state_text: str) -> tuple[str, set[str]]:
+    """The latest and every listed checkpoint name of a state file's text."""
+    latest = re.search(r'^model_checkpoint_path: "(?:.*/)?([^"/]*)"$', state_text, re.M)
+    listed = re.findall(r'^all_model_checkpoint_paths: "(?:.*/)?([^"/]*)"$', state_text, re.M)
+    return (latest.group(1) if latest else "", set(listed))
 
 
 def _readable(path: str) -> bool:

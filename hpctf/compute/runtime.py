@@ -23,6 +23,7 @@ from hpctf.compute.gpus import granted_gpus
 from hpctf.compute.node_checks import check_port_free, check_tensorflow_gpus
 from hpctf.compute.preemption import install_early_handlers
 from hpctf.core.errors import UserError
+from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -74,6 +75,7 @@ def startup_checks(spec: ClusterSpec) -> None:
 def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     """Train this task's share of the run; return the process exit code."""
     run = RunDir(run_dir.resolve())
+    check_not_a_copy(run)
     config = run.load_config()
     spec = cluster_spec(env, config.site.port_range, config.site.hostname_template)
     handler = logging.StreamHandler(sys.stdout)
@@ -105,6 +107,9 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
         startup_checks(spec)
     install_early_handlers()
     prepare_environment(os.environ, spec)
+    # The snapshot is read-only (hpctf.core.snapshot.seal): no __pycache__ written into it
+    # either, which under umask 002 would be a group-writable place for bytecode it then runs.
+    sys.dont_write_bytecode = True
     sys.path[:0] = config.experiment.train.python_path
     grant = granted_gpus(
         spec.gpus,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -30,10 +29,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hpctf.core import snapshot
+from hpctf.core import checkpoint_files, snapshot
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.runstate import end_reason
+from hpctf.core.runstate import end_reason, journal_problem
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -98,28 +97,30 @@ class RunDir:
         return self.path / "DONE"
 
     def checkpoint_step(self) -> int:
-        """The step of the newest checkpoint the chief listed (0 for none), read without
-        TensorFlow from the ``checkpoint`` state file (``model_checkpoint_path: "ckpt-300"``)."""
-        try:
-            text = (self.checkpoints / "checkpoint").read_text(encoding="utf-8")
-        except OSError:
-            return 0
-        match = re.search(r'^model_checkpoint_path: ".*?-(\d+)"$', text, re.M)
-        return int(match.group(1)) if match else 0
+        """The step of the newest checkpoint whose files are on disk (0 for none), read without
+        TensorFlow (:mod:`hpctf.core.checkpoint_files`: the ``checkpoint`` state file is only a
+        hint, and a damaged one must not read as "no checkpoint")."""
+        return checkpoint_files.newest_step(self.checkpoints)
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
 
     def load_config(self) -> ResolvedConfig:
+        """The frozen config; a UserError (one line) when it is missing or damaged, an
+        EnvironmentProblem when it cannot be read."""
         try:
-            text = self.config_file.read_text(encoding="utf-8")
+            data = self.config_file.read_bytes()
         except FileNotFoundError:
             raise UserError(
                 f"{self.path}: not a run directory (no config.json); "
                 "pass the directory that `hpctf submit` printed"
             ) from None
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot read {self.config_file}: {exc.strerror or exc}"
+            ) from exc
         try:
-            return ResolvedConfig.model_validate_json(text)
+            return ResolvedConfig.model_validate_json(data)
         except ValidationError as exc:
             raise UserError(
                 f"{self.config_file}: damaged run config: {exc.errors()[0]['msg']}"
@@ -185,16 +186,43 @@ class RunDir:
         return events[last + 1 :]
 
     def events(self) -> list[dict[str, Any]]:
-        """All journal events, oldest first."""
+        """All journal events, oldest first; damaged entries are left out
+        (:meth:`read_journal` says which)."""
+        return self.read_journal()[0]
+
+    def read_journal(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The journal's events, oldest first, and one line per entry left out as damaged
+        (:func:`journal_problem`). The journal is data anyone who can write the run directory
+        controls: one bad entry must not break a status, nor a listing of many runs."""
         if not self.journal.is_dir():
-            return []
-        events = []
+            return [], []
+        events: list[dict[str, Any]] = []
+        damaged: list[str] = []
         for file in sorted(self.journal.glob("*.json")):
             try:
-                events.append(json.loads(file.read_text(encoding="utf-8")))
-            except (OSError, json.JSONDecodeError):
-                continue  # not ours: our writers never leave partial files (os.replace)
-        return events
+                entry = json.loads(file.read_bytes().decode("utf-8"))
+            except OSError:
+                continue  # gone between the listing and the read
+            except ValueError:  # not JSON, not UTF-8: our writers never leave partial files
+                damaged.append(f"{file}: not a JSON document")
+                continue
+            problem = journal_problem(entry)
+            if problem is None:
+                events.append(entry)
+            else:
+                damaged.append(f"{file}: {problem}")
+        return events, damaged
+
+    def check_journal(self) -> None:
+        """A UserError naming the first damaged journal entry, for commands that act on the
+        run's jobs (cancel, resubmit): acting on a partial view could miss a running job."""
+        damaged = self.read_journal()[1]
+        if damaged:
+            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+            raise UserError(
+                f"damaged journal entry {damaged[0]}{more}: hpctf did not write it; move it out "
+                "of the journal directory and run the command again"
+            )
 
 
 def runs_root(config: ResolvedConfig) -> Path:
@@ -246,7 +274,12 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> Resolved
         frozen = with_snapshot(config, run)
         write_atomic(run.script, script)
         run.script.chmod(0o755)
-        run.record("created", experiment=config.experiment_file, site=config.site.name)
+        run.record(  # run_dir: hpctf.core.run_identity refuses a copy of it
+            "created",
+            experiment=config.experiment_file,
+            site=config.site.name,
+            run_dir=str(run.path),
+        )
     except (OSError, EnvironmentProblem, UserError) as exc:
         remove_new_run_dir(run)  # nothing half-made is left behind
         if isinstance(exc, EnvironmentProblem | UserError):

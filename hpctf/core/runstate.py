@@ -33,6 +33,7 @@ node failure is not the code's fault and is retried within the failure budget al
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,29 @@ class RunState:
     @property
     def last(self) -> Start | None:
         return self.starts[-1] if self.starts else None
+
+
+# A job id in the journal: a Slurm job, an array task (<job>_<task>) or a local launcher's pid.
+_JOURNAL_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
+
+
+def journal_problem(entry: object) -> str | None:
+    """What is wrong with one parsed journal entry, or None when it has the shape hpctf's
+    writers give it (:meth:`RunDir.record`): an object with a string ``event`` and ``time``, a
+    ``job_id`` of Slurm's forms, whole numbers for ``step`` and ``exit_code``."""
+    if not isinstance(entry, dict):
+        return f"not an object but {type(entry).__name__}"
+    for key in ("event", "time"):
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            return f"no {key!r} string"
+    job_id = entry.get("job_id")
+    if job_id is not None and not _JOURNAL_JOB_ID.fullmatch(str(job_id)):
+        return f"job_id {str(job_id)[:60]!r} is not a job id"
+    for key in ("step", "exit_code"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{key} {str(value)[:60]!r} is not a whole number"
+    return None
 
 
 def end_reason(

@@ -201,6 +201,14 @@ OPTIONS: tuple[Option, ...] = (
     # (https://github.com/NVIDIA/pyxis/wiki/Frequently-asked-questions); --container is
     # Slurm's own OCI bundle option. hpctf puts only the workers in the site's container.
     *(Option(flag, instead=_CONTAINER) for flag in _CONTAINER_OPTIONS),
+    # The batch shell's contract: it runs in the directory and as the user hpctf submitted
+    # from, with the environment sbatch gives it, and appends to the logs hpctf reads.
+    Option("chdir", instead="the job runs where hpctf submitted it", short="D"),
+    Option("uid", instead="the job runs as the user who submits it"),
+    Option("gid", instead="the job runs as the user who submits it"),
+    Option("get-user-env", instead="srun inside the script needs the job's environment"),
+    Option("export-file", instead="set env in the experiment or site"),
+    Option("open-mode", instead=_OUTPUT),
 )
 
 MANAGED: dict[str, str] = {o.flag: o.instead for o in OPTIONS if o.instead}

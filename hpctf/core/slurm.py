@@ -7,6 +7,7 @@ on failure a :class:`SlurmError` carrying the command, exit code, stdout and std
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -75,6 +76,30 @@ class SlurmRefused(SlurmFailure, UserError):
     a node has, a time limit over the partition's (exit 2)."""
 
 
+# The job ids hpctf hands to Slurm commands: a job, or a task of a job array (job_handle).
+_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
+
+
+def checked_job_ids(job_ids: Sequence[str]) -> list[str]:
+    """``job_ids`` if each has one of Slurm's forms (``123``, ``123_4``), else a UserError.
+
+    Every job id a Slurm command gets passes here first: the ids come from a run's journal,
+    which is data anyone who can write the run directory controls. Unchecked, a journal entry
+    ``{"event": "submitted", "job_id": "--user=root"}`` made ``hpctf cancel`` run ``scancel
+    --user=root`` and cancel every job of the user. The commands that take it also get ``--``
+    before their ids (scancel, ``scontrol show job``, ``scontrol requeue``: measured on Slurm
+    22.05)."""
+    ids = [str(job_id) for job_id in job_ids]
+    for job_id in ids:
+        if not _JOB_ID.fullmatch(job_id):
+            raise UserError(
+                f"{job_id[:60]!r} is not a Slurm job id (digits, or <job>_<task> for an array "
+                "task): the run's journal is damaged or was edited; hpctf passes no such value "
+                "to Slurm"
+            )
+    return ids
+
+
 def failure(argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> SlurmFailure:
     """The error for a failed Slurm command, by whose fault it is."""
     said = f"{stdout}\n{stderr}".lower()
@@ -140,8 +165,9 @@ def sbatch(
 
 def job_info(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """``scontrol show job -o`` as a dict, or None once Slurm has forgotten the job."""
+    (checked,) = checked_job_ids([job_id])
     try:
-        out = run_command(["scontrol", "show", "job", "-o", job_id], env=env)
+        out = run_command(["scontrol", "show", "job", "-o", "--", checked], env=env)
     except SlurmFailure as exc:
         if "Invalid job id" in exc.stderr:
             return None
@@ -195,7 +221,7 @@ def job_handle(env: Mapping[str, str]) -> str | None:
 
 def requeue(job_id: str, env: Mapping[str, str] | None = None) -> None:
     """Put a running job back into the queue (it starts again with SLURM_RESTART_COUNT + 1)."""
-    run_command(["scontrol", "requeue", job_id], env=env)
+    run_command(["scontrol", "requeue", "--", *checked_job_ids([job_id])], env=env)
 
 
 # Node states (sinfo %T, lower case) in which a node is no place to run on: it failed or an
@@ -230,8 +256,9 @@ def exclude_nodes(job_id: str, nodes: Sequence[str], env: Mapping[str, str] | No
     SIGTERM trap runs (measured on the test cluster), and a requeue keeps the job's spec, so
     this is the one way a requeued job leaves a node out.
     """
+    (checked,) = checked_job_ids([job_id])
     run_command(
-        ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"],
+        ["scontrol", "update", f"JobId={checked}", f"ExcNodeList={','.join(nodes)}"],
         env=env,
         timeout=5.0,
     )
@@ -239,7 +266,7 @@ def exclude_nodes(job_id: str, nodes: Sequence[str], env: Mapping[str, str] | No
 
 def cancel(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     if job_ids:
-        run_command(["scancel", *job_ids], env=env)
+        run_command(["scancel", "--", *checked_job_ids(job_ids)], env=env)
 
 
 def test_only(script: str, env: Mapping[str, str] | None = None) -> None:

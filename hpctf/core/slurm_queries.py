@@ -11,7 +11,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hpctf.core.slurm import FINAL_STATES, SlurmError, SlurmFailure, run_command
+from hpctf.core.slurm import (
+    FINAL_STATES,
+    SlurmError,
+    SlurmFailure,
+    checked_job_ids,
+    run_command,
+)
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,7 @@ def squeue_jobs(
 ) -> dict[str, JobRecord]:
     """What slurmctld knows of ``job_ids``, in ONE squeue call, by job id: jobs it has forgotten
     (ended longer than MinJobAge ago) are missing. Raises SlurmError when it cannot answer."""
-    ids = sorted(set(job_ids))
+    ids = sorted(set(checked_job_ids(job_ids)))
     if not ids:
         return {}
     # --array: one line per array task. Without it squeue folds pending tasks into one line
@@ -169,7 +175,7 @@ def sacct_jobs(
     allocations, the newest record of a requeued job), by job id. A cluster without
     accounting ("Slurm accounting storage is disabled") knows nothing: ``{}``. Raises
     SlurmError when slurmdbd cannot answer."""
-    ids = sorted(set(job_ids))
+    ids = sorted(set(checked_job_ids(job_ids)))
     if not ids:
         return {}
     argv = [

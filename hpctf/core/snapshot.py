@@ -9,7 +9,8 @@ Only source-like files are copied (:data:`SOURCE_SUFFIXES`, each at most :data:`
 never data, virtualenvs, caches, version control or earlier runs, and the whole copy is
 bounded (:data:`MAX_TOTAL`): a python_path of ``~`` is refused, not copied. Where a source
 directory is inside a git work tree, its commit and whether it had uncommitted changes are
-recorded (``RUN_DIR/code/SNAPSHOT.json``), for ``hpctf status``.
+recorded (``RUN_DIR/code/SNAPSHOT.json``), for ``hpctf status``. The copy is read-only
+(:func:`seal`): a run's code cannot change behind its back.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ def take(python_path: list[str], run_path: Path, runs_root: Path | None = None) 
         (staging / MANIFEST).write_text(
             json.dumps([asdict(s) for s in sources], indent=2) + "\n", encoding="utf-8"
         )
+        seal(staging)
         shutil.rmtree(code, ignore_errors=True)
         os.replace(staging, code)
     except OSError as exc:
@@ -181,12 +183,26 @@ def take(python_path: list[str], run_path: Path, runs_root: Path | None = None) 
     return sources
 
 
+def seal(copy: Path) -> None:
+    """Make the copy read-only: no write bit on any file for anyone, and no group or other write
+    bit on its directories (the owner keeps that one, so ``--update-code`` and removing the run
+    can replace it). ``shutil.copy2`` keeps the source's mode: a world-writable source file
+    stayed world-writable in the copy, and another local user's lines appended there ran as the
+    job's owner at the next start."""
+    for directory, _, names in os.walk(copy):
+        for name in names:
+            file = Path(directory) / name
+            file.chmod(file.stat().st_mode & 0o555)
+        Path(directory).chmod(Path(directory).stat().st_mode & 0o755)
+
+
 def read(run_path: Path) -> list[Source]:
-    """The snapshot of a run, or [] for a run made before snapshots existed."""
+    """The snapshot of a run, or [] for a run made before snapshots existed (or whose record
+    is damaged)."""
     try:
         data: list[dict[str, Any]] = json.loads(
-            (run_path / CODE_DIR / MANIFEST).read_text(encoding="utf-8")
+            (run_path / CODE_DIR / MANIFEST).read_bytes().decode("utf-8")
         )
-    except (OSError, json.JSONDecodeError):
+        return [Source(**item) for item in data]
+    except (OSError, ValueError, TypeError):
         return []
-    return [Source(**item) for item in data]

@@ -84,8 +84,52 @@ _DROPPED_TAGS = {
 }
 
 
+# Bounds on what one YAML document may be, so a hostile or broken file is one line, in well
+# under a second: nesting (PyYAML composes recursively: 100,000 nested "[" was a RecursionError,
+# "a bug in hpctf") and values with aliases expanded (10 levels of 9 aliases is 9**10 values in
+# 300 bytes: the key-line walk grew to 8.1 GB in 60 s). Config files are far below both.
+MAX_DEPTH = 100
+MAX_VALUES = 100_000
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 core-schema scalars and duplicate keys refused."""
+    """SafeLoader with YAML 1.2 core-schema scalars, duplicate keys refused, and nesting and
+    alias expansion bounded (:data:`MAX_DEPTH`, :data:`MAX_VALUES`)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"nested deeper than {MAX_DEPTH} levels",
+                    self.peek_event().start_mark,  # type: ignore[no-untyped-call]
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        # Refused while scanning, not only while composing: the scanner looks up to 1,024
+        # characters ahead for a simple key on every "[", which took 0.4 s of CPU before the
+        # composer's bound was reached on 100,000 nested "[".
+        if self.flow_level >= MAX_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None,
+                None,
+                f"nested deeper than {MAX_DEPTH} levels",
+                self.get_mark(),
+            )
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_document(self) -> yaml.Node | None:
+        node = super().compose_document()
+        if node is not None:
+            _check_expansion(node)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[str, int] = {}
@@ -101,6 +145,42 @@ class _Loader(yaml.SafeLoader):
                     )
                 seen[key_node.value] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """A ComposerError when ``root`` holds more than :data:`MAX_VALUES` values with every alias
+    expanded, or an alias inside its own anchor. Each node is counted once (memoized), so this
+    takes time linear in the document, whatever the aliases multiply to."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise yaml.composer.ComposerError(
+                None, None, "an alias refers to a value that holds it", node.start_mark
+            )
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        open_nodes.discard(key)
+        if total > MAX_VALUES:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"more than {MAX_VALUES:,} values once its aliases (*name) are expanded; "
+                "write the values out, or use fewer aliases",
+                node.start_mark,
+            )
+        sizes[key] = total
+        return total
+
+    size(root)
 
 
 def _yaml12_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
@@ -141,8 +221,14 @@ def parse_yaml(text: str) -> Any:
 def _key_lines(root: yaml.Node | None) -> dict[KeyPath, int]:
     """Map each key path in a composed YAML document to its 1-based line."""
     lines: dict[KeyPath, int] = {}
+    walked: set[int] = set()
 
     def walk(node: yaml.Node, path: KeyPath) -> None:
+        # An alias names a node already walked: its keys have their lines under the anchor, and
+        # walking it again per alias multiplies (origin_of falls back to the alias's own key).
+        if id(node) in walked:
+            return
+        walked.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 sub = (*path, str(key.value))

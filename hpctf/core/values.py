@@ -21,6 +21,22 @@ _TIME_RE = re.compile(
 )
 # Environment variables the batch script or the worker set themselves.
 RESERVED_ENV = frozenset({"RUN_DIR", "PYTHON", "TF_CONFIG"})
+# Names an experiment's or site's env may not set, with whose they are. The batch script
+# exports env before `hpctf job-start` and srun: a SLURM_JOB_ID there named another job in the
+# journal, BASH_ENV (ENV for sh) runs a file in every bash the job starts, SBATCH_*/SRUN_*
+# change the job's own options, CUDA_VISIBLE_DEVICES the GPUs the worker checks it was given.
+OWNED_ENV = {
+    "BASH_ENV": "bash reads it to run a file in every shell the job starts",
+    "ENV": "sh reads it to run a file in every shell the job starts",
+    "CUDA_VISIBLE_DEVICES": "Slurm and hpctf choose the GPUs (resources.gpus_per_node)",
+}
+OWNED_ENV_PREFIXES = {
+    "SLURM_": "Slurm sets it for the job",
+    "SRUN_": "srun reads it as its own options",
+    "SBATCH_": "sbatch reads it as the job's options",
+    "SALLOC_": "salloc reads it as its options",
+    "HPCTF_": "hpctf sets it",
+}
 
 
 def slurm_time_seconds(text: str) -> int:
@@ -218,14 +234,23 @@ ShellText = Annotated[str, BeforeValidator(_shell_line), AfterValidator(_check_s
 ShellLines = Annotated[list[ShellText], BeforeValidator(_one_line_list)]
 
 
+def env_owner(name: str) -> str | None:
+    """Why ``name`` belongs to Slurm, a shell or hpctf (:data:`OWNED_ENV`), or None."""
+    if name in OWNED_ENV:
+        return OWNED_ENV[name]
+    return next((why for p, why in OWNED_ENV_PREFIXES.items() if name.startswith(p)), None)
+
+
 def check_env(env: Mapping[str, str]) -> Mapping[str, str]:
     for key, value in env.items():
         if not ENV_NAME_RE.fullmatch(key):
             raise ValueError(
                 f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
             )
-        if key in RESERVED_ENV or key.startswith("HPCTF_"):
+        if key in RESERVED_ENV:
             raise ValueError(f"{key} is set by hpctf itself and cannot be given in env")
+        if owner := env_owner(key):
+            raise ValueError(f"{key} cannot be given in env: {owner}")
         if "\n" in value or "\r" in value or "\0" in value:
             raise ValueError(f"the value of {key} holds a newline or NUL byte")
     return env

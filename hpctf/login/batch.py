@@ -18,6 +18,7 @@ import click
 from hpctf.core import slurm
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import UserError
+from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import RunDir
 from hpctf.core.runstate import Budgets, after_end, before_start, run_state
 
@@ -46,6 +47,7 @@ class _GaveUp(click.ClickException):
 def job_start(run_dir: Path) -> None:
     """Record the start of a batch job in RUN_DIR; exit 1 if the run must not go on."""
     run = RunDir.open(run_dir)
+    check_not_a_copy(run)
     job_id = _job_id("job-start")
     decision = before_start(run_state(run.events()), budgets(run.load_config()))
     run.record_start(

@@ -8,6 +8,7 @@ import click
 
 from hpctf.core import slurm
 from hpctf.core.errors import UserError
+from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import job_history
 from hpctf.login.runs import Run
 from hpctf.login.slurm_view import cancelled_by_user
@@ -25,6 +26,8 @@ def cancel(run_dir: Path) -> None:
         sweep_cancel(run_dir)
         return
     run = Run.read(run_dir)
+    check_not_a_copy(run.run)  # a copy's journal names the original's jobs
+    run.run.check_journal()  # which jobs are open must come from a whole journal
     if not run.slurm:
         raise UserError(f"{run.run.path} runs on a local site: stop its launcher (Ctrl-C) instead")
     open_jobs = [

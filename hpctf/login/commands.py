@@ -10,13 +10,15 @@ import os
 import re
 import shutil
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import click
 
-from hpctf.core import slurm, snapshot
+from hpctf.core import checkpoint_files, slurm, snapshot
 from hpctf.core.config import Experiment, Site
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import (
     RunDir,
     create_run_dir,
@@ -31,7 +33,7 @@ from hpctf.core.sites import describe_site, listing, read_site, search_path
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login import scaffold
 from hpctf.login.doctor import doctor
-from hpctf.login.launch import new_run, start_run
+from hpctf.login.launch import new_run, start_run, warn_if_writable_by_others
 from hpctf.login.loader import load_config
 from hpctf.login.render import explain as explain_script
 from hpctf.login.render import render
@@ -114,6 +116,7 @@ def render_command(
         click.echo(shown, nl=False)
         return
     config = create_run_dir(run, config, script)
+    warn_if_writable_by_others(run.path)
     write_atomic(output, script)
     output.chmod(0o755)
     if explain:
@@ -227,16 +230,30 @@ def init(directory: Path, site_name: str, name: str | None, force: bool) -> None
     help="Copy the code from the experiment's python_path again (by default every start runs "
     "the copy taken at submit).",
 )
+@click.option(
+    "--from-scratch",
+    is_flag=True,
+    help="Start again from step 0: the run's checkpoints are moved aside to "
+    "checkpoints-discarded-<time>/ (nothing is deleted).",
+)
 def resubmit(
-    run_dir: Path, exclude: str | None, retry_failed_nodes: bool, update_code: bool
+    run_dir: Path,
+    exclude: str | None,
+    retry_failed_nodes: bool,
+    update_code: bool,
+    from_scratch: bool,
 ) -> None:
     """Start a new job on RUN_DIR; it resumes from the latest checkpoint. On a sweep
     directory: one new job array over the points that did not finish."""
     if is_sweep_dir(run_dir):
+        if from_scratch:
+            raise UserError("--from-scratch takes one run directory, not a sweep directory")
         options = {"--exclude": exclude, "--retry-failed-nodes": retry_failed_nodes}
         sweep_resubmit(run_dir, {**options, "--update-code": update_code})
         return
     run = RunDir.open(run_dir)
+    check_not_a_copy(run)  # a copy's script would start the original
+    run.check_journal()  # which jobs may still run must come from a whole journal
     config = run.load_config()
     if run.done.exists():
         raise UserError(f"{run.path} is complete ({run.done} exists): nothing to resume")
@@ -256,6 +273,8 @@ def resubmit(
                     f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
+    if from_scratch:
+        discard_checkpoints(run)
     if update_code:
         sources = [source.source for source in snapshot.read(run.path)]
         if not sources:
@@ -273,6 +292,23 @@ def resubmit(
         )
         exclude = ",".join([*([exclude] if exclude else []), *failed])
     sys.exit(start_run(run, config, exclude))
+
+
+def discard_checkpoints(run: RunDir) -> None:
+    """``resubmit --from-scratch``: the run's checkpoints moved aside (kept, not deleted) and
+    the move recorded, so the next start trains from step 0."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        moved = checkpoint_files.set_aside(run.checkpoints, stamp)
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot move the checkpoints of {run.path} aside: {exc.strerror or exc}"
+        ) from exc
+    if moved is None:
+        click.echo(f"from scratch: {run.checkpoints} holds no checkpoint", err=True)
+        return
+    run.record("checkpoints-discarded", moved_to=moved.name)
+    click.echo(f"from scratch: the checkpoints were moved to {moved}; step 0 next", err=True)
 
 
 COMMANDS = (

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
+from pathlib import Path
 
 import click
 
@@ -27,10 +29,36 @@ def new_run(config: ResolvedConfig) -> tuple[RunDir, ResolvedConfig, str]:
         run = plan_run_dir(config)
         script = render(config, run.path)
         try:
-            return run, create_run_dir(run, config, script), script
+            frozen = create_run_dir(run, config, script)
         except RunDirTaken:
             continue
+        warn_if_writable_by_others(run.path)
+        return run, frozen, script
     raise RunDirTaken(f"no free run directory under {plan_run_dir(config).path.parent}")
+
+
+def warn_if_writable_by_others(path: Path) -> None:
+    """Say so on stderr when ``path`` (a new run or sweep directory) is group- or
+    world-writable, as a umask of 002 makes it: whoever can write a run directory can replace
+    its script, config and code, and so runs code as the run's owner at its next start."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "world" if mode & stat.S_IWOTH else "group"
+        click.echo(
+            f"warning: {path} is {who}-writable (mode {stat.S_IMODE(mode):o}; umask "
+            f"{_umask():03o}): whoever can write it runs code as you at its next start; "
+            f"chmod go-w {path}, and set umask 022 before hpctf submit",
+            err=True,
+        )
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it
+    os.umask(mask)
+    return mask
 
 
 def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> int:

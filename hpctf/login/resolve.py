@@ -242,6 +242,14 @@ def resolve(
         except ValueError as exc:
             problems.append(((key,), str(exc)))
             continue
+        if key == "runs_root" and "%" in expanded:
+            # sbatch and srun expand %-patterns (%j, %u, %t, ...) in --output file names, which
+            # lie under it: the job's log went elsewhere and the job failed to launch.
+            problems.append(
+                ((key,), f"{expanded!r} holds '%', which sbatch reads as a file-name pattern "
+                 "(%j, %u, ...) in the job's log paths: choose a runs_root without %")
+            )  # fmt: skip
+            continue
         if key != "runs_root" and not expanded.startswith("/") and (key == "venv" or "/" in value):
             problems.append(
                 ((key,), f"{value!r} must be an absolute path (python may be a bare command name)")

@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import click
+
 from hpctf.core.config import ResolvedConfig
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir, run_dirs_under
 from hpctf.core.runstate import RunState, run_state
 
@@ -53,14 +55,16 @@ class Run:
     config: ResolvedConfig
     events: list[dict[str, Any]]
     state: RunState
+    # One line per journal entry left out as damaged (RunDir.read_journal).
+    damaged: list[str] = field(default_factory=list)
 
     @classmethod
     def read(cls, path: Path) -> Run:
         """The run at ``path``, or a UserError saying it is not one."""
         run = RunDir(path.resolve())
         config = run.load_config()
-        events = run.events()
-        return cls(run, config, events, run_state(events))
+        events, damaged = run.read_journal()
+        return cls(run, config, events, run_state(events), damaged)
 
     @property
     def name(self) -> str:
@@ -101,9 +105,19 @@ def find_runs(root: Path) -> list[Run]:
     runs = []
     for path in run_dirs_under(root):
         try:
-            runs.append(Run.read(path))
-        except UserError:
-            continue  # a damaged config.json: `hpctf status DIR` says what is wrong with it
+            run = Run.read(path)
+        except (UserError, EnvironmentProblem) as exc:
+            # One damaged run never hides the others: said in one line on stderr, left out.
+            click.echo(f"hpctf: left out: {exc}", err=True)
+            continue
+        if run.damaged:
+            click.echo(
+                f"hpctf: {run.run.path}: {len(run.damaged)} damaged journal entr"
+                f"{'y' if len(run.damaged) == 1 else 'ies'} left out, the first: "
+                f"{run.damaged[0]}",
+                err=True,
+            )
+        runs.append(run)
     return sorted(runs, key=lambda r: r.created, reverse=True)
 
 

@@ -25,7 +25,7 @@ from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir, create_run_dir, job_history, runs_root, write_atomic
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
-from hpctf.login.launch import start_run
+from hpctf.login.launch import start_run, warn_if_writable_by_others
 from hpctf.login.loader import load_config
 from hpctf.login.render import ArrayScript, render
 from hpctf.login.runs import Run
@@ -40,7 +40,7 @@ from hpctf.login.sweep import (
     plan_points,
     run_names,
 )
-from hpctf.login.sweep_dir import SweepDir, point_documents, status_text
+from hpctf.login.sweep_dir import SweepDir, claim_sweep_dir, point_documents, status_text
 
 # A stand-in run directory: every point's script, rendered for it, must be the same script.
 _SAME_SCRIPT = Path("/hpctf-sweep-point")
@@ -270,10 +270,9 @@ def sweep(
         click.echo("# dry run: nothing written, nothing submitted", err=True)
         return
     limit = array_size_limit(base, dry_run=False)[0] if slurm_site else 0
-    try:
-        (sweep_path / "logs").mkdir(parents=True)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot create {sweep_path}: {exc.strerror}") from exc
+    sweep_path = claim_sweep_dir(lambda: _sweep_path(base))  # a sweep of the same second
+    run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
+    warn_if_writable_by_others(sweep_path)
     record = SweepDir(sweep_path, {
         "name": base.experiment.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import write_atomic
 from hpctf.login.run_report import format_table, run_document
 from hpctf.login.runs import METRICS_TAIL_BYTES, Run, metric_records
@@ -53,8 +53,13 @@ class SweepDir:
                 f"{path}: not a sweep directory (no {SWEEP_FILE}); pass the directory that "
                 "`hpctf sweep` printed"
             ) from None
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:
             raise UserError(f"{file}: damaged sweep record: {exc}") from None
+        points = data.get("points") if isinstance(data, dict) else None
+        if not isinstance(points, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("run_dir"), str) for p in points
+        ):
+            raise UserError(f"{file}: damaged sweep record: no list of points with a run_dir")
         return cls(path.resolve(), data)
 
     def write(self) -> None:
@@ -181,3 +186,24 @@ def find_sweeps(root: Path) -> list[SweepDir]:
         except UserError:
             continue
     return sorted(sweeps, key=lambda s: str(s.data.get("created", "")), reverse=True)
+
+
+def claim_sweep_dir(plan: Callable[[], Path]) -> Path:
+    """Create the sweep directory ``plan()`` names (with its ``logs/``), or the next one it
+    names when another sweep of the same experiment took that name in the same second: the
+    mkdir is the claim, as for a run directory (:func:`hpctf.login.launch.new_run`)."""
+    for _ in range(100):
+        path = plan()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot create {path}: {exc.strerror}") from exc
+        try:
+            (path / "logs").mkdir()
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot create {path / 'logs'}: {exc.strerror}") from exc
+        return path
+    raise UserError(f"no free sweep directory name under {plan().parent}")
