@@ -127,6 +127,9 @@ class Session:
         """``warning_seconds``: how long before the time limit Slurm warns (None off Slurm);
         it bounds how long a warning may wait for the ranks' agreement, in seconds."""
         self.settings = settings
+        if settings.global_batch_size is None:  # the config allows that for train.script only
+            raise UserError("train.global_batch_size is required with train.entry")
+        self.global_batch_size: int = settings.global_batch_size
         self._warning_seconds = warning_seconds
         self._checkpoint_settings = checkpoint
         self.run = run
@@ -153,9 +156,9 @@ class Session:
         where = f"rank {spec.task_index} on {spec.node}"
         self._watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
         replicas = self.strategy.num_replicas_in_sync
-        if self.settings.global_batch_size % replicas:
+        if self.global_batch_size % replicas:
             raise UserError(
-                f"train.global_batch_size {self.settings.global_batch_size} is not divisible "
+                f"train.global_batch_size {self.global_batch_size} is not divisible "
                 f"by the {replicas} replicas"
             )
         log.info(
@@ -234,7 +237,7 @@ class Session:
         dataset_fn = training_input(
             source,
             plan,
-            self.settings.global_batch_size,
+            self.global_batch_size,
             self.settings.seed,
             shuffle_buffer,
             self.start_step,
@@ -248,7 +251,7 @@ class Session:
     def evaluation_dataset(self, source: DataSource) -> Any:
         """``source`` in global batches, every example once (the last batch may be smaller);
         build it once, distribute it for each evaluation."""
-        return evaluation_dataset(source, self.settings.global_batch_size)
+        return evaluation_dataset(source, self.global_batch_size)
 
     # --- the loop's hook -------------------------------------------------------------------
 
@@ -319,7 +322,7 @@ class Session:
         started, first = self._window
         rate = (step - first) / max(now - started, 1e-9)
         self._window = (now, step)
-        batch = self.settings.global_batch_size
+        batch = self.global_batch_size
         eta = _format_eta((self.total_steps - step) / rate) if self.total_steps and rate else "?"
         total = self.total_steps or "?"
         log.info(

@@ -29,6 +29,8 @@ def entry_problem(config: ResolvedConfig) -> str | None:
     the function, by parsing it.
     """
     entry = config.experiment.train.entry
+    if entry is None:
+        return None
     module, _, function = entry.partition(":")
     locations: list[str] | None = list(config.experiment.train.python_path)
     same_python = not (config.site.python or config.site.venv)
