@@ -109,14 +109,16 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     os.environ.update(environment)
     os.chdir(run.path)
     sys.path.insert(0, str(Path(settings.script).parent))  # as `python script.py` does
-    log.info("running %s %s in %s", settings.script, " ".join(settings.script_args), run.path)
+    log.info("running %s in %s", " ".join([settings.script, *settings.script_args]), run.path)
     sys.stdout.flush()
     status = exit_status(call_script(settings.script, settings.script_args))
     sys.stdout.flush()
     sys.stderr.flush()
     if status == 0:
         if spec.is_chief and not run.done.exists():
-            write_atomic(run.done, json.dumps({"step": None, "script": settings.script}) + "\n")
+            # The step of hpctf.keras.callbacks()'s last checkpoint; None for a plain script.
+            step = run.checkpoint_step() or None
+            write_atomic(run.done, json.dumps({"step": step, "script": settings.script}) + "\n")
         log.info("script finished%s", f": {run.done}" if spec.is_chief else "")
     elif status == PREEMPTED_EXIT:
         _record_preempted(run, spec)

@@ -34,7 +34,7 @@ from hpctf.compute.checkpoints import Checkpointer
 from hpctf.compute.chief_records import ChiefRecords
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.data import cardinality, evaluation_dataset, plan_shards, training_input
-from hpctf.compute.preemption import Preempted, PreemptionWatch, check_interval
+from hpctf.compute.preemption import Preempted, PreemptionWatch, check_interval, make_gather
 from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
 from hpctf.core.config import Checkpoint, Train
@@ -168,7 +168,7 @@ class Session:
             policy or "off",
             "on" if self.settings.jit_compile else "off",
         )
-        self._gather = _make_gather(self.strategy)
+        self._gather = make_gather(self.strategy)
         self._preemption = PreemptionWatch(self._gather)
         self._next_check = settings.preemption_check_every_steps
         self._last_check = (time.perf_counter(), 0)
@@ -360,14 +360,3 @@ class Session:
             write_atomic(self.run.done, json.dumps({"step": step, "eval": results or {}}) + "\n")
             log.info("training complete: %s", self.run.done)
         sys.stdout.flush()
-
-
-def _make_gather(strategy: Any) -> Any:
-    """A collective that returns every replica's integer, on every rank, as a list."""
-
-    @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
-    def gather(value: Any) -> Any:
-        per_replica = strategy.run(lambda: tf.reshape(value, [1]))
-        return strategy.gather(per_replica, axis=0)
-
-    return lambda value: [int(v) for v in gather(tf.constant(value, tf.int64)).numpy()]
