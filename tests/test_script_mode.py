@@ -193,3 +193,13 @@ def test_a_script_runs_as_main_on_every_local_task(tmp_path: Path, runs_root: Pa
     logs = "".join(p.read_text() for p in sorted((run_path / "logs").iterdir()))
     assert logs.count("argv ['a', 'b c'] name __main__ cwd " + str(run_path)) == 2, logs
     assert [e["event"] for e in RunDir(run_path).events()][-1] == "ended"
+
+
+def test_copy_of_maps_a_source_file_into_its_copy_and_keeps_a_copy() -> None:
+    from hpctf.core.snapshot import Source, copy_of
+
+    sources = [Source("/src/a", "/run/code/0-a", 1, 1), Source("/src", "/run/code/1-src", 2, 2)]
+    assert copy_of("/src/a/train.py", sources) == "/run/code/0-a/train.py"
+    assert copy_of("/src/b/train.py", sources) == "/run/code/1-src/b/train.py"
+    # resubmit --update-code: the frozen path is already a copy, whose name a new copy keeps
+    assert copy_of("/run/code/0-a/train.py", sources) == "/run/code/0-a/train.py"
