@@ -32,7 +32,7 @@ from hpctf.compute.preemption import Preempted, PreemptionWatch, check_interval,
 from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
 from hpctf.core.config import ResolvedConfig
-from hpctf.core.errors import PREEMPTED_EXIT
+from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -92,6 +92,12 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
     # --- fit's hooks ---------------------------------------------------------------------
 
     def on_train_begin(self, logs: Any = None) -> None:
+        self._steps_per_epoch = int(self.params.get("steps") or 0)
+        if not self._steps_per_epoch:
+            raise UserError(
+                "hpctf.keras.callbacks() needs the steps of an epoch: give fit steps_per_epoch=N, "
+                "or a dataset whose size TensorFlow knows"
+            )
         model = self.model
         strategy = model.distribute_strategy
         gather = make_gather(strategy)
@@ -100,7 +106,6 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         timeout = self._settings.stall_timeout_seconds
         where = f"rank {self._spec.task_index} on {self._spec.node}"
         self._watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
-        self._steps_per_epoch = int(self.params.get("steps") or 0)
         epochs = int(self.params.get("epochs") or 0)
         self._total = self._steps_per_epoch * epochs or None
         self._step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -142,6 +147,9 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             saved = True
         if step >= self._next_check or step == self._total:
             self._check_preemption(step, saved)
+
+    def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._beat("evaluation batch")  # fit's validation between epochs
 
     def on_train_end(self, logs: Any = None) -> None:
         if self._watchdog is not None:
