@@ -99,6 +99,13 @@ def test_a_py_file_is_an_experiment_made_on_the_fly(
     assert not runs_root.exists()
 
 
+def test_a_py_file_without_a_site_asks_for_site(tmp_path: Path, runs_root: Path) -> None:
+    script = write(tmp_path / "train.py", SCRIPT)
+    result = CliRunner().invoke(cli, ["validate", str(script)])
+    assert result.exit_code == 2
+    assert f"{script}: site: no site given; pass --site, one of: " in result.output
+
+
 def test_the_frozen_config_runs_the_snapshot_copy(tmp_path: Path, runs_root: Path) -> None:
     experiment = _experiment(tmp_path, "  script: train.py\n")
     output = tmp_path / "job.sbatch"

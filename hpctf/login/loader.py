@@ -130,8 +130,9 @@ def load_config(
             except UserError as exc:
                 problems.append(str(exc))
     elif experiment is not None:
+        where = "pass --site" if experiment_file.suffix == ".py" else "add `site:` or pass --site"
         problems.append(
-            f"{experiment_file}: site: no site given; add `site:` or pass --site, one of: "
+            f"{experiment_file}: site: no site given; {where}, one of: "
             f"{', '.join(sorted(available(env)))}"
         )
     if problems or experiment is None or site is None:
