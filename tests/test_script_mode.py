@@ -210,3 +210,15 @@ def test_copy_of_maps_a_source_file_into_its_copy_and_keeps_a_copy() -> None:
     assert copy_of("/src/b/train.py", sources) == "/run/code/1-src/b/train.py"
     # resubmit --update-code: the frozen path is already a copy, whose name a new copy keeps
     assert copy_of("/run/code/0-a/train.py", sources) == "/run/code/0-a/train.py"
+
+
+def test_keras_2_without_tf_keras_is_one_line_before_the_script() -> None:
+    from hpctf.compute.script import check_keras
+    from hpctf.core.config import Train
+    from hpctf.core.errors import UserError
+
+    settings = Train(script="fit.py", keras=2)
+    check_keras(settings, lambda name: object())
+    with pytest.raises(UserError, match=r"train.keras: 2 needs tf_keras, which .* install hpctf"):
+        check_keras(settings, lambda name: None)
+    check_keras(Train(script="fit.py"), lambda name: None)  # Keras 3 needs no tf_keras

@@ -26,13 +26,14 @@ epoch from a hung collective); ``hpctf.keras.callbacks()`` starts one that its s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import runpy
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpctf.compute.cluster import ClusterSpec
@@ -45,6 +46,7 @@ from hpctf.core.errors import (
     PREEMPTED_EXIT,
     STALLED_EXIT,
     USER_ERROR_EXIT,
+    UserError,
 )
 from hpctf.core.rundir import RunDir, write_atomic
 
@@ -59,6 +61,16 @@ def keras_environment(settings: Train) -> dict[str, str]:
     """What selects the Keras of ``train.keras``; set before TensorFlow is imported (TF reads
     TF_USE_LEGACY_KERAS once, at import)."""
     return {"TF_USE_LEGACY_KERAS": "1"} if settings.keras == 2 else {}
+
+
+def check_keras(settings: Train, find: Callable[[str], object] = importlib.util.find_spec) -> None:
+    """A UserError, before the script starts, when ``train.keras: 2`` has no tf_keras to load
+    (TensorFlow would fail at the script's first ``tf.keras``, after the strategy started)."""
+    if settings.keras == 2 and find("tf_keras") is None:
+        raise UserError(
+            f"train.keras: 2 needs tf_keras, which {sys.executable} cannot import: install "
+            "hpctf[keras2] there (hpctf[gpu,keras2] on GPU nodes)"
+        )
 
 
 def script_environment(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> dict[str, str]:
@@ -104,6 +116,7 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     settings = config.experiment.train
     if settings.script is None:
         raise ValueError("run_script needs train.script")  # runtime calls it only then
+    check_keras(settings)
     environment = script_environment(config, run, spec)
     os.makedirs(environment["HPCTF_CHECKPOINT_DIR"], exist_ok=True)
     os.environ.update(environment)
