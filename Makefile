@@ -12,6 +12,12 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[tf,examples,dev]'
+	# tf_keras for the keras_fit example's tests, of the installed TensorFlow's minor version and
+	# without the `tensorflow` it requires: the tensorflow-cpu above provides the same module.
+	# Users install hpctf[keras2] instead (README, "Bring your own script").
+	$(BIN)/python -m pip install --quiet --no-deps "tf_keras==$$($(BIN)/python -c \
+	  'import importlib.metadata as m; d = m.packages_distributions()["tensorflow"][0]; \
+	  print(m.version(d).rsplit(".", 1)[0])').*"
 	touch $@
 
 demo: $(BIN)/.installed

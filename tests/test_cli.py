@@ -118,7 +118,7 @@ BAD_CASES = [
         "missing entry",
         experiment_text(train__entry=DELETE),
         [],
-        "train.entry: required key is missing",
+        "train: give exactly one of train.entry (module:function) or train.script",
     ),
     (
         "entry not module:function",

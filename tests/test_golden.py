@@ -66,7 +66,14 @@ def check(name: str, text: str) -> None:
 
 def test_examples_are_all_covered(tmp_path: Path) -> None:
     """Spelled out, not globbed: a new site or example must get goldens on purpose."""
-    assert sorted(examples(tmp_path)) == ["custom_loop", "digits", "full", "init", "tfrecords"]
+    assert sorted(examples(tmp_path)) == [
+        "custom_loop",
+        "digits",
+        "full",
+        "init",
+        "keras_fit",
+        "tfrecords",
+    ]
     assert SITES == ["ib-8gpu", "ib-apptainer", "ib-pyxis", "ib-suffix", "local", "local-slurm"]
 
 

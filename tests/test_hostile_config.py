@@ -24,11 +24,17 @@ def alias_bomb(levels: int = 10, aliases: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The peak is Python's own allocations (tracemalloc), not ru_maxrss: Linux keeps ru_maxrss
+# across execve (getrusage(2)), so a child of a pytest process that has imported TensorFlow
+# reports the parent's ~590 MB. An address-space limit ends a regression quickly instead of
+# letting it take the machine's memory.
 MEASURE = """
-import resource, sys, time
+import resource, sys, time, tracemalloc
 from pathlib import Path
 from hpctf.core.errors import UserError
 from hpctf.core.sources import load_yaml
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+tracemalloc.start()
 began = time.perf_counter()
 try:
     load_yaml(Path(sys.argv[1]))
@@ -36,7 +42,7 @@ try:
 except UserError as exc:
     said = str(exc)
 print(time.perf_counter() - began)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+print(tracemalloc.get_traced_memory()[1] >> 20)
 print(said)
 """
 

@@ -162,3 +162,40 @@ def test_job_end_records_the_nodes_that_failed_a_check(tmp_path: Path) -> None:
     run.record_end("41", 0, "USR2")
     assert "node_checks_failed" not in events(run, "ended")[-1]
     assert json.loads(run.config_file.read_text())["experiment"]["train"]["preflight"] == "quick"
+
+
+def test_two_tensorflow_packages_fail_the_node_before_the_import(tmp_path: Path) -> None:
+    """`pip install tf_keras` beside tensorflow-cpu leaves a second distribution of the
+    `tensorflow` module (here its dist-info alone, on PYTHONPATH): the worker's quick preflight
+    (and doctor's, the same check) fails the node naming both and the fix."""
+    run = make_run(tmp_path)
+    info = tmp_path / "site" / "tensorflow_intel-2.21.0.dist-info"
+    write(info / "METADATA", "Metadata-Version: 2.1\nName: tensorflow-intel\nVersion: 2.21.0\n")
+    write(info / "top_level.txt", "tensorflow\n")
+    env = {**task_env(), "PYTHONPATH": str(tmp_path / "site")}
+    proc = subprocess.run(
+        [*HPCTF, "worker", str(run.path)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == NODE_CHECK_EXIT, proc.stdout + proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if "node check failed" in x]
+    assert "tensorflow: 2 TensorFlow packages are installed for" in line, line
+    both = sorted([_installed_tensorflow(), "tensorflow-intel"])
+    assert f": {', '.join(both)}; they overwrite each other's files" in line, line
+    assert f"-m pip uninstall -y {' '.join(both)}, then install one" in line, line
+    assert [e["check"] for e in events(run, EVENT)] == ["tensorflow"]
+
+
+def _installed_tensorflow() -> str:
+    import importlib.metadata
+
+    (name,) = importlib.metadata.packages_distributions()["tensorflow"]
+    return name.replace("_", "-").lower()
+
+
+def test_one_tensorflow_package_passes() -> None:
+    from hpctf.compute.node_checks import tensorflow_packages_check
+
+    assert tensorflow_packages_check(["tensorflow-cpu"], "python") is None
+    assert tensorflow_packages_check([], "python") is None
+    two = tensorflow_packages_check(["tensorflow", "tensorflow-cpu"], "/v/bin/python")
+    assert two is not None and two.status == "fail" and "/v/bin/python -m pip" in two.fix

@@ -67,7 +67,7 @@ def test_rendered_script_passes_bash_n_and_shellcheck(
 def test_sites_and_examples_are_all_covered(examples: dict[str, Path]) -> None:
     """Spelled out, not globbed: a new site or example must be checked here on purpose."""
     assert SITES == ["ib-8gpu", "ib-apptainer", "ib-pyxis", "ib-suffix", "local", "local-slurm"]
-    assert sorted(examples) == ["custom_loop", "digits", "full", "init", "tfrecords"]
+    assert sorted(examples) == ["custom_loop", "digits", "full", "init", "keras_fit", "tfrecords"]
 
 
 def cluster_site(site: str, directory: Path) -> str:

@@ -253,8 +253,28 @@ def read_infiniband(root: Path = IB_ROOT) -> list[IbPort] | None:
     return ports
 
 
+def tensorflow_packages_check(packages: Sequence[str], python: str) -> Check | None:
+    """A failed check when more than one distribution provides the ``tensorflow`` module
+    (``tensorflow`` and ``tensorflow-cpu`` after ``pip install tf_keras`` beside
+    ``tensorflow-cpu``): they install the same files over each other, and which one's files
+    are on disk depends on the order they were installed in. None when there is one or none."""
+    if len(packages) < 2:
+        return None
+    return Check(
+        "tensorflow",
+        "fail",
+        f"{len(packages)} TensorFlow packages are installed for {python}: "
+        f"{', '.join(packages)}; they overwrite each other's files",
+        f"{python} -m pip uninstall -y {' '.join(packages)}, then install one: "
+        "pip install 'hpctf[tf]' (or hpctf[gpu]; add keras2 for tf_keras)",
+    )
+
+
 def tensorflow_check(grant: Grant) -> tuple[Check, dict[str, Any]]:
     """Import TensorFlow and judge it against ``grant``; the facts for the version check."""
+    duplicate = tensorflow_packages_check(_tensorflow_packages(), sys.executable)
+    if duplicate is not None:  # before the import: which files it loads is chance
+        return duplicate, {}
     try:
         import tensorflow as tf
     except Exception as exc:  # ImportError, or a broken installation failing its own way

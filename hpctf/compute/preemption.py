@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
+from typing import Any
 
 from hpctf.core.errors import PREEMPTED_EXIT
 
@@ -38,6 +39,19 @@ def install_early_handlers() -> None:
 def early_signal() -> int:
     """The warning received before the session took over, or 0."""
     return _received
+
+
+def make_gather(strategy: Any) -> Callable[[int], list[int]]:
+    """A collective over ``strategy`` that returns every replica's integer, on every rank, as a
+    list (what :class:`PreemptionWatch` and the checkpoint agreement run on)."""
+    import tensorflow as tf  # only the worker gets here; this module is imported before TF
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
+    def gather(value: Any) -> Any:
+        per_replica = strategy.run(lambda: tf.reshape(value, [1]))
+        return strategy.gather(per_replica, axis=0)
+
+    return lambda value: [int(v) for v in gather(tf.constant(value, tf.int64)).numpy()]
 
 
 class Preempted(SystemExit):

@@ -22,6 +22,7 @@ from hpctf.compute.cluster import ClusterSpec, cluster_spec
 from hpctf.compute.gpus import granted_gpus
 from hpctf.compute.node_checks import check_port_free, check_tensorflow_gpus
 from hpctf.compute.preemption import install_early_handlers
+from hpctf.compute.script import keras_environment, run_script
 from hpctf.core.errors import UserError
 from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import RunDir
@@ -99,6 +100,7 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     if run.done.exists():
         log.info("run already complete (%s exists); nothing to do", run.done)
         return 0
+    os.environ.update(keras_environment(config.experiment.train))  # before TF is imported
     quick = config.experiment.train.preflight == "quick"
     if quick:
         if (failed := quick_preflight.check_node(run, spec, env)) is not None:
@@ -122,6 +124,8 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     elif (failed := quick_preflight.check_tensorflow(run, spec, grant)) is not None:
         return failed
 
+    if config.experiment.train.script is not None:
+        return run_script(config, run, spec)
     from hpctf.compute import training  # TensorFlow is imported here and nowhere on the login path.
 
     return training.train(config, run, spec)

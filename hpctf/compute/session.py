@@ -34,7 +34,7 @@ from hpctf.compute.checkpoints import Checkpointer
 from hpctf.compute.chief_records import ChiefRecords
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.data import cardinality, evaluation_dataset, plan_shards, training_input
-from hpctf.compute.preemption import Preempted, PreemptionWatch, check_interval
+from hpctf.compute.preemption import Preempted, PreemptionWatch, check_interval, make_gather
 from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
 from hpctf.core.config import Checkpoint, Train
@@ -127,6 +127,9 @@ class Session:
         """``warning_seconds``: how long before the time limit Slurm warns (None off Slurm);
         it bounds how long a warning may wait for the ranks' agreement, in seconds."""
         self.settings = settings
+        if settings.global_batch_size is None:  # the config allows that for train.script only
+            raise UserError("train.global_batch_size is required with train.entry")
+        self.global_batch_size: int = settings.global_batch_size
         self._warning_seconds = warning_seconds
         self._checkpoint_settings = checkpoint
         self.run = run
@@ -153,9 +156,9 @@ class Session:
         where = f"rank {spec.task_index} on {spec.node}"
         self._watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
         replicas = self.strategy.num_replicas_in_sync
-        if self.settings.global_batch_size % replicas:
+        if self.global_batch_size % replicas:
             raise UserError(
-                f"train.global_batch_size {self.settings.global_batch_size} is not divisible "
+                f"train.global_batch_size {self.global_batch_size} is not divisible "
                 f"by the {replicas} replicas"
             )
         log.info(
@@ -165,7 +168,7 @@ class Session:
             policy or "off",
             "on" if self.settings.jit_compile else "off",
         )
-        self._gather = _make_gather(self.strategy)
+        self._gather = make_gather(self.strategy)
         self._preemption = PreemptionWatch(self._gather)
         self._next_check = settings.preemption_check_every_steps
         self._last_check = (time.perf_counter(), 0)
@@ -239,7 +242,7 @@ class Session:
         dataset_fn = training_input(
             source,
             plan,
-            self.settings.global_batch_size,
+            self.global_batch_size,
             self.settings.seed,
             shuffle_buffer,
             self.start_step,
@@ -253,7 +256,7 @@ class Session:
     def evaluation_dataset(self, source: DataSource) -> Any:
         """``source`` in global batches, every example once (the last batch may be smaller);
         build it once, distribute it for each evaluation."""
-        return evaluation_dataset(source, self.settings.global_batch_size)
+        return evaluation_dataset(source, self.global_batch_size)
 
     # --- the loop's hook -------------------------------------------------------------------
 
@@ -324,7 +327,7 @@ class Session:
         started, first = self._window
         rate = (step - first) / max(now - started, 1e-9)
         self._window = (now, step)
-        batch = self.settings.global_batch_size
+        batch = self.global_batch_size
         eta = _format_eta((self.total_steps - step) / rate) if self.total_steps and rate else "?"
         total = self.total_steps or "?"
         log.info(
@@ -362,14 +365,3 @@ class Session:
             write_atomic(self.run.done, json.dumps({"step": step, "eval": results or {}}) + "\n")
             log.info("training complete: %s", self.run.done)
         sys.stdout.flush()
-
-
-def _make_gather(strategy: Any) -> Any:
-    """A collective that returns every replica's integer, on every rank, as a list."""
-
-    @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
-    def gather(value: Any) -> Any:
-        per_replica = strategy.run(lambda: tf.reshape(value, [1]))
-        return strategy.gather(per_replica, axis=0)
-
-    return lambda value: [int(v) for v in gather(tf.constant(value, tf.int64)).numpy()]

@@ -33,8 +33,10 @@ from hpctf.core.rundir import RunDir
 log = logging.getLogger("hpctf.worker")
 
 
-def load_entry(entry: str) -> Callable[..., Any]:
+def load_entry(entry: str | None) -> Callable[..., Any]:
     """Import ``module:function``."""
+    if entry is None:
+        raise UserError("train.entry is not set")
     module_name, _, function_name = entry.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -81,7 +83,7 @@ def total_steps(session: Session, task: Task) -> int:
             "train.epochs needs a training set of known size (a finite dataset, or "
             "hpctf.Files(..., examples=N)); or give train.steps"
         )
-    per_epoch = examples // settings.global_batch_size
+    per_epoch = examples // session.global_batch_size
     if per_epoch == 0:
         raise UserError(
             f"train.global_batch_size {settings.global_batch_size} exceeds the {examples} "
@@ -175,7 +177,7 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         log.info("%s", rescale())
     total = session.total_steps = total_steps(session, task)
     iterator = session.distribute(task.train_data, task.shuffle_buffer)
-    train_step = make_train_step(strategy, task, settings.global_batch_size, settings.jit_compile)
+    train_step = make_train_step(strategy, task, session.global_batch_size, settings.jit_compile)
     evaluator = Evaluator(session, task.eval_data, task) if task.eval_data is not None else None
 
     def evaluate(step: int) -> dict[str, float]:

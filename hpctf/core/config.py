@@ -23,7 +23,6 @@ from hpctf.core.container import Container
 from hpctf.core.hostnames import check_hostname_template
 from hpctf.core.sbatch_options import normalize_sbatch_option
 from hpctf.core.values import (
-    ENTRY_RE,
     Constraint,
     Dependency,
     EnvValue,
@@ -86,13 +85,33 @@ SITE_RESOURCE_KEYS = tuple(k for k in Resources.model_fields if k not in {"nodes
 
 
 class Train(_Strict):
-    """What to train and for how long."""
+    """What to train and for how long: an ``entry`` (hpctf's loop) or a ``script`` (the user's).
 
-    entry: str = Field(pattern=ENTRY_RE, description="module:function returning hpctf.Task")
+    With ``script`` the batch size, the steps and the checkpoints are the script's business;
+    with ``entry`` ``global_batch_size`` and one of ``steps``/``epochs`` are required.
+    """
+
+    entry: str | None = Field(
+        None, description="module:function returning hpctf.Task; or give script"
+    )
+    script: str | None = Field(
+        None,
+        description="a Python script every task runs as __main__ (its own strategy, model.fit "
+        "...), relative to the experiment file; or give entry",
+    )
+    script_args: list[str] = Field(
+        default_factory=list, description="the script's command-line arguments (sys.argv[1:])"
+    )
+    keras: Literal[2, 3] = Field(
+        3,
+        description="3: Keras 3; 2: tf_keras (TF_USE_LEGACY_KERAS=1, set before TensorFlow is "
+        "imported), whose model.fit works under MultiWorkerMirroredStrategy; script only; "
+        "install hpctf[keras2]",
+    )
     args: dict[str, Any] = Field(default_factory=dict)
     steps: int | None = Field(None, ge=1)
     epochs: int | None = Field(None, ge=1)
-    global_batch_size: int = Field(ge=1)
+    global_batch_size: int | None = Field(None, ge=1, description="required with entry")
     log_every_steps: int = Field(10, ge=1)
     seed: int = 0
     python_path: list[str] = Field(
@@ -149,8 +168,31 @@ class Train(_Strict):
 
     _entry = field_validator("entry", mode="before")(check_entry)
 
+    @field_validator("script")
+    @classmethod
+    def _python_file(cls, value: str | None) -> str | None:
+        if value is not None and not value.endswith(".py"):
+            raise ValueError(f"{value!r} is not a .py file (hpctf copies .py files into the run)")
+        return value
+
     @model_validator(mode="after")
-    def _steps_or_epochs(self) -> Train:
+    def _entry_or_script(self) -> Train:
+        if (self.entry is None) == (self.script is None):
+            raise ValueError("give exactly one of train.entry (module:function) or train.script")
+        if self.script is not None:
+            given = [
+                k for k in ("steps", "epochs", "global_batch_size", "args") if getattr(self, k)
+            ]
+            if given or self.loop != "builtin":
+                keys = ", ".join(f"train.{k}" for k in given or ["loop"])
+                raise ValueError(
+                    f"{keys} is for train.entry; a train.script sets its own (use script_args)"
+                )
+            return self
+        if self.keras != 3:
+            raise ValueError("train.keras: 2 is for train.script; hpctf's loop runs Keras 3")
+        if self.global_batch_size is None:
+            raise ValueError("train.global_batch_size is required with train.entry")
         if (self.steps is None) == (self.epochs is None):
             raise ValueError("give exactly one of train.steps or train.epochs")
         return self

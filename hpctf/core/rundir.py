@@ -298,7 +298,10 @@ def with_snapshot(
         run.path,
         runs_root(config),
     )
-    train = config.experiment.train.model_copy(update={"python_path": [s.copy for s in copied]})
+    update: dict[str, Any] = {"python_path": [s.copy for s in copied]}
+    if config.experiment.train.script is not None:
+        update["script"] = snapshot.copy_of(config.experiment.train.script, copied)
+    train = config.experiment.train.model_copy(update=update)
     frozen = config.model_copy(
         update={"experiment": config.experiment.model_copy(update={"train": train})}
     )

@@ -206,3 +206,15 @@ def read(run_path: Path) -> list[Source]:
         return [Source(**item) for item in data]
     except (OSError, ValueError, TypeError):
         return []
+
+
+def copy_of(path: str, sources: list[Source]) -> str:
+    """Where file ``path`` (absolute, inside one of the copied directories, or already inside
+    a copy) lies in the snapshot ``sources``; ``path`` itself when no source holds it."""
+    target = Path(path)
+    for source in sources:
+        if target.is_relative_to(source.copy):
+            return path  # a resubmit --update-code: copies keep their names
+        if target.is_relative_to(source.source):
+            return str(Path(source.copy) / target.relative_to(source.source))
+    return path

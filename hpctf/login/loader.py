@@ -36,6 +36,8 @@ def _entry_source(config: ResolvedConfig) -> tuple[str | None, ast.Module | None
     the function, by parsing it.
     """
     entry = config.experiment.train.entry
+    if entry is None:  # train.script: the script's own file is checked where it is resolved
+        return None, None
     module, _, function = entry.partition(":")
     locations: list[str] | None = list(config.experiment.train.python_path)
     same_python = not (config.site.python or config.site.venv)
@@ -68,7 +70,7 @@ def args_problems(config: ResolvedConfig, tree: ast.Module) -> list[tuple[KeyPat
     when the entry is not a plain ``def`` (a class, a decorated or reassigned function) or takes
     ``**kwargs``. With ``train.loop: custom`` the first parameter is the session."""
     settings = config.experiment.train
-    name = settings.entry.partition(":")[2]
+    name = (settings.entry or "").partition(":")[2]
     defined = [
         node
         for node in tree.body
@@ -195,8 +197,9 @@ def load_config(
             except UserError as exc:
                 problems.append(str(exc))
     elif experiment is not None:
+        where = "pass --site" if experiment_file.suffix == ".py" else "add `site:` or pass --site"
         problems.append(
-            f"{experiment_file}: site: no site given; add `site:` or pass --site, one of: "
+            f"{experiment_file}: site: no site given; {where}, one of: "
             f"{', '.join(sorted(available(env)))}"
         )
     if problems or experiment is None or site is None:

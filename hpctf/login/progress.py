@@ -48,6 +48,8 @@ def progress(
     last = losses[-1] if losses else {}
     step = max((int(r["step"]) for r in records), default=None)
     total = run.config.experiment.train.steps
+    if total is None:  # a train.script's fit: hpctf.keras.callbacks() records the total
+        total = next((int(r["total_steps"]) for r in reversed(records) if "total_steps" in r), None)
     if run.run.done.exists():
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             step = int(json.loads(run.run.done.read_text(encoding="utf-8"))["step"])

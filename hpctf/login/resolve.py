@@ -25,9 +25,23 @@ from hpctf.core.validation import apply_overrides, validate_model
 from hpctf.core.values import slurm_time_seconds
 
 
+def script_experiment(script: Path) -> dict[str, Any]:
+    """The experiment ``hpctf submit train.py`` makes on the fly: named after the script, which
+    it runs (``train.script``); resources and site from the site file, ``--site`` and ``--set``.
+    """
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", script.stem).lstrip("-_.")[:64] or "script"
+    return {"name": name, "train": {"script": script.name}}
+
+
 def read_experiment(path: Path, overrides: Iterable[str] = ()) -> tuple[Experiment, Origins]:
-    """Load, override and validate one experiment file; also say where each value came from."""
-    data, lines = load_yaml(path)
+    """Load, override and validate one experiment file (a ``.py`` file: the experiment that
+    runs it, :func:`script_experiment`); also say where each value came from."""
+    if path.suffix == ".py":
+        if not path.is_file():
+            raise UserError(f"{path}: no such file")
+        data, lines = script_experiment(path), dict[KeyPath, int]()
+    else:
+        data, lines = load_yaml(path)
     origins = file_origins("experiment", path, lines)
     data = apply_overrides(data, overrides, Experiment, origins)
     return validate_model(Experiment, data, origins, str(path)), origins
@@ -136,6 +150,7 @@ def _other_origins(
         ("site",): site_choice,
         ("train", "entry"): from_experiment("train", "entry"),
         ("train", "args"): from_experiment("train", "args"),
+        ("train", "script"): from_experiment("train", "script"),
     }
     for name in experiment.train.args:
         out[("train", "args", name)] = from_experiment("train", "args", name)
@@ -205,6 +220,19 @@ def resource_conflicts(resources: Resources, site: Site) -> list[tuple[KeyPath, 
     return problems
 
 
+def check_script(script: Path, python_path: list[str]) -> str | None:
+    """Why ``train.script`` (absolute) cannot run from the run's code snapshot, or None: it
+    must be a file inside one of the ``python_path`` directories, which are what is copied."""
+    if not script.is_file():
+        return f"{script} is not a file"
+    if not any(script.is_relative_to(directory) for directory in python_path):
+        return (
+            f"{script} is outside train.python_path ({', '.join(python_path)}), so it would "
+            "not be in the run's copy of the code; add its directory to python_path"
+        )
+    return None
+
+
 def resolve(
     experiment_file: Path,
     experiment: Experiment,
@@ -223,14 +251,21 @@ def resolve(
     """
     env = os.environ if env is None else env
     base = experiment_file.resolve().parent
-    train = experiment.train.model_copy(
-        update={"python_path": [str((base / p).resolve()) for p in experiment.train.python_path]}
-    )
+    python_path = [str((base / p).resolve()) for p in experiment.train.python_path]
+    train_update: dict[str, Any] = {"python_path": python_path}
+    script_problem = None
+    if experiment.train.script is not None:
+        script = (base / experiment.train.script).resolve()
+        train_update["script"] = str(script)
+        script_problem = check_script(script, python_path)
+    train = experiment.train.model_copy(update=train_update)
     resources, origins = merge_resources(
         experiment.resources, site, experiment_origins, site_origins
     )
     origins.update(_other_origins(experiment, experiment_origins, site, site_origins, site_choice))
     problems = resource_conflicts(resources, site)
+    if script_problem:
+        problems.append((("train", "script"), script_problem))
     experiment = experiment.model_copy(update={"train": train, "resources": resources})
     site_update: dict[str, Any] = {}
     for key in ("runs_root", "venv", "python"):

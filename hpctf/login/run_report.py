@@ -146,6 +146,9 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
         f"after failures {fail[0]}/{fail[1]}"
     )
     lines.extend(f"code: {source.describe()}" for source in snapshot.read(run.run.path))
+    script = run.config.experiment.train.script
+    if script is not None:
+        lines.append(f"script: {script_text(script, document, run.run.checkpoint_step())}")
     if run.slurm and document["job"]:
         lines.append(f"slurm: job {document['job']} {slurm_text(document['slurm'])}")
     total = document["total_steps"] or "?"
@@ -186,6 +189,17 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     done = run.run.done.read_text().strip() if run.run.done.exists() else "no"
     lines.append(f"done: {done}")
     return "\n".join(lines) + "\n"
+
+
+def script_text(script: str, document: Mapping[str, Any], checkpoint_step: int) -> str:
+    """A ``train.script`` run's script, and whether hpctf can resume it mid-run: only through
+    ``hpctf.keras.callbacks()``, seen by its checkpoints or the total it records."""
+    if checkpoint_step or document.get("total_steps"):
+        return f"{script} (hpctf.keras.callbacks(): resumes from its newest checkpoint)"
+    return (
+        f"{script} (no hpctf.keras.callbacks() seen: hpctf cannot resume it mid-run; a requeue "
+        "starts it again, from its own checkpoints if it keeps any)"
+    )
 
 
 def _final(state: Mapping[str, str]) -> bool:

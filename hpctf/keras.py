@@ -1,0 +1,36 @@
+"""``model.fit(..., callbacks=hpctf.keras.callbacks())``: a ``train.script`` fit script gets what
+hpctf's own loop has (:mod:`hpctf.compute.fit`): resume at the exact step, a checkpoint every
+``checkpoint.every_steps``, a warned preemption saved at one agreed step then exit 75, progress
+lines and metrics.jsonl, and the stall watchdog fed by every batch.
+
+Importable anywhere: TensorFlow is imported only when :func:`callbacks` is called under hpctf.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import RunDir
+
+
+def callbacks() -> list[Any]:
+    """The callbacks for ``model.fit`` on this task of the run; ``[]`` outside hpctf (no
+    ``HPCTF_RUN_DIR``), so the same script still runs on its own with ``python train.py``."""
+    run_dir = os.environ.get("HPCTF_RUN_DIR")
+    if not run_dir:
+        return []
+    if os.environ.get("TF_USE_LEGACY_KERAS") != "1":
+        raise UserError(
+            "hpctf.keras.callbacks() needs train.keras: 2 (tf_keras, whose fit resumes at a "
+            "step and works under MultiWorkerMirroredStrategy); install hpctf[keras2]"
+        )
+    from hpctf.compute.cluster import cluster_spec
+    from hpctf.compute.fit import FitCallback  # TensorFlow is imported here
+
+    run = RunDir(Path(run_dir))
+    config = run.load_config()
+    spec = cluster_spec(os.environ, config.site.port_range, config.site.hostname_template)
+    return [FitCallback(config, run, spec)]
