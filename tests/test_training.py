@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from hpctf.core.errors import STALLED_EXIT
+from hpctf.core.rundir import RunDir
+from hpctf.core.runstate import Start, run_state
 from hpctf.login.local import task_environment
 from tests.conftest import (
     DIGITS,
@@ -76,13 +79,20 @@ def test_resumed_run_matches_uninterrupted_run_step_by_step(
     while not checkpoint_steps(run_dir):
         assert time.monotonic() < deadline and launcher.poll() is None, "no checkpoint"
         time.sleep(0.05)
+    # SIGTERM to the local launcher is a preemption warning: an agreed step is saved.
     launcher.send_signal(signal.SIGTERM)
-    assert launcher.wait(timeout=60) != 0
+    assert launcher.wait(timeout=60) == 75
     saved = checkpoint_steps(run_dir)[-1]
     assert saved < 120 and not (run_dir / "DONE").exists()
+    assert run_state(RunDir(run_dir).events()).last == Start(
+        str(launcher.pid), 0, "preempted", 75, saved, nodes=socket.gethostname()
+    )
 
     log = resubmit(run_dir)
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    logged = [record["step"] for record in records if "loss" in record]
+    assert len(logged) == len(set(logged)), "a step trained twice"
     expected, resumed = losses(uninterrupted), losses(run_dir)
     assert sorted(resumed) == sorted(expected) == list(range(1, 121))
     for step in expected:

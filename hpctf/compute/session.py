@@ -291,9 +291,8 @@ class Session:
                 step=step,
                 signal=name.removeprefix("SIG"),  # as the site names it: USR2, TERM
             )
-        # One more collective as a barrier: no rank exits before the chief has finished
-        # writing the checkpoint and the record.
-        self._preemption.agree(0.0)
+        # No rank leaves before the chief has written the checkpoint and the record: the
+        # caller's close() is the barrier.
         log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
         raise Preempted()
 
@@ -357,6 +356,23 @@ class Session:
             write_atomic(self.run.done, json.dumps({"step": step, "eval": results or {}}) + "\n")
             log.info("training complete: %s", self.run.done)
         sys.stdout.flush()
+
+    def close(self) -> None:
+        """Leave together: call on every rank after :meth:`finish`, or once :class:`Preempted`
+        was raised. One last collective, which a rank enters only after every other one, so no
+        rank leaves while a peer still needs it (the chief's checkpoint and records included).
+        Once every rank has entered it nothing is left to do, so a peer that has already left
+        (it passed the barrier first) only makes it fail here, which is said in one line and
+        otherwise ignored. The caller then leaves at once
+        (:func:`hpctf.compute.leaving.exit_now`)."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        started = time.perf_counter()
+        try:
+            self._gather(0)
+        except tf.errors.OpError as exc:
+            log.info("a peer left before the last barrier: %s", str(exc).strip().splitlines()[0])
+        log.info("all ranks finished; leaving (barrier %.2f s)", time.perf_counter() - started)
 
 
 def _make_gather(strategy: Any) -> Any:

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from hpctf.api import DataSource, Task
 from hpctf.compute.cluster import ClusterSpec
+from hpctf.compute.leaving import exit_later
 from hpctf.compute.preemption import Preempted
 from hpctf.compute.session import Session, with_loss_scaling
 from hpctf.core.config import ResolvedConfig, Train
@@ -48,19 +49,28 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
     session = Session(settings, config.experiment.checkpoint, run, spec, warning)
     entry = load_entry(settings.entry)
+    status = 0
     try:
         if settings.loop == "custom":
             entry(session, **settings.args)
         else:
             builtin_loop(session, entry)
     except Preempted as stop:
-        return int(stop.code or 0)
+        status = int(stop.code or 0)
     except EnvironmentProblem as exc:
         if spec.is_chief:  # the batch script does not requeue a run the environment stopped
             with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full too
                 run.record("environment_failed", job_id=spec.journal_job, why=str(exc))
         raise
-    return 0
+    # Bounded, whatever the last barrier and TensorFlow's heartbeats do (a peer gone silent
+    # is detected only by heartbeats, seconds later).
+    exit_later(status, LEAVE_WITHIN_S)
+    session.close()
+    return status
+
+
+# From the end of training (DONE written, or the agreed preemption save) to the process's exit.
+LEAVE_WITHIN_S = 4.0
 
 
 def total_steps(session: Session, task: Task) -> int:

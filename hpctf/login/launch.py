@@ -44,8 +44,12 @@ def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -
         status = local.launch(config, run, os.environ, sys.stdout)
         if status == 0:
             click.echo(f"done; run directory: {run.path}")
-        elif status == PREEMPTED_EXIT:
-            click.echo(f"stopped after a checkpoint; resume with: hpctf resubmit {run.path}")
+        elif status in (PREEMPTED_EXIT, local.CANCELLED_EXIT):
+            what = "cancelled" if status == local.CANCELLED_EXIT else "stopped"
+            click.echo(
+                f"{what} at checkpoint step {run.checkpoint_step()}; resume with: "
+                f"hpctf resubmit {run.path}"
+            )
         else:
             click.echo(f"failed (exit {status}); run directory: {run.path}")
         return status
