@@ -1,17 +1,20 @@
-"""How a worker process leaves: at once, its logs flushed, without Python's teardown.
+"""How a worker process leaves: at once, its logs flushed, without the interpreter's
+finalization of TensorFlow.
 
 After DONE or an agreed preemption save the ranks have nothing left to do, but a normal
 interpreter exit tears TensorFlow down: its coordination service agent says goodbye to the
 leader (rank 0) and waits at a shutdown barrier, and a rank whose leader has already gone waits
 on heartbeats to it (seen on a 2-node Slurm cluster: 1.7-62 s after DONE, holding the whole
 allocation). The ranks instead pass one last barrier of their own
-(:meth:`hpctf.compute.session.Session.close`) and leave with ``os._exit``: every file hpctf
+(:meth:`hpctf.compute.session.Session.close`) and leave with ``os._exit`` (:func:`leave`,
+after the ``atexit`` functions): every file hpctf
 writes is complete before then (checkpoints, the journal and DONE are written whole and
 replaced atomically; metrics.jsonl is closed and the TensorBoard writer flushed per record).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -27,6 +30,15 @@ def exit_now(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def leave(code: int) -> NoReturn:
+    """The worker's normal exit, from the main thread: the ``atexit`` functions first (they
+    delete TensorFlow's autograph temporary files and join an async save), then
+    :func:`exit_now`, skipping only the interpreter's finalization of TensorFlow, which is what
+    waits on peers. Bounded by :func:`exit_later`, set when training ended."""
+    atexit._run_exitfuncs()  # what the interpreter's own exit runs first; not public API
+    exit_now(code)
 
 
 def exit_later(code: int, seconds: float) -> None:
