@@ -21,6 +21,7 @@ import tensorflow as tf
 from hpctf.api import DataSource, Task
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.leaving import exit_later
+from hpctf.compute.peers import lost_peer
 from hpctf.compute.preemption import Preempted
 from hpctf.compute.session import Session, with_loss_scaling
 from hpctf.core.config import ResolvedConfig, Train
@@ -44,7 +45,28 @@ def load_entry(entry: str) -> Callable[..., Any]:
 
 
 def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
-    """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint."""
+    """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint.
+    A peer that stops answering is :class:`hpctf.compute.peers.PeerLost` (exit 3)."""
+    try:
+        return _train(config, run, spec)
+    except tf.errors.OpError as exc:
+        code = _PEER_LOSS_STATUSES.get(exc.error_code, type(exc).__name__)
+        lost = lost_peer(code, exc.message, spec)
+        if lost is None:
+            raise
+        raise lost from exc
+
+
+# The gRPC statuses of TF's errors when a peer goes away, by the names hpctf.compute.peers uses.
+_PEER_LOSS_STATUSES = {
+    tf.errors.UNAVAILABLE: "UNAVAILABLE",
+    tf.errors.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
+    tf.errors.ABORTED: "ABORTED",
+    tf.errors.CANCELLED: "CANCELLED",
+}
+
+
+def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     settings = config.experiment.train
     warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
     session = Session(settings, config.experiment.checkpoint, run, spec, warning)

@@ -5,7 +5,8 @@ Three causes, each caught in one place (the CLI edge, :mod:`hpctf.cli`):
 - :class:`UserError`: the user's input is wrong (files, flags, run directories, what was asked
   of Slurm). One line per problem saying what was wrong and what is allowed; exit 2.
 - :class:`EnvironmentProblem`: the machine or the cluster failed (Slurm down or slow, a full
-  or read-only filesystem). One line, the cause kept (``raise ... from``); exit 3.
+  or read-only filesystem, another rank that stopped answering:
+  :class:`hpctf.compute.peers.PeerLost`). One line, the cause kept (``raise ... from``); exit 3.
 - anything else is a bug in hpctf: the traceback, and a line asking to report it; exit 70.
 
 The worker's own statuses (preempted after a checkpoint, stopped by its watchdog) are here too:
