@@ -76,6 +76,8 @@ class FakeSlurm:
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     fake = FakeSlurm(tmp_path)
     monkeypatch.setenv("PATH", f"{fake.bin}{os.pathsep}{os.environ['PATH']}")
+    # `hpctf status` looks in every site's runs_root, most of them under ~: not the real one.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setattr(slurm_queries, "RETRY_PAUSES_S", (0.0, 0.0))
     return fake
 
@@ -589,6 +591,49 @@ def test_status_and_runs_find_the_runs_root(
     assert [r["run"] for r in json.loads(status.stdout)["runs"]] == ["in-mine"]
     empty = CliRunner().invoke(cli, ["status", "--root", str(tmp_path / "none")])
     assert empty.exit_code == 0 and f"no recent runs under {tmp_path / 'none'}" in empty.stderr
+
+
+def test_status_without_arguments_covers_every_sites_runs_root_and_sweeps(
+    tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$HPCTF_RUNS_ROOT's runs, another site's and the local site's (under ~), and a sweep as
+    one row with its points' states counted."""
+    env_root, other = tmp_path / "env-root", tmp_path / "other-root"
+    monkeypatch.setenv("HPCTF_SITE_PATH", str(tmp_path / "sites"))
+    write(
+        tmp_path / "sites" / "other.yaml",
+        f"name: other\nextends: local-slurm\nruns_root: {other}\n",
+    )
+    monkeypatch.setenv("HPCTF_RUNS_ROOT", str(env_root))
+    in_env = new_run(env_root, fake_slurm)
+    fake_slurm.answer("scontrol", "MaxArraySize            = 1001\n")
+    result = CliRunner().invoke(
+        cli, ["sweep", str(DIGITS), "--site", "local-slurm", "--grid", "train.seed=0,1,2"]
+    )
+    assert result.exit_code == 0, result.output
+    sweep = Path(re.search(r"^sweep directory: (\S+)$", result.output, re.M).group(1))  # type: ignore[union-attr]
+    points = sorted(p for p in sweep.iterdir() if (p / "config.json").is_file())
+    journal(points[0], {"event": "started", "job_id": "4242_0", "step": 0})
+    journal(points[0], {"event": "ended", "job_id": "4242_0", "exit_code": 0, "reason": "done"})
+    journal(points[1], {"event": "started", "job_id": "4242_1", "step": 0})
+    shutil.copytree(in_env, other / "in-other")
+    shutil.copytree(in_env, tmp_path / "home" / "hpctf-runs" / "in-home")  # the local site's
+
+    shown = CliRunner().invoke(cli, ["status", "--json"])
+    assert shown.exit_code == 0, shown.output
+    document = json.loads(shown.stdout)
+    assert sorted(r["run"] for r in document["runs"]) == sorted(
+        [in_env.name, "in-other", "in-home"]
+    )
+    (row,) = document["sweeps"]
+    assert row["sweep"] == sweep.name and row["points"] == 3 and row["job"] == "4242"
+    assert row["states"] == {"done": 1, "queued": 1, "running": 1}
+    table = CliRunner().invoke(cli, ["status"])
+    (line,) = [line for line in table.stdout.splitlines() if line.startswith(sweep.name)]
+    assert "sweep of 3: 1 done, 1 queued, 1 running" in line
+    # --root (or --site) still means one runs root.
+    one = CliRunner().invoke(cli, ["status", "--json", "--root", str(other)])
+    assert [r["run"] for r in json.loads(one.stdout)["runs"]] == ["in-other"]
 
 
 def test_runs_lists_newest_first_without_asking_slurm(

@@ -119,10 +119,22 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def status_table(documents: Sequence[Mapping[str, Any]]) -> str:
-    """The runs as one table, then a line for each run whose state has a why, and a legend
-    when a state comes from the journal alone."""
-    text = format_table(TABLE_COLUMNS, table_rows(documents))
+def sweep_rows(sweeps: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """A sweep as one row: its array job, and its points' states counted in STATE."""
+    rows = []
+    for d in sweeps:
+        counts = ", ".join(f"{n} {state}" for state, n in d["states"].items()) or "no points read"
+        row = [d["sweep"], d["job"] or "-", "-", f"sweep of {d['points']}: {counts}"]
+        rows.append(tuple(row + ["-"] * (len(TABLE_COLUMNS) - len(row))))
+    return rows
+
+
+def status_table(
+    documents: Sequence[Mapping[str, Any]], sweeps: Sequence[Mapping[str, Any]] = ()
+) -> str:
+    """The runs and sweeps as one table, then a line for each run whose state has a why,
+    and a legend when a state comes from the journal alone."""
+    text = format_table(TABLE_COLUMNS, table_rows(documents) + sweep_rows(sweeps))
     for d in documents:
         if d["why"]:
             text += f"{d['run']}: {d['state']}: {d['why']}\n"
