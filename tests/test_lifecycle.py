@@ -412,6 +412,25 @@ def test_status_json_for_scripts(runs_root: Path, fake_slurm: FakeSlurm) -> None
     assert len(fake_slurm.calls("squeue")) == 1  # one call for both
 
 
+def test_status_of_an_epoch_based_run_shows_its_total_and_eta(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    epochs = ["--set", "train.steps=null", "--set", "train.epochs=30"]
+    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", *epochs])
+    assert result.exit_code == 0, result.output
+    (path,) = runs_root.iterdir()
+    journal(path, {"event": "started", "job_id": "4242", "step": 0, "nodes": "node[1-2]"})
+    metrics(path, {"step": 800, "loss": 0.5, "steps_per_s": 10.0, "total_steps": 9300})
+    fake_slurm.answer("squeue", squeue_line("4242", "RUNNING"))
+    shown = CliRunner().invoke(cli, ["status"])
+    assert shown.exit_code == 0, shown.output
+    row = table(shown.stdout)[path.name]
+    assert (row["STEP"], row["ETA"]) == ("800/9300", progress.duration(850))
+    full = CliRunner().invoke(cli, ["status", str(path)])
+    assert "progress: step 800/9300, loss 0.5, 10 steps/s" in full.stdout
+    assert "eta 14:10" in full.stdout
+
+
 def test_status_of_one_run_keeps_its_lines_and_adds_slurm_progress_and_a_sparkline(
     runs_root: Path, fake_slurm: FakeSlurm
 ) -> None:

@@ -310,12 +310,21 @@ def test_scaled_learning_rate_schedule_on_two_workers(runs_root: Path, tmp_path:
         "--set",
         "train.scale_learning_rate=true",
         "--set",
-        "train.steps=60",
+        "train.steps=null",  # epochs: the total steps are the worker's to count
+        "--set",
+        "train.epochs=2",
         cwd=tmp_path,
     )
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "learning rate scaled by 2 replicas: ExponentialDecay x 2" in log
-    assert json.loads((run_dir / "DONE").read_text())["step"] == 60
+    total = json.loads((run_dir / "DONE").read_text())["step"]
+    assert f"step {total}/{total} loss" in log
+    # The chief recorded the total: `hpctf status` shows step/total for an epoch-based run.
+    shown = subprocess.run(
+        [*HPCTF, "status", "--json", str(run_dir)], capture_output=True, text=True, check=True
+    )
+    (document,) = json.loads(shown.stdout)["runs"]
+    assert document["step"] == document["total_steps"] == total > 0
 
 
 def test_tfrecords_workers_read_disjoint_files(runs_root: Path, tmp_path: Path) -> None:

@@ -333,6 +333,8 @@ class Session:
         # Threads and RSS with every logged step: a leak shows in metrics.jsonl long before
         # it kills the process.
         values = {"loss": loss, "steps_per_s": round(rate, 3), **process_usage()}
+        if self.total_steps:  # with train.epochs only the worker knows it: status reads it here
+            values["total_steps"] = self.total_steps
         if self._last_save_seconds is not None:
             values["save_s"] = round(self._last_save_seconds, 3)
         self.record(step, values)

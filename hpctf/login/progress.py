@@ -47,7 +47,11 @@ def progress(
     losses = [r for r in records if isinstance(r.get("loss"), (int, float))]
     last = losses[-1] if losses else {}
     step = max((int(r["step"]) for r in records), default=None)
-    total = run.config.experiment.train.steps
+    # train.epochs: the chief's records say how many steps the epochs make.
+    total = run.config.experiment.train.steps or next(
+        (int(r["total_steps"]) for r in reversed(records) if isinstance(r.get("total_steps"), int)),
+        None,
+    )
     if run.run.done.exists():
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             step = int(json.loads(run.run.done.read_text(encoding="utf-8"))["step"])
