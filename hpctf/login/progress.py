@@ -39,9 +39,14 @@ def elapsed_seconds(events: Sequence[Mapping[str, Any]], running: bool, now: flo
 
 
 def progress(
-    run: Run, now: float, records: Sequence[Mapping[str, Any]] | None = None
+    run: Run,
+    now: float,
+    records: Sequence[Mapping[str, Any]] | None = None,
+    running: bool | None = None,
 ) -> dict[str, Any]:
-    """Step, total, last loss, steps/s, elapsed and ETA of ``run`` (None where unknown)."""
+    """Step, total, last loss, steps/s, elapsed and ETA of ``run`` (None where unknown).
+    ``running``: whether a start is training now (default: the journal's word); elapsed time
+    and the ETA count only then, not while a requeued job waits."""
     if records is None:
         records = metric_records(run.run.metrics, METRICS_TAIL_BYTES)
     losses = [r for r in records if isinstance(r.get("loss"), (int, float))]
@@ -56,7 +61,8 @@ def progress(
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             step = int(json.loads(run.run.done.read_text(encoding="utf-8"))["step"])
     rate = last.get("steps_per_s")
-    running = run.state.state == "running"
+    if running is None:
+        running = run.state.state == "running"
     eta = None
     if running and total and step is not None and isinstance(rate, (int, float)) and rate > 0:
         eta = max(total - step, 0) / rate
