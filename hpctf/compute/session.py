@@ -359,14 +359,24 @@ class Session:
             log.info("training complete: %s", self.run.done)
         sys.stdout.flush()
 
+    def await_stall_verdict(self) -> None:
+        """When a peer stopped answering while this rank, too, made no progress for half of
+        ``train.stall_timeout_seconds`` or more, its own watchdog most likely ended it (every
+        rank's sees a stuck rank at about the same moment): let this rank's watchdog end it
+        the same way (exit 124, the run's end ``stalled``). Returns at once otherwise."""
+        watchdog = self._watchdog
+        if watchdog is None or watchdog.stalled_for() < watchdog.timeout / 2:
+            return
+        # The watchdog checks every timeout/10 s (0.5 to 10 s); one check more, and a margin.
+        check = min(max(watchdog.timeout / 10, 0.5), 10.0)
+        time.sleep(max(watchdog.timeout - watchdog.stalled_for(), 0.0) + 2 * check)
+
     def close(self) -> None:
-        """Leave together: call on every rank after :meth:`finish`, or once :class:`Preempted`
-        was raised. One last collective, which a rank enters only after every other one, so no
-        rank leaves while a peer still needs it (the chief's checkpoint and records included).
-        Once every rank has entered it nothing is left to do, so a peer that has already left
-        (it passed the barrier first) only makes it fail here, which is said in one line and
-        otherwise ignored. The caller then leaves at once
-        (:func:`hpctf.compute.leaving.exit_now`)."""
+        """Leave together, on every rank, after :meth:`finish` or :class:`Preempted`: one last
+        collective, entered only after every other one, so no rank leaves while a peer still
+        needs it (the chief's checkpoint and records included). A peer that passed it first
+        and left makes it fail here: harmless, said in one line. The caller then leaves at
+        once (:func:`hpctf.compute.leaving.leave`)."""
         if self._watchdog is not None:
             self._watchdog.stop()
         started = time.perf_counter()

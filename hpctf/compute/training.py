@@ -47,13 +47,17 @@ def load_entry(entry: str) -> Callable[..., Any]:
 def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint.
     A peer that stops answering is :class:`hpctf.compute.peers.PeerLost` (exit 3)."""
+    settings = config.experiment.train
+    warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
+    session = Session(settings, config.experiment.checkpoint, run, spec, warning)
     try:
-        return _train(config, run, spec)
+        return _train(config, run, spec, session)
     except tf.errors.OpError as exc:
         code = _PEER_LOSS_STATUSES.get(exc.error_code, type(exc).__name__)
         lost = lost_peer(code, exc.message, spec)
         if lost is None:
             raise
+        session.await_stall_verdict()  # a peer whose watchdog ended it: this rank stalled too
         raise lost from exc
 
 
@@ -66,10 +70,8 @@ _PEER_LOSS_STATUSES = {
 }
 
 
-def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
+def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec, session: Session) -> int:
     settings = config.experiment.train
-    warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
-    session = Session(settings, config.experiment.checkpoint, run, spec, warning)
     entry = load_entry(settings.entry)
     status = 0
     try:
