@@ -113,6 +113,18 @@ class _StopSignals:
             signal.signal(signum, previous)
 
 
+def _signal_workers(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+
+
+# The warning is repeated this often until the workers exit: TensorFlow's own handler swallows
+# a SIGTERM that arrives while the strategy is being created (DESIGN.md).
+REWARN_S = 2.0
+
+
 def _warn(run: RunDir, job_id: int, procs: list[subprocess.Popen[bytes]], signum: int) -> str:
     """Warn every worker as Slurm would (SIGTERM: each saves at the next agreed step and
     exits 75); a Ctrl-C is also recorded as the user's cancel, so the run ends ``cancelled``
@@ -120,9 +132,7 @@ def _warn(run: RunDir, job_id: int, procs: list[subprocess.Popen[bytes]], signum
     name = signal.Signals(signum).name
     if signum == signal.SIGINT:
         run.record("cancelled", jobs=[str(job_id)])
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
+    _signal_workers(procs)
     again = "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
     return (
         f"got {name}: the workers save at the next agreed step and stop; {again} stops "
@@ -189,13 +199,17 @@ def _supervise(
     first bad exit status that ends the others, or 0."""
     preempted_at: float | None = None
     warned_at: float | None = None
+    rewarned = 0.0
     with run.rank_log(0).open("rb") as chief_log:
         chief_log.seek(0, os.SEEK_END)
         while any(p.poll() is None for p in procs):
             sink = _pump(chief_log, sink)
             if stop.first and warned_at is None:
-                warned_at = time.monotonic()
+                warned_at = rewarned = time.monotonic()
                 _say(sink, _warn(run, job_id, procs, stop.first))
+            elif warned_at is not None and time.monotonic() > rewarned + REWARN_S:
+                rewarned = time.monotonic()
+                _signal_workers(procs)
             codes = [p.returncode for p in procs if p.returncode not in (None, 0)]
             # 75: a rank saved the agreed preemption step; the others are exiting too.
             failed = [code for code in codes if code != PREEMPTED_EXIT]
