@@ -85,8 +85,13 @@ def test_resumed_run_matches_uninterrupted_run_step_by_step(
     assert launcher.wait(timeout=60) == 75
     saved = checkpoint_steps(run_dir)[-1]
     assert saved < 120 and not (run_dir / "DONE").exists()
-    assert run_state(RunDir(run_dir).events()).last == Start(
+    state = run_state(RunDir(run_dir).events())
+    assert state.last == Start(
         str(launcher.pid), 0, "preempted", 75, saved, nodes=socket.gethostname()
+    )
+    assert (state.state, state.why) == (
+        "preempted",
+        f"saved step {saved}; hpctf resubmit resumes it",
     )
 
     log = resubmit(run_dir)

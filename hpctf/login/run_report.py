@@ -21,7 +21,11 @@ def shown_state(run: Run, current: Mapping[str, str] | None) -> tuple[str, str]:
     unless Slurm has the job back in its queue (``current``: :func:`slurm_state` of the
     run's job)."""
     state, why = run.state.state, run.state.why
-    if state in ("failed", "running") and current and current["state"] in REQUEUED_STATES:
+    if (
+        state in ("failed", "preempted", "running")
+        and current
+        and current["state"] in REQUEUED_STATES
+    ):
         # Slurm requeues a job itself after a node failure, a preemption or scontrol requeue:
         # the journal says the start failed, or (its batch shell killed first) is still
         # running, while the job is back in the queue; its next start records itself.
