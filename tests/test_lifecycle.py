@@ -24,9 +24,9 @@ from hpctf.core import slurm, slurm_queries
 from hpctf.core.rundir import RunDir
 from hpctf.core.slurm import SlurmError
 from hpctf.core.slurm_queries import JobRecord
-from hpctf.login import progress
+from hpctf.login import plot, progress
 from hpctf.login.run_report import TABLE_COLUMNS
-from hpctf.login.runs import epoch_seconds
+from hpctf.login.runs import Run, epoch_seconds
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 from tests.test_slurm_e2e import release_requeued
 
@@ -76,6 +76,8 @@ class FakeSlurm:
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     fake = FakeSlurm(tmp_path)
     monkeypatch.setenv("PATH", f"{fake.bin}{os.pathsep}{os.environ['PATH']}")
+    # `hpctf status` looks in every site's runs_root, most of them under ~: not the real one.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setattr(slurm_queries, "RETRY_PAUSES_S", (0.0, 0.0))
     return fake
 
@@ -411,6 +413,25 @@ def test_status_json_for_scripts(runs_root: Path, fake_slurm: FakeSlurm) -> None
     assert len(fake_slurm.calls("squeue")) == 1  # one call for both
 
 
+def test_status_of_an_epoch_based_run_shows_its_total_and_eta(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    epochs = ["--set", "train.steps=null", "--set", "train.epochs=30"]
+    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", *epochs])
+    assert result.exit_code == 0, result.output
+    (path,) = runs_root.iterdir()
+    journal(path, {"event": "started", "job_id": "4242", "step": 0, "nodes": "node[1-2]"})
+    metrics(path, {"step": 800, "loss": 0.5, "steps_per_s": 10.0, "total_steps": 9300})
+    fake_slurm.answer("squeue", squeue_line("4242", "RUNNING"))
+    shown = CliRunner().invoke(cli, ["status"])
+    assert shown.exit_code == 0, shown.output
+    row = table(shown.stdout)[path.name]
+    assert (row["STEP"], row["ETA"]) == ("800/9300", progress.duration(850))
+    full = CliRunner().invoke(cli, ["status", str(path)])
+    assert "progress: step 800/9300, loss 0.5, 10 steps/s" in full.stdout
+    assert "eta 14:10" in full.stdout
+
+
 def test_status_of_one_run_keeps_its_lines_and_adds_slurm_progress_and_a_sparkline(
     runs_root: Path, fake_slurm: FakeSlurm
 ) -> None:
@@ -428,9 +449,9 @@ def test_status_of_one_run_keeps_its_lines_and_adds_slurm_progress_and_a_sparkli
     assert result.exit_code == 0, result.output
     out = result.output
     assert out.startswith(
-        "run: requeued (after preempted); requeues after preemption 0/20, after failures 0/3\n"
+        "run: requeued (after preempted); requeues after preemption 1/20, after failures 0/3\n"
     )
-    assert "slurm: job 4242 PENDING (BeginTime)\n" in out
+    assert "slurm: job 4242 PENDING (BeginTime); may start 2026-12-01T04:29:39\n" in out
     assert "job 4242: PENDING (BeginTime) starts 1 nodes node[1-2]\n" in out
     assert "progress: step 300/" in out and "loss 0.006667, 30 steps/s" in out
     assert "start 1: job 4242 from step 0: preempted at step 300 (exit 75)\n" in out
@@ -455,6 +476,15 @@ def test_a_job_slurm_requeued_itself_shows_requeued_not_failed(
     fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
     (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
     assert (run["state"], run["why"]) == ("requeued", "by Slurm after node_fail")
+    assert run["requeues"]["failure"] == [1, 3]  # counted once requeued, not at the next start
+    # Waiting: Slurm's reason and when it may start; the elapsed time stopped at the end.
+    assert run["slurm"]["start"] == "2026-12-01T04:29:39"
+    shown = CliRunner().invoke(cli, ["status", str(path)]).stdout
+    assert "slurm: job 4242 PENDING (BeginTime); may start 2026-12-01T04:29:39" in shown
+    elapsed = run["elapsed_s"]
+    time.sleep(1.1)
+    (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
+    assert run["elapsed_s"] == elapsed and run["eta_s"] is None
     fake_slurm.answer("squeue", squeue_line("4242", "NODE_FAIL"))
     (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
     assert (run["state"], run["why"]) == ("failed", "node_fail (exit 143)")
@@ -462,7 +492,10 @@ def test_a_job_slurm_requeued_itself_shows_requeued_not_failed(
     journal(path, {"event": "started", "job_id": "4242", "step": 100})
     fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
     (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
-    assert (run["state"], run["why"]) == ("requeued", "by Slurm")
+    assert (run["state"], run["why"]) == ("requeued", "by Slurm after node_fail")
+    assert run["requeues"]["failure"] == [2, 3]
+    shown = CliRunner().invoke(cli, ["status", str(path)]).stdout
+    assert "start 2: job 4242 from step 100: ended; Slurm requeued its job (PENDING" in shown
 
 
 def test_status_with_slurm_down_is_one_line_and_the_journals_view(
@@ -590,6 +623,49 @@ def test_status_and_runs_find_the_runs_root(
     assert [r["run"] for r in json.loads(status.stdout)["runs"]] == ["in-mine"]
     empty = CliRunner().invoke(cli, ["status", "--root", str(tmp_path / "none")])
     assert empty.exit_code == 0 and f"no recent runs under {tmp_path / 'none'}" in empty.stderr
+
+
+def test_status_without_arguments_covers_every_sites_runs_root_and_sweeps(
+    tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$HPCTF_RUNS_ROOT's runs, another site's and the local site's (under ~), and a sweep as
+    one row with its points' states counted."""
+    env_root, other = tmp_path / "env-root", tmp_path / "other-root"
+    monkeypatch.setenv("HPCTF_SITE_PATH", str(tmp_path / "sites"))
+    write(
+        tmp_path / "sites" / "other.yaml",
+        f"name: other\nextends: local-slurm\nruns_root: {other}\n",
+    )
+    monkeypatch.setenv("HPCTF_RUNS_ROOT", str(env_root))
+    in_env = new_run(env_root, fake_slurm)
+    fake_slurm.answer("scontrol", "MaxArraySize            = 1001\n")
+    result = CliRunner().invoke(
+        cli, ["sweep", str(DIGITS), "--site", "local-slurm", "--grid", "train.seed=0,1,2"]
+    )
+    assert result.exit_code == 0, result.output
+    sweep = Path(re.search(r"^sweep directory: (\S+)$", result.output, re.M).group(1))  # type: ignore[union-attr]
+    points = sorted(p for p in sweep.iterdir() if (p / "config.json").is_file())
+    journal(points[0], {"event": "started", "job_id": "4242_0", "step": 0})
+    journal(points[0], {"event": "ended", "job_id": "4242_0", "exit_code": 0, "reason": "done"})
+    journal(points[1], {"event": "started", "job_id": "4242_1", "step": 0})
+    shutil.copytree(in_env, other / "in-other")
+    shutil.copytree(in_env, tmp_path / "home" / "hpctf-runs" / "in-home")  # the local site's
+
+    shown = CliRunner().invoke(cli, ["status", "--json"])
+    assert shown.exit_code == 0, shown.output
+    document = json.loads(shown.stdout)
+    assert sorted(r["run"] for r in document["runs"]) == sorted(
+        [in_env.name, "in-other", "in-home"]
+    )
+    (row,) = document["sweeps"]
+    assert row["sweep"] == sweep.name and row["points"] == 3 and row["job"] == "4242"
+    assert row["states"] == {"done": 1, "queued": 1, "running": 1}
+    table = CliRunner().invoke(cli, ["status"])
+    (line,) = [line for line in table.stdout.splitlines() if line.startswith(sweep.name)]
+    assert "sweep of 3: 1 done, 1 queued, 1 running" in line
+    # --root (or --site) still means one runs root.
+    one = CliRunner().invoke(cli, ["status", "--json", "--root", str(other)])
+    assert [r["run"] for r in json.loads(one.stdout)["runs"]] == ["in-other"]
 
 
 def test_runs_lists_newest_first_without_asking_slurm(
@@ -861,7 +937,12 @@ def test_cancel_records_the_end_status_shows_it_and_resubmit_still_works(
     status = CliRunner().invoke(cli, ["status", "--json", str(path)])
     run = json.loads(status.stdout)["runs"][0]
     assert run["state"] == "queued" and run["job"] == "4343"
-    assert run["slurm"] == {"state": "PENDING", "reason": "Priority", "source": "squeue"}
+    assert run["slurm"] == {
+        "state": "PENDING",
+        "reason": "Priority",
+        "source": "squeue",
+        "start": "2026-12-01T04:29:39",
+    }
     # The second cancel cancels the new job only.
     CliRunner().invoke(cli, ["cancel", str(path)])
     assert fake_slurm.calls("scancel") == ["-- 4242", "-- 4343"]
@@ -921,6 +1002,23 @@ def test_plot_writes_a_png_marking_the_restart(
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     default = CliRunner().invoke(cli, ["plot", str(path)])
     assert default.exit_code == 0 and (path / "loss.png").exists()
+
+
+def test_plot_titles_a_run_with_the_state_status_shows(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    """The journal says the start failed; Slurm has requeued the job: both say requeued."""
+    path = new_run(runs_root, fake_slurm)
+    journal(
+        path,
+        {"event": "started", "job_id": "4242", "step": 0},
+        {"event": "signalled", "job_id": "4242", "signal": "TERM"},
+        {"event": "ended", "job_id": "4242", "exit_code": 143, "reason": "node_fail", "step": 100},
+    )
+    fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
+    (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
+    assert run["state"] == "requeued"
+    assert plot.title(Run.read(path)) == f"{path.name}: requeued, 1 start(s)"
 
 
 def test_plot_of_a_run_without_metrics_says_so(runs_root: Path, fake_slurm: FakeSlurm) -> None:
@@ -1128,7 +1226,8 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
     )
     seen = status_of(env, path)
     assert seen["state"] == "queued" and seen["job"] == job
-    assert seen["slurm"] == {"state": "PENDING", "reason": "Resources", "source": "squeue"}
+    slurm_said = {k: seen["slurm"][k] for k in ("state", "reason", "source")}  # type: ignore[index]
+    assert slurm_said == {"state": "PENDING", "reason": "Resources", "source": "squeue"}
     subprocess.run(["scancel", blocker], env=env, check=True)
 
     until(lambda: status_of(env, path)["state"] == "running", "the run never started")
@@ -1143,7 +1242,10 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
         "not back in the queue",
     )
     seen = status_of(env, path)
-    assert seen["slurm"] == {"state": "PENDING", "reason": "BeginTime", "source": "squeue"}
+    # Held after the requeue: Slurm's reason, and when it may start (squeue's StartTime).
+    slurm_said = {k: seen["slurm"][k] for k in ("state", "reason", "source")}  # type: ignore[index]
+    assert slurm_said == {"state": "PENDING", "reason": "BeginTime", "source": "squeue"}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", seen["slurm"]["start"])  # type: ignore[index]
     assert seen["state"] == "requeued", seen
     release_requeued(job, env, time.monotonic() + 120)
     assert wait_for_job(job)["JobState"] == "COMPLETED"

@@ -5,12 +5,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS, ENTRIES_PATH, HPCTF, REPO, line_of, run_dir_from
+from tests.conftest import (
+    DIGITS,
+    ENTRIES_PATH,
+    HPCTF,
+    REPO,
+    checkpoint_steps,
+    line_of,
+    run_dir_from,
+)
 
 pytestmark = pytest.mark.tf
 
@@ -39,9 +49,11 @@ def test_digits_on_two_local_workers(runs_root: Path, tmp_path: Path) -> None:
         f"ckpt-{s}.{x}" for s in (100, 200, 300) for x in ("data-00000-of-00001", "index")
     ]
     for rank in (0, 1):
-        assert (
-            f"SLURM_PROCID {rank}: worker {rank} of 2"
-            in (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        assert f"SLURM_PROCID {rank}: worker {rank} of 2" in log
+        # They left together after a last barrier, not through TensorFlow's slow teardown.
+        assert log.rstrip().endswith("all ranks finished; leaving") or re.search(
+            r"all ranks finished; leaving \(barrier [\d.]+ s\)\n$", log
         )
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "loss" in m] == [50, 100, 150, 200, 250, 300]
@@ -139,3 +151,111 @@ def test_a_compile_style_task_with_keras_callbacks(runs_root: Path, tmp_path: Pa
     rows = (out / "history-0.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,") and [r.split(",")[0] for r in rows[1:]] == ["0", "1"]
     assert not (out / "history-1.csv").exists()
+
+
+# --- the launcher's signals: like a Slurm job's (issue 19 item 4, issue 24 item 2) ----------
+
+LONG = ["--set", "train.steps=100000", "--set", "train.log_every_steps=1"]
+LONG += ["--set", "checkpoint.every_steps=100000"]
+
+
+def _launch(tmp_path: Path, *sets: str) -> tuple[subprocess.Popen[str], Path]:
+    """`hpctf submit --site local` in the background; returns once rank 0 trained a step."""
+    launcher = subprocess.Popen(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local", *LONG, *sets],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert launcher.stdout is not None
+    run_dir = run_dir_from(launcher.stdout.readline())
+    rank_0 = run_dir / "logs" / "rank-0.log"
+    deadline = time.monotonic() + 120
+    while not (rank_0.exists() and "step 20/" in rank_0.read_text()):
+        assert time.monotonic() < deadline and launcher.poll() is None, "no training"
+        time.sleep(0.1)
+    return launcher, run_dir
+
+
+def _workers(run_dir: Path) -> list[int]:
+    """The pids of the run's worker processes that are still running (zombies count as gone)."""
+    pids = [
+        int(pid)
+        for log in (run_dir / "logs").glob("rank-*.log")
+        for pid in re.findall(r"rank \d+: host \S+ pid (\d+)", log.read_text())
+    ]
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+def _ends(run_dir: Path) -> list[dict[str, object]]:
+    events = [json.loads(p.read_text()) for p in sorted((run_dir / "journal").glob("*.json"))]
+    return [e for e in events if e["event"] == "ended"]
+
+
+def _logged_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record["step"] for record in map(json.loads, lines) if "loss" in record]
+
+
+def test_ctrl_c_saves_an_agreed_step_and_resubmit_trains_no_step_twice(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    launcher, run_dir = _launch(tmp_path, "--set", "train.steps=400")
+    launcher.send_signal(signal.SIGINT)
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, out
+    (end,) = _ends(run_dir)
+    saved = end["step"]
+    assert end["reason"] == "cancelled" and isinstance(saved, int) and 20 <= saved < 400
+    assert saved % 10 == 0  # an agreed step, not the last periodic checkpoint (there is none)
+    assert f"cancelled at checkpoint step {saved}; resume with: hpctf resubmit {run_dir}" in out
+    assert _workers(run_dir) == []
+
+    proc = subprocess.run(
+        [*HPCTF, "resubmit", str(run_dir)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = _logged_steps(run_dir)
+    assert sorted(steps) == list(range(1, 401)), "a step trained twice or never"
+
+
+def test_a_second_ctrl_c_stops_at_once(runs_root: Path, tmp_path: Path) -> None:
+    # The workers agree on a warning only every 100000 steps: only the second Ctrl-C ends them.
+    launcher, run_dir = _launch(tmp_path, "--set", "train.preemption_check_every_steps=100000")
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    assert launcher.poll() is None  # the first one only warned
+    started = time.monotonic()
+    launcher.send_signal(signal.SIGINT)
+    launcher.communicate(timeout=60)
+    elapsed = time.monotonic() - started
+    assert launcher.returncode == 130
+    assert elapsed < 3, f"{elapsed:.1f} s"
+    assert _workers(run_dir) == []
+    assert [e["reason"] for e in _ends(run_dir)] == ["cancelled"]
+
+
+def test_workers_end_with_their_killed_launcher_saving_first(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    launcher, run_dir = _launch(tmp_path)
+    assert len(_workers(run_dir)) == 2
+    launcher.kill()
+    launcher.wait()
+    started = time.monotonic()
+    while _workers(run_dir) and time.monotonic() < started + 10:
+        time.sleep(0.1)
+    elapsed = time.monotonic() - started
+    assert _workers(run_dir) == [], "workers outlived their launcher by 10 s"
+    print(f"workers gone {elapsed:.1f} s after the launcher's SIGKILL")
+    # They saved first, and the chief said how the start ended.
+    (end,) = _ends(run_dir)
+    assert end["reason"] == "preempted" and end["step"] == checkpoint_steps(run_dir)[-1] > 0

@@ -82,6 +82,12 @@ def test_the_walltime_signal_is_the_sites() -> None:
             "after timeout",
         ),
         ([SUBMITTED, started(), ended("failed", 0, 1)], "failed", "failed (exit 1)"),
+        # Saved an agreed step and nothing requeued it (a local run's SIGTERM): resumable.
+        (
+            [SUBMITTED, started(), ended("preempted", 230, 75)],
+            "preempted",
+            "saved step 230; hpctf resubmit resumes it",
+        ),
         (
             [SUBMITTED, started(), ended("failed", 0), {"event": "gave_up", "why": "no progress"}],
             "gave_up",

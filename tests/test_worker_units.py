@@ -295,3 +295,52 @@ def test_process_usage() -> None:
     usage = process_usage()
     assert usage["threads"] >= 1 and usage["rss_mb"] > 1
     assert process_usage(Path("/nonexistent/status")) == {}
+
+
+# TensorFlow's words when a peer goes away (TF 2.21, seen in test_training's kill and freeze
+# tests): killed, frozen (rank 0's coordination service says it), rank 0 frozen (rank 1's
+# heartbeats time out), and a collective that failed for a reason of its own.
+KILLED = (
+    "Graph execution error:\n\nCollective ops is aborted by: recvmsg:Connection reset by peer\n"
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while "
+    "calling /tensorflow.WorkerService/RecvBuf:\n"
+)
+FROZEN = (
+    "Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks "
+    "are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have "
+    "crashed."
+)
+CHIEF_FROZEN = (
+    "Collective ops is aborted by: Deadline Exceeded\nRPC: /tensorflow.CoordinationService/"
+    "Heartbeat\nThe error could be from a previous operation."
+)
+
+
+@pytest.mark.parametrize(
+    ("rank", "code", "message", "named"),
+    [
+        (0, "UNAVAILABLE", KILLED, "rank 1 (localhost:"),
+        (0, "UNAVAILABLE", FROZEN, "rank 1 (localhost:"),
+        (1, "DEADLINE_EXCEEDED", CHIEF_FROZEN, "rank 0 (localhost:"),
+        (1, "UNAVAILABLE", KILLED, None),  # names only this rank itself
+        (0, "INVALID_ARGUMENT", KILLED, None),  # not how a lost peer shows
+        (0, "DEADLINE_EXCEEDED", CHIEF_FROZEN, None),  # rank 0 is the leader itself
+    ],
+)
+def test_a_lost_peer_is_named_by_rank_and_host(
+    rank: int, code: str, message: str, named: str | None
+) -> None:
+    from hpctf.compute.cluster import cluster_spec
+    from hpctf.compute.peers import PeerLost, lost_peer
+    from hpctf.core.errors import ENVIRONMENT_EXIT
+    from hpctf.login.local import task_environment
+
+    spec = cluster_spec(task_environment({}, 7, 2, rank), (20000, 30000), "{host}")
+    lost = lost_peer(code, message, spec)
+    if named is None:
+        assert lost is None
+        return
+    assert isinstance(lost, PeerLost) and lost.exit_code == ENVIRONMENT_EXIT
+    text = str(lost)
+    assert text.startswith(named) and " on node localhost) stopped answering" in text
+    assert "\n" not in text and f"this rank ({rank} on localhost)" in text

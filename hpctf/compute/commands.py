@@ -21,9 +21,12 @@ from hpctf.core.sites import load_named_site
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 def worker(run_dir: Path) -> None:
     """Train one task of RUN_DIR (started by srun on every task)."""
+    from hpctf.compute.leaving import leave
     from hpctf.compute.runtime import run_worker
 
-    sys.exit(run_worker(run_dir, os.environ))
+    # Not sys.exit: the interpreter's teardown of TensorFlow can wait many seconds on peers
+    # that have already left (hpctf.compute.leaving).
+    leave(run_worker(run_dir, os.environ))
 
 
 @click.command()

@@ -20,6 +20,7 @@ from pathlib import Path
 from hpctf.compute import quick_preflight
 from hpctf.compute.cluster import ClusterSpec, cluster_spec
 from hpctf.compute.gpus import granted_gpus
+from hpctf.compute.launcher_watch import launcher_ended, watch_launcher
 from hpctf.compute.node_checks import check_port_free, check_tensorflow_gpus
 from hpctf.compute.preemption import install_early_handlers
 from hpctf.compute.script import keras_environment, run_script
@@ -97,6 +98,8 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     )
     if spec.is_chief:  # one copy of the list is enough (32,000 entries at 4,000 nodes x 8 GPUs)
         log.info("workers %s", ",".join(spec.workers))
+    # A local launcher's workers end with it (under Slurm, srun and slurmstepd see to it).
+    watch_launcher(env)
     if run.done.exists():
         log.info("run already complete (%s exists); nothing to do", run.done)
         return 0
@@ -128,4 +131,8 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
         return run_script(config, run, spec)
     from hpctf.compute import training  # TensorFlow is imported here and nowhere on the login path.
 
-    return training.train(config, run, spec)
+    status = training.train(config, run, spec)
+    if spec.is_chief and launcher_ended():  # nobody else is left to say how the start ended
+        reason = run.record_end(spec.journal_job, status, config.site.preemption.signal)
+        log.warning("the launcher is gone: recorded the end of this start (%s)", reason)
+    return status

@@ -299,9 +299,8 @@ class Session:
                 step=step,
                 signal=name.removeprefix("SIG"),  # as the site names it: USR2, TERM
             )
-        # One more collective as a barrier: no rank exits before the chief has finished
-        # writing the checkpoint and the record.
-        self._preemption.agree(0.0)
+        # No rank leaves before the chief has written the checkpoint and the record: the
+        # caller's close() is the barrier.
         log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
         raise Preempted()
 
@@ -342,6 +341,8 @@ class Session:
         # Threads and RSS with every logged step: a leak shows in metrics.jsonl long before
         # it kills the process.
         values = {"loss": loss, "steps_per_s": round(rate, 3), **process_usage()}
+        if self.total_steps:  # with train.epochs only the worker knows it: status reads it here
+            values["total_steps"] = self.total_steps
         if self._last_save_seconds is not None:
             values["save_s"] = round(self._last_save_seconds, 3)
         self.record(step, values)
@@ -365,3 +366,31 @@ class Session:
             write_atomic(self.run.done, json.dumps({"step": step, "eval": results or {}}) + "\n")
             log.info("training complete: %s", self.run.done)
         sys.stdout.flush()
+
+    def await_stall_verdict(self) -> None:
+        """When a peer stopped answering while this rank, too, made no progress for half of
+        ``train.stall_timeout_seconds`` or more, its own watchdog most likely ended it (every
+        rank's sees a stuck rank at about the same moment): let this rank's watchdog end it
+        the same way (exit 124, the run's end ``stalled``). Returns at once otherwise."""
+        watchdog = self._watchdog
+        if watchdog is None or watchdog.stalled_for() < watchdog.timeout / 2:
+            return
+        # The watchdog checks every timeout/10 s (0.5 to 10 s); one check more, and a margin.
+        check = min(max(watchdog.timeout / 10, 0.5), 10.0)
+        time.sleep(max(watchdog.timeout - watchdog.stalled_for(), 0.0) + 2 * check)
+
+    def close(self) -> None:
+        """Leave together, on every rank, after :meth:`finish` or :class:`Preempted`: one last
+        collective, entered only after every other one, so no rank leaves while a peer still
+        needs it (the chief's checkpoint and records included). A peer that passed it first
+        and left makes it fail here: harmless, said in one line. The caller then leaves at
+        once (:func:`hpctf.compute.leaving.leave`)."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        started = time.perf_counter()
+        try:
+            self._gather(0)
+        except tf.errors.OpError as exc:
+            log.info("a peer left before the last barrier: %s", str(exc).strip().splitlines()[0])
+        log.info("all ranks finished; leaving (barrier %.2f s)", time.perf_counter() - started)
+

@@ -23,6 +23,8 @@ from hpctf.api import DataSource, Task
 from hpctf.compute import user_code
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.compile_style import resolve_loss, resolve_metrics, resolve_optimizer
+from hpctf.compute.leaving import exit_later
+from hpctf.compute.peers import PeerLost, lost_peer
 from hpctf.compute.preemption import Preempted
 from hpctf.compute.session import Session, with_loss_scaling
 from hpctf.compute.task_callbacks import TaskCallbacks
@@ -49,10 +51,41 @@ def load_entry(entry: str | None) -> Callable[..., Any]:
 
 
 def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
-    """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint."""
+    """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint.
+    A peer that stops answering is :class:`hpctf.compute.peers.PeerLost` (exit 3)."""
     settings = config.experiment.train
     warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
     session = Session(settings, config.experiment.checkpoint, run, spec, warning)
+    try:
+        return _train(config, run, spec, session)
+    except tf.errors.OpError as exc:
+        lost = _peer_lost(exc, spec, session)
+        if lost is None:
+            raise
+        raise lost from exc
+
+
+# The gRPC statuses of TF's errors when a peer goes away, by the names hpctf.compute.peers uses.
+_PEER_LOSS_STATUSES = {
+    tf.errors.UNAVAILABLE: "UNAVAILABLE",
+    tf.errors.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
+    tf.errors.ABORTED: "ABORTED",
+    tf.errors.CANCELLED: "CANCELLED",
+}
+
+
+def _peer_lost(exc: tf.errors.OpError, spec: ClusterSpec, session: Session) -> PeerLost | None:
+    """The peer that ``exc`` says stopped answering, or None when it is about something else."""
+    code = _PEER_LOSS_STATUSES.get(exc.error_code, type(exc).__name__)
+    lost = lost_peer(code, exc.message, spec)
+    if lost is not None:
+        session.await_stall_verdict()  # a peer whose watchdog ended it: this rank stalled too
+    return lost
+
+
+def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec, session: Session) -> int:
+    settings = config.experiment.train
+    status = 0
     try:
         with user_code.region():
             entry = load_entry(settings.entry)
@@ -61,15 +94,28 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
             else:
                 builtin_loop(session, entry)
     except Preempted as stop:
-        return int(stop.code or 0)
+        status = int(stop.code or 0)
     except user_code.UserCodeError as exc:
+        # A custom loop's collective that failed because a peer left raises from the user's
+        # frame: the peer's fault, not the user's code.
+        cause = exc.__cause__
+        if isinstance(cause, tf.errors.OpError) and (lost := _peer_lost(cause, spec, session)):
+            raise lost from cause
         return user_code.report(exc, run, spec)
     except EnvironmentProblem as exc:
         if spec.is_chief:  # the batch script does not requeue a run the environment stopped
             with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full too
                 run.record("environment_failed", job_id=spec.journal_job, why=str(exc))
         raise
-    return 0
+    # Bounded, whatever the last barrier and TensorFlow's heartbeats do (a peer gone silent
+    # is detected only by heartbeats, seconds later).
+    exit_later(status, LEAVE_WITHIN_S)
+    session.close()
+    return status
+
+
+# From the end of training (DONE written, or the agreed preemption save) to the process's exit.
+LEAVE_WITHIN_S = 4.0
 
 
 def total_steps(session: Session, task: Task) -> int:

@@ -14,25 +14,15 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 
+from hpctf.compute.leaving import exit_now
 from hpctf.core.errors import STALLED_EXIT
 
 log = logging.getLogger("hpctf.worker")
-
-
-def _exit_now(code: int) -> None:
-    """Leave without unwinding: the main thread may be blocked inside a TF collective, where
-    neither an exception nor ``sys.exit`` from another thread can reach it."""
-    for handler in logging.getLogger("hpctf").handlers:
-        handler.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 class ProgressWatchdog:
@@ -49,7 +39,7 @@ class ProgressWatchdog:
         self,
         timeout: float,
         *,
-        on_stall: Callable[[int], None] = _exit_now,
+        on_stall: Callable[[int], None] = exit_now,
         clock: Callable[[], float] = time.monotonic,
         where: str = "this rank",
     ) -> None:

@@ -5,7 +5,8 @@ Four causes, each caught in one place (the CLI edge, :mod:`hpctf.cli`; the worke
 - :class:`UserError`: the user's input is wrong (files, flags, run directories, what was asked
   of Slurm). One line per problem saying what was wrong and what is allowed; exit 2.
 - :class:`EnvironmentProblem`: the machine or the cluster failed (Slurm down or slow, a full
-  or read-only filesystem). One line, the cause kept (``raise ... from``); exit 3.
+  or read-only filesystem, another rank that stopped answering:
+  :class:`hpctf.compute.peers.PeerLost`). One line, the cause kept (``raise ... from``); exit 3.
 - user code: an exception raised in the user's own code (entry, data functions, loss,
   metrics, callbacks, script) is theirs: the traceback and one line naming file:line
   (:mod:`hpctf.compute.user_code`); exit :data:`USER_CODE_EXIT`.

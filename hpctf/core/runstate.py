@@ -75,7 +75,8 @@ class Start:
 
 @dataclass(frozen=True)
 class RunState:
-    """``state`` is one of queued, running, requeued, done, failed, gave_up, cancelled."""
+    """``state`` is one of queued, running, requeued, done, preempted (saved, not requeued),
+    failed, gave_up, cancelled."""
 
     state: str
     why: str = ""
@@ -248,6 +249,8 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
         return "requeued", f"after {last.reason}"
     if last.user_code is not None:
         return "failed", last.user_code
+    if last.reason in PREEMPTION_REASONS:  # saved, and nothing requeued it (a local SIGTERM)
+        return "preempted", f"saved step {last.end_step}; hpctf resubmit resumes it"
     return "failed", f"{last.reason} (exit {last.exit_code})"
 
 

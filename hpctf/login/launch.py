@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -71,11 +72,17 @@ def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -
         click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
         status = local.launch(config, run, os.environ, sys.stdout)
         if status == 0:
-            click.echo(f"done; run directory: {run.path}")
-        elif status == PREEMPTED_EXIT:
-            click.echo(f"stopped after a checkpoint; resume with: hpctf resubmit {run.path}")
+            said = f"done; run directory: {run.path}"
+        elif status in (PREEMPTED_EXIT, local.CANCELLED_EXIT):
+            what = "cancelled" if status == local.CANCELLED_EXIT else "stopped"
+            said = (
+                f"{what} at checkpoint step {run.checkpoint_step()}; resume with: "
+                f"hpctf resubmit {run.path}"
+            )
         else:
-            click.echo(f"failed (exit {status}); run directory: {run.path}")
+            said = f"failed (exit {status}); run directory: {run.path}"
+        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) took stdout with it
+            click.echo(said)
         return status
     extra = [f"--exclude={exclude}"] if exclude else []
     job_id, dropped = slurm.sbatch(run.script, os.environ, extra)

@@ -2,17 +2,21 @@
 
 Each process gets the environment srun would give a task of a one-node job step, so the
 worker runs exactly the code it runs under Slurm. Like ``srun --kill-on-bad-exit=1``, when one
-task fails the others are stopped.
+task fails the others are stopped; like a Slurm job, a first Ctrl-C or SIGTERM is a warning
+that the workers save on, and the workers end with their launcher.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO
 
 from hpctf.core.config import ResolvedConfig
@@ -42,71 +46,181 @@ def task_environment(
     }
 
 
-def _pump(source: IO[bytes], sink: IO[str]) -> None:
+def _pump(source: IO[bytes], sink: IO[str] | None) -> IO[str] | None:
+    """Copy what rank 0 wrote since the last call; returns ``sink``, or None once it is gone
+    (a closed terminal: the run goes on without an echo)."""
     chunk = source.read()
-    if chunk:
-        sink.write(chunk.decode(errors="replace"))
-        sink.flush()
+    if chunk and sink is not None:
+        try:
+            sink.write(chunk.decode(errors="replace"))
+            sink.flush()
+        except (OSError, ValueError):
+            return None
+    return sink
 
 
+def _say(sink: IO[str] | None, line: str) -> None:
+    if sink is not None:
+        with contextlib.suppress(OSError, ValueError):
+            sink.write(f"hpctf: {line}\n")
+            sink.flush()
+
+
+# `hpctf submit --site local`'s exit status after a Ctrl-C (the shell's 128 + SIGINT).
+CANCELLED_EXIT = 130
 # How long the other ranks may take to exit after one exited 75 (they passed the same barrier).
 PREEMPTION_GRACE_S = 60.0
+# How long the workers may take, once warned by the launcher, to reach the next agreed step,
+# save it and exit (the agreement comes every train.preemption_check_every_steps steps).
+WARNED_GRACE_S = 120.0
+# The worker's fallback watch on its launcher (hpctf.compute.launcher_watch) reads this.
+LAUNCHER_PID_ENV = "HPCTF_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def _end_with(launcher: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the worker gets SIGTERM (the warning it saves on) when the launcher
+    dies, even by SIGKILL or a closed terminal (Linux's PR_SET_PDEATHSIG, kept across exec).
+    Elsewhere the worker's own watch on ``launcher`` does it, a little later."""
+
+    def in_child() -> None:
+        if sys.platform.startswith("linux"):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != launcher:  # the launcher died before prctl: nobody to signal us
+            os._exit(1)
+
+    return in_child
+
+
+class _StopSignals:
+    """The launcher's SIGINT (Ctrl-C), SIGTERM and SIGHUP (a closed terminal): the first is a
+    warning, as Slurm's ``--signal`` or ``hpctf cancel`` is to a job; a second stops at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.first = 0
+        self._previous = {signum: signal.signal(signum, self._on) for signum in self.SIGNALS}
+
+    def _on(self, signum: int, frame: object) -> None:
+        if self.first:
+            raise KeyboardInterrupt
+        self.first = signum
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+
+def _signal_workers(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+
+
+# The warning is repeated this often until the workers exit: TensorFlow's own handler swallows
+# a SIGTERM that arrives while the strategy is being created (DESIGN.md).
+REWARN_S = 2.0
+
+
+def _warn(run: RunDir, job_id: int, procs: list[subprocess.Popen[bytes]], signum: int) -> str:
+    """Warn every worker as Slurm would (SIGTERM: each saves at the next agreed step and
+    exits 75); a Ctrl-C is also recorded as the user's cancel, so the run ends ``cancelled``
+    rather than ``preempted``. Returns what to tell the user."""
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT:
+        run.record("cancelled", jobs=[str(job_id)])
+    _signal_workers(procs)
+    again = "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
+    return (
+        f"got {name}: the workers save at the next agreed step and stop; {again} stops "
+        "them at once, without saving"
+    )
 
 
 def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO[str]) -> int:
-    """Run every task to the end; echo rank 0's log; return the job's exit code."""
+    """Run every task to the end; echo rank 0's log; return the job's exit code.
+
+    The first SIGINT, SIGTERM or SIGHUP makes the workers save an agreed step and stop; the
+    run then ends ``cancelled`` (SIGINT: the exit code is 130) or ``preempted`` (75), and
+    ``hpctf resubmit`` resumes it. A second one stops them at once. Workers never outlive the
+    launcher (:func:`_end_with`).
+    """
     job_id = os.getpid()
     ntasks = config.ntasks
-    base = {**env, **config.site.env, **config.experiment.env}
+    base = {**env, **config.site.env, **config.experiment.env, LAUNCHER_PID_ENV: str(job_id)}
     run.record_start(str(job_id), nodes=socket.gethostname())
+    stop = _StopSignals()
     procs: list[subprocess.Popen[bytes]] = []
-    for rank in range(ntasks):
-        with run.rank_log(rank).open("ab") as log_file:
-            procs.append(
-                subprocess.Popen(
-                    [config.python, "-m", "hpctf", "worker", str(run.path)],
-                    env=task_environment(base, job_id, ntasks, rank),
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
     status = 0
+    sink: IO[str] | None = echo
+    try:
+        for rank in range(ntasks):
+            with run.rank_log(rank).open("ab") as log_file:
+                procs.append(
+                    subprocess.Popen(
+                        [config.python, "-m", "hpctf", "worker", str(run.path)],
+                        env=task_environment(base, job_id, ntasks, rank),
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        # Out of the terminal's process group: a Ctrl-C reaches the launcher
+                        # alone, which decides what the workers get.
+                        start_new_session=True,
+                        preexec_fn=_end_with(job_id),
+                    )
+                )
+        status = _supervise(run, job_id, procs, stop, sink)
+    except KeyboardInterrupt:
+        status = 128 + (stop.first or signal.SIGINT)
+    finally:
+        # SIGKILL, as srun does after KillWait: once the strategy exists TensorFlow's own
+        # handler swallows SIGTERM, so a polite signal may never end a worker.
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.wait()
+        stop.restore()
+    status = status or next((p.returncode for p in procs if p.returncode), 0)
+    reason = run.record_end(str(job_id), status, config.site.preemption.signal)
+    return CANCELLED_EXIT if reason == "cancelled" else status
+
+
+def _supervise(
+    run: RunDir,
+    job_id: int,
+    procs: list[subprocess.Popen[bytes]],
+    stop: _StopSignals,
+    sink: IO[str] | None,
+) -> int:
+    """Echo rank 0 and wait for the workers, as srun --kill-on-bad-exit=1 would; returns the
+    first bad exit status that ends the others, or 0."""
     preempted_at: float | None = None
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    warned_at: float | None = None
+    rewarned = 0.0
     with run.rank_log(0).open("rb") as chief_log:
         chief_log.seek(0, os.SEEK_END)
-        try:
-            while any(p.poll() is None for p in procs):
-                _pump(chief_log, echo)
-                codes = [p.returncode for p in procs if p.returncode not in (None, 0)]
-                # 75: a rank saved the agreed preemption step; the others are exiting too.
-                failed = [code for code in codes if code != PREEMPTED_EXIT]
-                if codes and preempted_at is None:
-                    preempted_at = time.monotonic()
-                overdue = preempted_at is not None and time.monotonic() > (
-                    preempted_at + PREEMPTION_GRACE_S
-                )
-                if failed or overdue:
-                    status = (failed or codes)[0]
-                    break
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            status = 130
-        finally:
-            # SIGKILL, as srun does after KillWait: once the strategy exists TensorFlow's own
-            # handler swallows SIGTERM, so a polite signal may never end a worker.
-            for proc in procs:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            for proc in procs:
-                proc.wait()
-            _pump(chief_log, echo)
-            signal.signal(signal.SIGTERM, previous)
-    status = status or next((p.returncode for p in procs if p.returncode), 0)
-    run.record_end(str(job_id), status, config.site.preemption.signal)
-    return status
+        while any(p.poll() is None for p in procs):
+            sink = _pump(chief_log, sink)
+            if stop.first and warned_at is None:
+                warned_at = rewarned = time.monotonic()
+                _say(sink, _warn(run, job_id, procs, stop.first))
+            elif warned_at is not None and time.monotonic() > rewarned + REWARN_S:
+                rewarned = time.monotonic()
+                _signal_workers(procs)
+            codes = [p.returncode for p in procs if p.returncode not in (None, 0)]
+            # 75: a rank saved the agreed preemption step; the others are exiting too.
+            failed = [code for code in codes if code != PREEMPTED_EXIT]
+            if codes and preempted_at is None:
+                preempted_at = time.monotonic()
+            now = time.monotonic()
+            overdue = (preempted_at is not None and now > preempted_at + PREEMPTION_GRACE_S) or (
+                warned_at is not None and now > warned_at + WARNED_GRACE_S
+            )
+            if failed or overdue:
+                return (failed or codes or [128 + signal.SIGKILL])[0]
+            time.sleep(0.1)
+        _pump(chief_log, sink)
+    return 0

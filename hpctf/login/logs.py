@@ -138,20 +138,21 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
         for text in reader.read(current.events):
             click.echo(text, nl=False)
         state = current.state.state
+        stopped = state in ("failed", "preempted")  # the start ended; a requeue may follow
         if state != last_state:  # a failed start: ask soon, once job-end had time to requeue
             gone, last_state = 0, state
-            next_check = min(next_check, time.monotonic() + (3 if state == "failed" else 30))
+            next_check = min(next_check, time.monotonic() + (3 if stopped else 30))
         over = state in FINAL_RUN_STATES - {"failed"}
         if not over and time.monotonic() >= next_check:
             # The journal cannot always tell: a failed start may be requeued by Slurm itself
             # (a node failure), and a job killed hard never records its end.
-            alive = _job_alive(current) if current.slurm else state != "failed"
-            if state == "failed":
+            alive = _job_alive(current) if current.slurm else not stopped
+            if stopped:
                 over = alive is not True
             else:
                 gone = gone + 1 if alive is False else 0
                 over = gone >= 2
-            next_check = time.monotonic() + (10 if state == "failed" else 30)
+            next_check = time.monotonic() + (10 if stopped else 30)
         if over:
             for text in reader.read(Run.read(run_dir).events, final=True):
                 click.echo(text, nl=False)

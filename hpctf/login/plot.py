@@ -9,7 +9,9 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import UserError
+from hpctf.login.run_report import shown_state
 from hpctf.login.runs import Run, metric_records
+from hpctf.login.slurm_view import job_states, slurm_state
 
 RESTART_LABELS = {
     "preempted": "preempted",
@@ -92,9 +94,16 @@ def plot(run_dir: Path, output: Path | None) -> None:
         more_handles, more_labels = other.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
     axes.legend(handles, labels, loc="upper right")
-    axes.set_title(f"{run.name}: {run.state.state}, {len(run.state.starts)} start(s)")
+    axes.set_title(title(run))
     axes.grid(True, alpha=0.3)
     figure.tight_layout()
     figure.savefig(output)
     pyplot.close(figure)
     click.echo(f"wrote {output}")
+
+
+def title(run: Run) -> str:
+    """The plot's title: the run's state as `hpctf status` says it (Slurm's word included, one
+    squeue call), and its starts."""
+    state, _ = shown_state(run, slurm_state(run, run.job, job_states([run], all_jobs=False)))
+    return f"{run.name}: {state}, {len(run.state.starts)} start(s)"

@@ -39,22 +39,31 @@ def elapsed_seconds(events: Sequence[Mapping[str, Any]], running: bool, now: flo
 
 
 def progress(
-    run: Run, now: float, records: Sequence[Mapping[str, Any]] | None = None
+    run: Run,
+    now: float,
+    records: Sequence[Mapping[str, Any]] | None = None,
+    running: bool | None = None,
 ) -> dict[str, Any]:
-    """Step, total, last loss, steps/s, elapsed and ETA of ``run`` (None where unknown)."""
+    """Step, total, last loss, steps/s, elapsed and ETA of ``run`` (None where unknown).
+    ``running``: whether a start is training now (default: the journal's word); elapsed time
+    and the ETA count only then, not while a requeued job waits."""
     if records is None:
         records = metric_records(run.run.metrics, METRICS_TAIL_BYTES)
     losses = [r for r in records if isinstance(r.get("loss"), (int, float))]
     last = losses[-1] if losses else {}
     step = max((int(r["step"]) for r in records), default=None)
-    total = run.config.experiment.train.steps
-    if total is None:  # a train.script's fit: hpctf.keras.callbacks() records the total
-        total = next((int(r["total_steps"]) for r in reversed(records) if "total_steps" in r), None)
+    # train.epochs, or a train.script's fit: the chief's records (hpctf's loop, or
+    # hpctf.keras.callbacks()) say how many steps the run makes.
+    total = run.config.experiment.train.steps or next(
+        (int(r["total_steps"]) for r in reversed(records) if isinstance(r.get("total_steps"), int)),
+        None,
+    )
     if run.run.done.exists():
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             step = int(json.loads(run.run.done.read_text(encoding="utf-8"))["step"])
     rate = last.get("steps_per_s")
-    running = run.state.state == "running"
+    if running is None:
+        running = run.state.state == "running"
     eta = None
     if running and total and step is not None and isinstance(rate, (int, float)) and rate > 0:
         eta = max(total - step, 0) / rate

@@ -10,10 +10,54 @@ from typing import Any
 
 from hpctf.core import slurm, snapshot
 from hpctf.core.rundir import job_history
-from hpctf.core.runstate import Start
+from hpctf.core.runstate import FAILURE_REASONS, PREEMPTION_REASONS, Start
 from hpctf.login.progress import code_text, duration, progress, sparkline
 from hpctf.login.runs import METRICS_TAIL_BYTES, Run, metric_records
 from hpctf.login.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
+
+
+def shown_state(run: Run, current: Mapping[str, str] | None) -> tuple[str, str]:
+    """The run's state and why, as every command shows it (status, plot): the journal's,
+    unless Slurm has the job back in its queue (``current``: :func:`slurm_state` of the
+    run's job)."""
+    state, why = run.state.state, run.state.why
+    if (
+        state in ("failed", "preempted", "running")
+        and current
+        and current["state"] in REQUEUED_STATES
+    ):
+        # Slurm requeues a job itself after a node failure, a preemption or scontrol requeue:
+        # the journal says the start failed, or (its batch shell killed first) is still
+        # running, while the job is back in the queue; its next start records itself.
+        reason = _last_end(run)
+        state, why = "requeued", f"by Slurm after {reason}"
+    return state, why
+
+
+def _last_end(run: Run) -> str:
+    """How the last start ended, also when its batch shell was killed before it could say:
+    as the next start will close it (:func:`hpctf.core.runstate.starts_of`)."""
+    last = run.state.last
+    if last is not None and last.reason:
+        return last.reason
+    started = [i for i, e in enumerate(run.events) if e.get("event") == "started"]
+    since = run.events[started[-1] + 1 :] if started else []
+    saved = next((e for e in reversed(since) if e.get("event") == "preempted"), None)
+    if saved is None:
+        return "node_fail"
+    return "timeout" if saved.get("signal") == "USR2" else "preempted"
+
+
+def requeues_used(run: Run, state: str) -> tuple[int, int]:
+    """Preemption and failure requeues used, counting the last start's requeue as soon as it
+    is decided (the journal's ``requeued``, or Slurm's own), not only once the next start
+    has begun."""
+    preemption, failure = run.state.preemption_requeues, run.state.failure_requeues
+    if state == "requeued" and run.state.last is not None:
+        reason = _last_end(run)
+        preemption += reason in PREEMPTION_REASONS
+        failure += reason in FAILURE_REASONS
+    return preemption, failure
 
 
 def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> dict[str, Any]:
@@ -21,14 +65,8 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
     records = metric_records(run.run.metrics, None if full else METRICS_TAIL_BYTES)
     budgets = run.config.site.preemption
     current = slurm_state(run, run.job, view)
-    state, why = run.state.state, run.state.why
-    last = run.state.last
-    if state in ("failed", "running") and current and current["state"] in REQUEUED_STATES:
-        # Slurm requeues a job itself after a node failure (or scontrol requeue): the journal
-        # says the start failed, or (its batch shell killed first) is still running, while
-        # the job is back in the queue; its next start records itself.
-        after = f" after {last.reason}" if last and last.reason else ""
-        state, why = "requeued", f"by Slurm{after}"
+    state, why = shown_state(run, current)
+    preemption, failure = requeues_used(run, state)
     document: dict[str, Any] = {
         "run": run.name,
         "path": str(run.run.path),
@@ -39,10 +77,10 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
         "state": state,
         "why": why,
         "requeues": {
-            "preemption": [run.state.preemption_requeues, budgets.max_requeues],
-            "failure": [run.state.failure_requeues, budgets.max_failure_requeues],
+            "preemption": [preemption, budgets.max_requeues],
+            "failure": [failure, budgets.max_failure_requeues],
         },
-        **progress(run, now, records),
+        **progress(run, now, records, running=state == "running"),
         "code": [
             {"source": s.source, "git_commit": s.git_commit, "git_dirty": s.git_dirty}
             for s in snapshot.read(run.run.path)
@@ -120,10 +158,22 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def status_table(documents: Sequence[Mapping[str, Any]]) -> str:
-    """The runs as one table, then a line for each run whose state has a why, and a legend
-    when a state comes from the journal alone."""
-    text = format_table(TABLE_COLUMNS, table_rows(documents))
+def sweep_rows(sweeps: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """A sweep as one row: its array job, and its points' states counted in STATE."""
+    rows = []
+    for d in sweeps:
+        counts = ", ".join(f"{n} {state}" for state, n in d["states"].items()) or "no points read"
+        row = [d["sweep"], d["job"] or "-", "-", f"sweep of {d['points']}: {counts}"]
+        rows.append(tuple(row + ["-"] * (len(TABLE_COLUMNS) - len(row))))
+    return rows
+
+
+def status_table(
+    documents: Sequence[Mapping[str, Any]], sweeps: Sequence[Mapping[str, Any]] = ()
+) -> str:
+    """The runs and sweeps as one table, then a line for each run whose state has a why,
+    and a legend when a state comes from the journal alone."""
+    text = format_table(TABLE_COLUMNS, table_rows(documents) + sweep_rows(sweeps))
     for d in documents:
         if d["why"]:
             text += f"{d['run']}: {d['state']}: {d['why']}\n"
@@ -150,7 +200,9 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     if script is not None:
         lines.append(f"script: {script_text(script, document, run.run.checkpoint_step())}")
     if run.slurm and document["job"]:
-        lines.append(f"slurm: job {document['job']} {slurm_text(document['slurm'])}")
+        current = document["slurm"] or {}
+        when = f"; may start {current['start']}" if current.get("start") else ""
+        lines.append(f"slurm: job {document['job']} {slurm_text(current)}{when}")
     total = document["total_steps"] or "?"
     if document["step"] is not None:
         lines.append(
@@ -211,6 +263,8 @@ def _end(start: Start, job: Mapping[str, str] | None) -> str:
         # Its batch shell was killed before it could record the end (scancel, KillWait).
         if job is not None and job["source"] != "journal" and _final(job):
             return f"ended without a record of its own (Slurm: {job['state']})"
+        if job is not None and job["source"] != "journal" and job["state"] in REQUEUED_STATES:
+            return f"ended; Slurm requeued its job ({slurm_text(job)})"
         return "not ended"
     if start.user_code is not None:  # what the user's code raised, not srun's 143 for it
         return f"{start.user_code} (step {start.end_step}, exit {start.exit_code})"

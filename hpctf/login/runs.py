@@ -3,7 +3,8 @@
 
 Where runs are found, without RUN arguments: ``--root DIR``, else ``$HPCTF_RUNS_ROOT`` (which
 overrides every site's runs_root at submit), else the runs_root of the site ``--site NAME``,
-``$HPCTF_SITE`` or ``local``.
+``$HPCTF_SITE`` or ``local`` (:func:`runs_root_for`); ``hpctf status`` without any of them
+looks in every runs root at once (:func:`every_runs_root`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,28 @@ def runs_root_for(root: Path | None, site_name: str | None, env: Mapping[str, st
         return Path(expand_path(value, env))  # as at submit: ~ and $VARS
     except ValueError as exc:
         raise UserError(f"{where}: {exc}") from None
+
+
+def every_runs_root(env: Mapping[str, str]) -> list[Path]:
+    """Every runs root hpctf knows of, each once: ``$HPCTF_RUNS_ROOT``, then the runs_root of
+    each site on the search path (``hpctf sites``). A site that does not load, or whose
+    runs_root names a variable that is not set here, is skipped: ``hpctf sites NAME`` says why."""
+    from hpctf.core.sites import available, load_named_site
+    from hpctf.login.resolve import expand_path
+
+    values = [env["HPCTF_RUNS_ROOT"]] if env.get("HPCTF_RUNS_ROOT") else []
+    for name in available(env):
+        try:
+            values.append(load_named_site(name, env).runs_root)
+        except UserError:
+            continue
+    roots: dict[Path, None] = {}
+    for value in values:
+        try:
+            roots[Path(expand_path(value, env)).resolve()] = None
+        except ValueError:
+            continue
+    return list(roots)
 
 
 @dataclass

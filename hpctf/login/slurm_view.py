@@ -83,7 +83,10 @@ def slurm_state(run: Run, job_id: str | None, view: SlurmView) -> dict[str, str]
         return {"state": "", "reason": "not submitted", "source": "journal"}
     record = view.records.get(job_id)
     if record is not None:
-        return {"state": record.state, "reason": record.reason, "source": record.source}
+        state = {"state": record.state, "reason": record.reason, "source": record.source}
+        if record.state in REQUEUED_STATES and record.start:
+            state["start"] = record.start  # squeue's expected start of a pending job
+        return state
     starts = [s for s in run.state.starts if s.job_id == job_id]
     requeued = job_id == run.job and run.state.state in ACTIVE_RUN_STATES  # not over yet
     if starts and starts[-1].reason is not None and not requeued:

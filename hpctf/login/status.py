@@ -5,6 +5,7 @@ scripts. At most one squeue and one sacct call per command (:mod:`hpctf.login.sl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -14,11 +15,13 @@ from typing import Any
 
 import click
 
+from hpctf.core.errors import UserError
 from hpctf.login.run_report import describe_run, format_table, run_document, status_table
 from hpctf.login.runs import (
     ACTIVE_RUN_STATES,
     METRICS_TAIL_BYTES,
     Run,
+    every_runs_root,
     find_runs,
     metric_records,
     runs_root_for,
@@ -27,7 +30,7 @@ from hpctf.login.slurm_view import (
     job_states,
 )
 from hpctf.login.sweep_commands import sweep_status
-from hpctf.login.sweep_dir import find_sweeps, is_sweep_dir, summary
+from hpctf.login.sweep_dir import SweepDir, find_sweeps, is_sweep_dir, summary, sweep_document
 
 # Runs `hpctf status` shows without RUN arguments: those still queued or running, and those
 # whose journal moved within this many days (--all: every run).
@@ -54,19 +57,41 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="One JSON do
 
 def _selected_runs(
     run_dirs: Sequence[Path], root: Path | None, site_name: str | None, every: bool
-) -> list[Run]:
+) -> tuple[list[Run], list[dict[str, Any]]]:
+    """The runs to show, and the sweeps (one document each). Without RUN arguments, --root
+    or --site: every runs root hpctf knows of, $HPCTF_RUNS_ROOT's and each site's."""
     if run_dirs:
-        return [Run.read(path) for path in run_dirs]
-    where = runs_root_for(root, site_name, os.environ)
-    runs = find_runs(where)
-    if not every:
-        cutoff = time.time() - RECENT_DAYS * 86400
-        runs = [
-            r for r in runs if r.state.state in ACTIVE_RUN_STATES or r.last_event_time >= cutoff
-        ]
-    if not runs:
-        click.echo(f"no {'' if every else 'recent '}runs under {where}", err=True)
-    return runs
+        return [Run.read(path) for path in run_dirs], []
+    if root is not None or site_name:
+        roots = [runs_root_for(root, site_name, os.environ)]
+    else:
+        roots = every_runs_root(os.environ)
+    cutoff = time.time() - RECENT_DAYS * 86400
+
+    def shown(run: Run) -> bool:
+        return every or run.state.state in ACTIVE_RUN_STATES or run.last_event_time >= cutoff
+
+    found: dict[Path, Run] = {}
+    sweeps = []
+    for where in roots:
+        found.update((run.run.path, run) for run in find_runs(where) if shown(run))
+        for sweep in find_sweeps(where):
+            points = _readable_points(sweep)
+            if every or any(shown(point) for point in points):
+                sweeps.append(sweep_document(sweep, points))
+    runs = sorted(found.values(), key=lambda r: r.created, reverse=True)
+    if not runs and not sweeps:
+        places = ", ".join(str(where) for where in roots)
+        click.echo(f"no {'' if every else 'recent '}runs under {places}", err=True)
+    return runs, sweeps
+
+
+def _readable_points(sweep: SweepDir) -> list[Run]:
+    points = []
+    for point in sweep.points:
+        with contextlib.suppress(UserError, KeyError, TypeError):
+            points.append(Run.read(Path(point["run_dir"])))
+    return points
 
 
 @click.command()
@@ -79,27 +104,25 @@ def status(
     run_dirs: tuple[Path, ...], as_json: bool, every: bool, root: Path | None, site_name: str | None
 ) -> None:
     """Show runs: one RUN in full (state and why, budgets, code, Slurm, progress, each job and
-    start), several as a table; without RUN, the recent runs under the runs root (--all:
-    every run). At most one squeue and one sacct call, however many runs. A sweep
+    start), several as a table; without RUN, the recent runs and sweeps under every runs
+    root hpctf knows of ($HPCTF_RUNS_ROOT's and each site's; --root or --site: one), a sweep
+    as one row (--all: every run). At most one squeue and one sacct call, however many runs. A sweep
     directory: one line per point."""
     if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):
         sweep_status(run_dirs[0], as_json)
         return
-    runs = _selected_runs(run_dirs, root, site_name, every)
+    runs, sweeps = _selected_runs(run_dirs, root, site_name, every)
     single = len(run_dirs) == 1
     view = job_states(runs, all_jobs=single)
     now = time.time()
     documents = [run_document(run, view, now, full=single) for run in runs]
     if as_json:
-        click.echo(
-            json.dumps(
-                {"runs": documents, "notes": [view.problem] if view.problem else []}, indent=2
-            )
-        )
+        notes = [view.problem] if view.problem else []
+        click.echo(json.dumps({"runs": documents, "sweeps": sweeps, "notes": notes}, indent=2))
     elif single:
         click.echo(describe_run(runs[0], documents[0]), nl=False)
-    elif documents:
-        click.echo(status_table(documents), nl=False)
+    elif documents or sweeps:
+        click.echo(status_table(documents, sweeps), nl=False)
 
 
 @click.command()

@@ -145,6 +145,21 @@ def summary(documents: Sequence[Mapping[str, Any]]) -> str:
     return f"{len(documents)} points: {states}"
 
 
+def sweep_document(sweep: SweepDir, runs: Sequence[Run]) -> dict[str, Any]:
+    """A sweep as one row of ``hpctf status``: its points' states counted (from their
+    journals; ``runs`` are its points, read)."""
+    arrays = sweep.data.get("arrays") or []
+    return {
+        "sweep": sweep.path.name,
+        "path": str(sweep.path),
+        "site": sweep.data.get("site"),
+        "created": sweep.data.get("created"),
+        "job": str(arrays[-1].get("job_id")) if arrays else None,
+        "points": len(sweep.points),
+        "states": dict(sorted(Counter(run.state.state for run in runs).items())),
+    }
+
+
 def status_text(sweep: SweepDir, documents: Sequence[Mapping[str, Any]]) -> str:
     """One line per point: values, job, Slurm, state, step, loss, last evaluation."""
     rows = []
