@@ -605,7 +605,7 @@ class Bench:
     ) -> tuple[dict[str, Any], Path]:
         """Two workers started directly with srun's environment (no launcher that would stop
         the other rank for us); ``signum`` to rank 1 once rank 0 logged ``preempt_after``."""
-        from hpctf.login.local import task_environment  # login wing: no TensorFlow
+        from hpctf.login.submitting.local import task_environment  # login wing: no TensorFlow
 
         name = signum.name
         runs = work / f"runs-{name}"

@@ -5,10 +5,10 @@ where errors are turned into what the user sees, by whose fault they are:
 - EnvironmentProblem (Slurm down or slow, a full disk): ``Error: <what failed>``, exit 3;
 - anything else is hpctf's bug: the traceback and a line asking to report it, exit 70.
 
-Login-node commands live in :mod:`hpctf.login.commands` (init to resubmit) and, after submit,
-in :mod:`~hpctf.login.status` (status, runs), :mod:`~hpctf.login.logs`,
-:mod:`~hpctf.login.cancel` and :mod:`~hpctf.login.plot`; the batch script's hooks in
-:mod:`hpctf.login.batch`, the compute-node ones in :mod:`hpctf.compute.commands`.
+Each room of a wing brings its commands: :mod:`hpctf.login.submitting` (init to resubmit),
+:mod:`hpctf.login.watching` (status, runs, logs, cancel, plot), :mod:`hpctf.login.sweeps`,
+:mod:`hpctf.login.doctor`; the batch script's hooks come from :mod:`hpctf.batch`, the
+compute-node ones from :mod:`hpctf.compute.commands`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ from typing import Any
 
 import click
 
+from hpctf.batch import commands as batch
 from hpctf.compute import commands as compute_commands
 from hpctf.core.errors import BUG_EXIT, EnvironmentProblem, UserError
-from hpctf.login import batch, cancel, logs, plot, status
-from hpctf.login import commands as login_commands
+from hpctf.login.doctor.commands import doctor
+from hpctf.login.submitting import commands as submitting
+from hpctf.login.sweeps.commands import sweep
+from hpctf.login.watching import cancel, logs, plot, status
 
 
 class _UserFailure(click.ClickException):
@@ -52,7 +55,9 @@ def cli() -> None:
 
 
 for _command in (
-    *login_commands.COMMANDS,
+    *submitting.COMMANDS,
+    sweep,
+    doctor,
     *status.COMMANDS,
     logs.logs,
     cancel.cancel,

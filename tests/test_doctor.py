@@ -30,10 +30,10 @@ from hpctf.compute.preflight import busbw_gbps, error_line
 from hpctf.core import slurm
 from hpctf.core.errors import UserError
 from hpctf.core.sites import load_named_site
-from hpctf.login.doctor import doctor_config, prepare_directory, render_script
-from hpctf.login.doctor_verdict import evaluate, format_table, merge_allreduce, verdict_document
-from hpctf.login.loader import load_config
-from hpctf.login.render import render
+from hpctf.login.doctor.commands import doctor_config, prepare_directory, render_script
+from hpctf.login.doctor.verdict import evaluate, format_table, merge_allreduce, verdict_document
+from hpctf.login.submitting.loader import load_config
+from hpctf.login.submitting.render import render
 from tests.conftest import DIGITS, HPCTF, require_tool, write
 
 # --- the checks a task judges itself -----------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hpctf.login.loader import args_problems
+from hpctf.login.submitting.loader import args_problems
 
 SOURCE = """
 import functools

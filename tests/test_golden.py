@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from hpctf import __version__
-from hpctf.login import scaffold
-from hpctf.login.loader import load_config
-from hpctf.login.render import explain, render
+from hpctf.login.submitting import scaffold
+from hpctf.login.submitting.loader import load_config
+from hpctf.login.submitting.render import explain, render
 from tests.conftest import REPO
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -11,7 +11,7 @@ import pytest
 
 import hpctf.keras
 from hpctf.core.errors import UserError
-from hpctf.login.run_report import script_text
+from hpctf.login.watching.run_report import script_text
 
 
 def test_hpctf_keras_imports_no_tensorflow() -> None:

@@ -24,9 +24,9 @@ from hpctf.core import slurm, slurm_queries
 from hpctf.core.rundir import RunDir
 from hpctf.core.slurm import SlurmError
 from hpctf.core.slurm_queries import JobRecord
-from hpctf.login import plot, progress
-from hpctf.login.run_report import TABLE_COLUMNS
-from hpctf.login.runs import Run, epoch_seconds
+from hpctf.login.watching import plot, progress
+from hpctf.login.watching.run_report import TABLE_COLUMNS
+from hpctf.login.watching.runs import Run, epoch_seconds
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 from tests.test_slurm_e2e import release_requeued
 

@@ -21,7 +21,7 @@ from hpctf.compute.node_checks import Check
 from hpctf.compute.quick_preflight import EVENT, before_tensorflow, failure_line, judge
 from hpctf.core.errors import NODE_CHECK_EXIT
 from hpctf.core.rundir import RunDir
-from hpctf.login.local import task_environment
+from hpctf.login.submitting.local import task_environment
 from tests.conftest import DIGITS, HPCTF, write
 
 JOB_ID = 7

@@ -145,7 +145,7 @@ def test_call_script_runs_main_with_args_and_returns_its_exit(tmp_path: Path) ->
 
 def test_script_environment_names_run_checkpoints_rank_and_chief(tmp_path: Path) -> None:
     experiment = _experiment(tmp_path, "  script: train.py\n")
-    from hpctf.login.loader import load_config
+    from hpctf.login.submitting.loader import load_config
 
     config = load_config(experiment, "local-slurm", [], {**os.environ}).config
     env = {

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctf.login import scaffold
+from hpctf.login.submitting import scaffold
 from tests.conftest import HPCTF, REPO, require_tool
 
 SITES = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.login.sweep import (
+from hpctf.login.sweeps.plan import (
     Grid,
     Point,
     Range,

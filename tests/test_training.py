@@ -18,7 +18,7 @@ import pytest
 from hpctf.core.errors import STALLED_EXIT
 from hpctf.core.rundir import RunDir
 from hpctf.core.runstate import Start, run_state
-from hpctf.login.local import task_environment
+from hpctf.login.submitting.local import task_environment
 from tests.conftest import (
     DIGITS,
     ENTRIES_PATH,

@@ -18,7 +18,7 @@ import pytest
 from hpctf.compute import user_code
 from hpctf.compute.user_code import UserCodeError, call, region, whose
 from hpctf.core.runstate import after_end, before_start, run_state
-from hpctf.login.run_report import _end
+from hpctf.login.watching.run_report import _end
 from tests.test_runstate import BUDGETS, SUBMITTED, ended, started
 
 SEQ = """\

@@ -333,7 +333,7 @@ def test_a_lost_peer_is_named_by_rank_and_host(
     from hpctf.compute.cluster import cluster_spec
     from hpctf.compute.peers import PeerLost, lost_peer
     from hpctf.core.errors import ENVIRONMENT_EXIT
-    from hpctf.login.local import task_environment
+    from hpctf.login.submitting.local import task_environment
 
     spec = cluster_spec(task_environment({}, 7, 2, rank), (20000, 30000), "{host}")
     lost = lost_peer(code, message, spec)

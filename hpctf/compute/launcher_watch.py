@@ -2,7 +2,7 @@
 they can.
 
 The launcher asks Linux to send each worker SIGTERM when the launcher dies
-(``PR_SET_PDEATHSIG``, :func:`hpctf.login.local._end_with`): SIGTERM is the warning the
+(``PR_SET_PDEATHSIG``, :func:`hpctf.login.submitting.local._end_with`): SIGTERM is the warning the
 workers save an agreed step on. This watch is the fallback: where that signal does not exist
 (not Linux), does not reach the worker (a ``python`` that is a wrapper script), or is swallowed
 (TensorFlow's own C++ handler owns SIGTERM while the strategy is being created). It polls the
@@ -23,7 +23,7 @@ from hpctf.compute.leaving import exit_now
 
 log = logging.getLogger("hpctf.worker")
 
-# Set by the local launcher (hpctf.login.local.LAUNCHER_PID_ENV); absent under Slurm.
+# Set by the local launcher (hpctf.login.submitting.local.LAUNCHER_PID_ENV); absent under Slurm.
 LAUNCHER_PID_ENV = "HPCTF_LAUNCHER_PID"
 POLL_S = 0.5
 # From the launcher's end to this process's: time for the next agreed step and its save

@@ -7,7 +7,7 @@ training makes it (:func:`hpctf.compute.session.make_strategy`: NCCL on GPUs, RI
 a few message sizes, timed; with NCCL, its log (NCCL_DEBUG=INFO, into a file) scanned for a
 fallback to TCP sockets (``nccl``). Each task writes what it found to
 ``DOCTOR_DIR/results/rank-<N>.json`` (:mod:`hpctf.core.doctor_files`);
-:mod:`hpctf.login.doctor` reads every task's file and judges them together (versions equal
+:mod:`hpctf.login.doctor.commands` reads every task's file and judges them together (versions equal
 everywhere, every node reported, the site's bandwidth threshold).
 
 The file is written after the checks that need no TensorFlow, again after TensorFlow's, and

@@ -393,4 +393,3 @@ class Session:
         except tf.errors.OpError as exc:
             log.info("a peer left before the last barrier: %s", str(exc).strip().splitlines()[0])
         log.info("all ranks finished; leaving (barrier %.2f s)", time.perf_counter() - started)
-

@@ -1,8 +1,9 @@
 """Experiment and site files: the schemas, and the resolved config a run is frozen with.
 
-Shared by both wings: the login node validates and resolves (:mod:`hpctf.login.resolve`); the
-worker reads the frozen result back from the run directory. Value grammar lives in
-:mod:`hpctf.core.values`, the sbatch option table in :mod:`hpctf.core.sbatch_options`.
+Shared by both wings: the login node validates and resolves
+(:mod:`hpctf.login.submitting.resolve`); the worker reads the frozen result back from the run
+directory. Value grammar lives in :mod:`hpctf.core.values`, the sbatch option table in
+:mod:`hpctf.core.sbatch_options`.
 """
 
 from __future__ import annotations

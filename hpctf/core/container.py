@@ -7,8 +7,8 @@ missing inside an image (Lightning-AI/pytorch-lightning#21404), and a containeri
 (``sbatch --container-image``) could not run srun at all (pyxis FAQ:
 https://github.com/NVIDIA/pyxis/wiki/Frequently-asked-questions).
 
-This module holds the schema only (shared by both wings); :mod:`hpctf.login.containers` turns
-it into the srun or apptainer words of the batch script.
+This module holds the schema only (shared by both wings); :mod:`hpctf.login.submitting.containers`
+turns it into the srun or apptainer words of the batch script.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import RunDir
-from hpctf.login.runs import FINAL_RUN_STATES, Run
-from hpctf.login.slurm_view import slurm_records
+from hpctf.login.watching.runs import FINAL_RUN_STATES, Run
+from hpctf.login.watching.slurm_view import slurm_records
 
 # The first line every worker writes at each start (hpctf.compute.runtime.run_worker).
 WORKER_HEADER = re.compile(

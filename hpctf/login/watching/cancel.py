@@ -10,10 +10,10 @@ from hpctf.core import slurm
 from hpctf.core.errors import UserError
 from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import job_history
-from hpctf.login.runs import Run
-from hpctf.login.slurm_view import cancelled_by_user
-from hpctf.login.sweep_commands import sweep_cancel
-from hpctf.login.sweep_dir import is_sweep_dir
+from hpctf.login.sweeps.commands import sweep_cancel
+from hpctf.login.sweeps.sweep_dir import is_sweep_dir
+from hpctf.login.watching.runs import Run
+from hpctf.login.watching.slurm_view import cancelled_by_user
 
 
 @click.command()

@@ -1,5 +1,5 @@
 """``hpctf status`` and ``hpctf runs``: one run in full, many as a table, ``--json`` for
-scripts. At most one squeue and one sacct call per command (:mod:`hpctf.login.slurm_view`);
+scripts. At most one squeue and one sacct call per command (:mod:`hpctf.login.watching.slurm_view`);
 ``runs`` asks Slurm nothing.
 """
 
@@ -16,8 +16,16 @@ from typing import Any
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.login.run_report import describe_run, format_table, run_document, status_table
-from hpctf.login.runs import (
+from hpctf.login.sweeps.commands import sweep_status
+from hpctf.login.sweeps.sweep_dir import (
+    SweepDir,
+    find_sweeps,
+    is_sweep_dir,
+    summary,
+    sweep_document,
+)
+from hpctf.login.watching.run_report import describe_run, format_table, run_document, status_table
+from hpctf.login.watching.runs import (
     ACTIVE_RUN_STATES,
     METRICS_TAIL_BYTES,
     Run,
@@ -26,11 +34,9 @@ from hpctf.login.runs import (
     metric_records,
     runs_root_for,
 )
-from hpctf.login.slurm_view import (
+from hpctf.login.watching.slurm_view import (
     job_states,
 )
-from hpctf.login.sweep_commands import sweep_status
-from hpctf.login.sweep_dir import SweepDir, find_sweeps, is_sweep_dir, summary, sweep_document
 
 # Runs `hpctf status` shows without RUN arguments: those still queued or running, and those
 # whose journal moved within this many days (--all: every run).

@@ -33,7 +33,7 @@ from hpctf.core.assets import shipped_dir
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import UserError
 from hpctf.core.sources import KeyPath, Origin
-from hpctf.login.containers import container_launch
+from hpctf.login.submitting.containers import container_launch
 
 TEMPLATE = "sbatch.sh.j2"
 # What sbatch reads as one argument of an #SBATCH line and nothing more: no whitespace (it

@@ -31,14 +31,13 @@ from hpctf.core.rundir import (
 from hpctf.core.runstate import run_state
 from hpctf.core.sites import describe_site, listing, read_site, search_path
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
-from hpctf.login import scaffold
-from hpctf.login.doctor import doctor
-from hpctf.login.launch import new_run, start_run, warn_if_writable_by_others
-from hpctf.login.loader import load_config
-from hpctf.login.render import explain as explain_script
-from hpctf.login.render import render
-from hpctf.login.sweep_commands import sweep, sweep_resubmit
-from hpctf.login.sweep_dir import is_sweep_dir
+from hpctf.login.submitting import scaffold
+from hpctf.login.submitting.launch import new_run, start_run, warn_if_writable_by_others
+from hpctf.login.submitting.loader import load_config
+from hpctf.login.submitting.render import explain as explain_script
+from hpctf.login.submitting.render import render
+from hpctf.login.sweeps.commands import sweep_resubmit
+from hpctf.login.sweeps.sweep_dir import is_sweep_dir
 
 # A Slurm node list as scontrol writes one: names, ranges in brackets, commas.
 _NODELIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*")
@@ -319,6 +318,4 @@ COMMANDS = (
     sites,
     init,
     resubmit,
-    doctor,
-    sweep,
 )

@@ -15,7 +15,7 @@ import click
 from hpctf.core.errors import UserError
 from hpctf.core.slurm import SlurmFailure
 from hpctf.core.slurm_queries import JobRecord, sacct_jobs, squeue_jobs
-from hpctf.login.runs import ACTIVE_RUN_STATES, Run
+from hpctf.login.watching.runs import ACTIVE_RUN_STATES, Run
 
 # Slurm's states of a job back in the queue after a requeue.
 REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})

@@ -10,7 +10,7 @@ Layout::
 
 A point's run directory is a run like any other (config, journal, checkpoints): every command
 that takes a RUN_DIR works on it. Its jobs are recorded as ``<array>_<task>``
-(:func:`hpctf.login.batch._job_id` says why).
+(:func:`hpctf.batch.commands._job_id` says why).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import write_atomic
-from hpctf.login.run_report import format_table, run_document
-from hpctf.login.runs import METRICS_TAIL_BYTES, Run, metric_records
-from hpctf.login.slurm_view import SlurmView, slurm_text
+from hpctf.login.watching.run_report import format_table, run_document
+from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records
+from hpctf.login.watching.slurm_view import SlurmView, slurm_text
 
 SWEEP_FILE = "sweep.json"
 
@@ -206,7 +206,7 @@ def find_sweeps(root: Path) -> list[SweepDir]:
 def claim_sweep_dir(plan: Callable[[], Path]) -> Path:
     """Create the sweep directory ``plan()`` names (with its ``logs/``), or the next one it
     names when another sweep of the same experiment took that name in the same second: the
-    mkdir is the claim, as for a run directory (:func:`hpctf.login.launch.new_run`)."""
+    mkdir is the claim, as for a run directory (:func:`hpctf.login.submitting.launch.new_run`)."""
     for _ in range(100):
         path = plan()
         try:

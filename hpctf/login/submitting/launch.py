@@ -17,7 +17,7 @@ from hpctf.core import slurm
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT
 from hpctf.core.rundir import RunDir, RunDirTaken, create_run_dir, plan_run_dir
-from hpctf.login.render import render
+from hpctf.login.submitting.render import render
 
 
 def new_run(config: ResolvedConfig) -> tuple[RunDir, ResolvedConfig, str]:
@@ -66,7 +66,7 @@ def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -
     """Start one job on ``run``: sbatch for Slurm sites (``exclude``: nodes to leave out),
     local processes for local ones."""
     if config.site.scheduler == "local":
-        from hpctf.login import local
+        from hpctf.login.submitting import local
 
         click.echo(f"run directory: {run.path}")
         click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")

@@ -1,10 +1,11 @@
 """``hpctf sweep``, and what ``status``, ``resubmit`` and ``cancel`` do with a sweep directory.
 
 Each point is a whole experiment: ``--set`` of its values on top of the sweep's own ``--set``,
-resolved and validated as ``hpctf submit`` does (:func:`hpctf.login.loader.load_config`), with
-a run directory of its own. On a Slurm site all points go in one job array (several when there
-are more than MaxArraySize), ``%K`` throttled; the array's script is the single-run template
-with the run directory picked by the task's index (:class:`hpctf.login.render.ArrayScript`).
+resolved and validated as ``hpctf submit`` does
+(:func:`hpctf.login.submitting.loader.load_config`), with a run directory of its own. On a Slurm
+site all points go in one job array (several when there are more than MaxArraySize), ``%K``
+throttled; the array's script is the single-run template with the run directory picked by the
+task's index (:class:`hpctf.login.submitting.render.ArrayScript`).
 On a local site the points run one after another, each as ``hpctf submit`` would run it.
 """
 
@@ -25,12 +26,10 @@ from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir, create_run_dir, job_history, runs_root, write_atomic
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
-from hpctf.login.launch import start_run, warn_if_writable_by_others
-from hpctf.login.loader import load_config
-from hpctf.login.render import ArrayScript, render
-from hpctf.login.runs import Run
-from hpctf.login.slurm_view import cancelled_by_user, job_states, slurm_records
-from hpctf.login.sweep import (
+from hpctf.login.submitting.launch import start_run, warn_if_writable_by_others
+from hpctf.login.submitting.loader import load_config
+from hpctf.login.submitting.render import ArrayScript, render
+from hpctf.login.sweeps.plan import (
     DEFAULT_MAX_POINTS,
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
     Point,
@@ -40,7 +39,9 @@ from hpctf.login.sweep import (
     plan_points,
     run_names,
 )
-from hpctf.login.sweep_dir import SweepDir, claim_sweep_dir, point_documents, status_text
+from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir, point_documents, status_text
+from hpctf.login.watching.runs import Run
+from hpctf.login.watching.slurm_view import cancelled_by_user, job_states, slurm_records
 
 # A stand-in run directory: every point's script, rendered for it, must be the same script.
 _SAME_SCRIPT = Path("/hpctf-sweep-point")

@@ -1,6 +1,6 @@
 """What ``hpctf status`` says of runs, pure: one run as a JSON-ready document (state and why,
 budgets, Slurm's word, progress, code, each job and start), many as a table, one in full as
-lines. The commands that read runs and ask Slurm are in :mod:`hpctf.login.status`.
+lines. The commands that read runs and ask Slurm are in :mod:`hpctf.login.watching.status`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 from hpctf.core import slurm, snapshot
 from hpctf.core.rundir import job_history
 from hpctf.core.runstate import FAILURE_REASONS, PREEMPTION_REASONS, Start
-from hpctf.login.progress import code_text, duration, progress, sparkline
-from hpctf.login.runs import METRICS_TAIL_BYTES, Run, metric_records
-from hpctf.login.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
+from hpctf.login.watching.progress import code_text, duration, progress, sparkline
+from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records
+from hpctf.login.watching.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
 
 
 def shown_state(run: Run, current: Mapping[str, str] | None) -> tuple[str, str]:

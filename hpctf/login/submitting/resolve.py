@@ -50,8 +50,8 @@ def read_experiment(path: Path, overrides: Iterable[str] = ()) -> tuple[Experime
 class ConfigProblems(UserError):
     """Problems found only once experiment and site are combined, by resolved key path.
 
-    The message names the experiment file; :mod:`hpctf.login.loader` re-words each problem with
-    the file and line its value came from (``origins``, from the same merge).
+    The message names the experiment file; :mod:`hpctf.login.submitting.loader` re-words each
+    problem with the file and line its value came from (``origins``, from the same merge).
     """
 
     def __init__(

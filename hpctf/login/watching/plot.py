@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.login.run_report import shown_state
-from hpctf.login.runs import Run, metric_records
-from hpctf.login.slurm_view import job_states, slurm_state
+from hpctf.login.watching.run_report import shown_state
+from hpctf.login.watching.runs import Run, metric_records
+from hpctf.login.watching.slurm_view import job_states, slurm_state
 
 RESTART_LABELS = {
     "preempted": "preempted",

@@ -5,7 +5,7 @@ GPUs, modules, venv, env and setup lines, as the training job gets them) that ru
 preflight`` (:mod:`hpctf.compute.preflight`) on every task, and submits it; or runs it inside
 the current allocation (``--here``), or as local processes on a local site. Every task writes
 its results to ``<runs_root>/doctor-<site>-<time>/results/rank-<N>.json``; this module reads
-them and :mod:`hpctf.login.doctor_verdict` judges them together.
+them and :mod:`hpctf.login.doctor.verdict` judges them together.
 
 Exit status: 0 when no check failed (warnings allowed), 1 when one did; 2 and 3 as everywhere
 (the input, or Slurm itself, failed). Never imports TensorFlow.
@@ -36,10 +36,10 @@ from hpctf.core.hostnames import expand_nodelist
 from hpctf.core.rundir import write_atomic
 from hpctf.core.sites import read_site
 from hpctf.core.sources import Origin
-from hpctf.login.doctor_verdict import evaluate, format_table, verdict_document
-from hpctf.login.local import task_environment
-from hpctf.login.render import ENVIRONMENT, ShellCode
-from hpctf.login.resolve import ConfigProblems, resolve
+from hpctf.login.doctor.verdict import evaluate, format_table, verdict_document
+from hpctf.login.submitting.local import task_environment
+from hpctf.login.submitting.render import ENVIRONMENT, ShellCode
+from hpctf.login.submitting.resolve import ConfigProblems, resolve
 
 TEMPLATE = "doctor.sh.j2"
 # Options of the training job that a doctor job leaves out: it is not requeued, warned,
@@ -155,8 +155,9 @@ def read_reports(directory: Path) -> list[dict[str, Any]]:
 
 
 def run_local(config: ResolvedConfig, directory: Path, env: Mapping[str, str], timeout: int) -> int:
-    """The tasks as processes on this machine (as :mod:`hpctf.login.local` starts workers);
-    returns how many ran. Unlike a training run, one task failing stops none of the others."""
+    """The tasks as processes on this machine (as :mod:`hpctf.login.submitting.local` starts
+    workers); returns how many ran. Unlike a training run, one task failing stops none of the
+    others."""
     ntasks = config.ntasks
     base = {**env, **config.site.env}
     job_id = os.getpid()

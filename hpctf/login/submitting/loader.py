@@ -18,8 +18,8 @@ from hpctf.core.config import Experiment, ResolvedConfig, Site
 from hpctf.core.errors import UserError
 from hpctf.core.sites import available, find_site, read_site_file
 from hpctf.core.sources import KeyPath, Origin, Origins, load_yaml
-from hpctf.login.render import check_site_template
-from hpctf.login.resolve import ConfigProblems, Loaded, read_experiment, resolve
+from hpctf.login.submitting.render import check_site_template
+from hpctf.login.submitting.resolve import ConfigProblems, Loaded, read_experiment, resolve
 
 
 def entry_problem(config: ResolvedConfig) -> str | None:

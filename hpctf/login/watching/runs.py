@@ -35,7 +35,7 @@ def runs_root_for(root: Path | None, site_name: str | None, env: Mapping[str, st
     if root is not None:
         return root
     from hpctf.core.sites import load_named_site
-    from hpctf.login.resolve import expand_path
+    from hpctf.login.submitting.resolve import expand_path
 
     if env.get("HPCTF_RUNS_ROOT"):
         where, value = "HPCTF_RUNS_ROOT", env["HPCTF_RUNS_ROOT"]
@@ -53,7 +53,7 @@ def every_runs_root(env: Mapping[str, str]) -> list[Path]:
     each site on the search path (``hpctf sites``). A site that does not load, or whose
     runs_root names a variable that is not set here, is skipped: ``hpctf sites NAME`` says why."""
     from hpctf.core.sites import available, load_named_site
-    from hpctf.login.resolve import expand_path
+    from hpctf.login.submitting.resolve import expand_path
 
     values = [env["HPCTF_RUNS_ROOT"]] if env.get("HPCTF_RUNS_ROOT") else []
     for name in available(env):

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpctf.login.runs import METRICS_TAIL_BYTES, Run, epoch_seconds, metric_records
+from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, epoch_seconds, metric_records
 
 SPARK = "▁▂▃▄▅▆▇█"
 
