@@ -166,6 +166,12 @@ BAD_CASES = [
         "exactly one of train.steps or train.epochs",
     ),
     ("zero batch", experiment_text(train__global_batch_size=0), [], "train.global_batch_size"),
+    (
+        "batch not split over the replicas",
+        experiment_text(resources__nodes=3, train__global_batch_size=64),
+        [],
+        "train.global_batch_size: 64 is not divisible by the 3 replicas",
+    ),
     ("bad name", experiment_text(name="my run; rm -rf /"), [], "name: 'my run; rm -rf /' is not"),
     ("unknown site", experiment_text(site="nowhere"), [], "site: unknown site 'nowhere'"),
     ("no site at all", experiment_text(site=DELETE), [], "site: no site given"),

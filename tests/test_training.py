@@ -428,6 +428,37 @@ def test_custom_loop_gets_the_same_guarantees(runs_root: Path, tmp_path: Path) -
     assert losses(run_dir)[200] < losses(run_dir)[50]  # it learned
 
 
+def test_custom_loop_with_epochs_reaches_its_last_step_save(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    # 1,797 digits in global batches of 64: 28 steps an epoch, 56 in two; the session learns
+    # that from the data given to session.distribute, so step 56 (no multiple of 50) is saved.
+    experiment = REPO / "examples" / "custom_loop" / "experiment.yaml"
+    epochs = ["--set", "train.steps=null", "--set", "train.epochs=2"]
+    proc = subprocess.run(
+        [
+            *HPCTF,
+            "submit",
+            str(experiment),
+            "--site",
+            "local",
+            "--set",
+            "resources.nodes=1",
+            *epochs,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = run_dir_from(proc.stdout)
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 56
+    assert checkpoint_steps(run_dir) == [50, 56]
+    assert sorted(losses(run_dir)) == [50, 56]
+
+
 def test_mixed_precision_xla_and_periodic_eval(runs_root: Path, tmp_path: Path) -> None:
     run_dir = submit_local(
         "--set",

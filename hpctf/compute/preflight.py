@@ -3,7 +3,7 @@
 Each task (started by srun, or as a local process on a local site) runs the node checks of
 :mod:`hpctf.compute.node_checks` (tensorflow, memlock, infiniband, hostnames, port), then
 ``allreduce``: one all-reduce across all tasks through MultiWorkerMirroredStrategy, made as the
-training makes it (:func:`hpctf.compute.session.make_strategy`: NCCL on GPUs, RING on CPUs), at
+training makes it (:func:`hpctf.compute.joining.make_strategy`: NCCL on GPUs, RING on CPUs), at
 a few message sizes, timed; with NCCL, its log (NCCL_DEBUG=INFO, into a file) scanned for a
 fallback to TCP sockets (``nccl``). Each task writes what it found to
 ``DOCTOR_DIR/results/rank-<N>.json`` (:mod:`hpctf.core.doctor_files`);
@@ -110,7 +110,7 @@ def allreduce(spec: ClusterSpec, join_timeout: int) -> dict[str, Any]:
     """
     import tensorflow as tf
 
-    from hpctf.compute.session import configure_failure_detection, make_strategy
+    from hpctf.compute.joining import configure_failure_detection, make_strategy
     from hpctf.core.config import Train
 
     gpus = len(tf.config.list_physical_devices("GPU"))

@@ -26,7 +26,7 @@ from hpctf.compute.compile_style import resolve_loss, resolve_metrics, resolve_o
 from hpctf.compute.leaving import exit_later
 from hpctf.compute.peers import PeerLost, lost_peer
 from hpctf.compute.preemption import Preempted
-from hpctf.compute.session import Session, with_loss_scaling
+from hpctf.compute.session import Session, open_session, with_loss_scaling
 from hpctf.compute.task_callbacks import TaskCallbacks
 from hpctf.core.config import ResolvedConfig, Train
 from hpctf.core.errors import EnvironmentProblem, UserError
@@ -55,14 +55,14 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     A peer that stops answering is :class:`hpctf.compute.peers.PeerLost` (exit 3)."""
     settings = config.experiment.train
     warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
-    session = Session(settings, config.experiment.checkpoint, run, spec, warning)
-    try:
-        return _train(config, run, spec, session)
-    except tf.errors.OpError as exc:
-        lost = _peer_lost(exc, spec, session)
-        if lost is None:
-            raise
-        raise lost from exc
+    with open_session(settings, config.experiment.checkpoint, run, spec, warning) as session:
+        try:
+            return _train(config, run, spec, session)
+        except tf.errors.OpError as exc:
+            lost = _peer_lost(exc, spec, session)
+            if lost is None:
+                raise
+            raise lost from exc
 
 
 # The gRPC statuses of TF's errors when a peer goes away, by the names hpctf.compute.peers uses.
@@ -116,26 +116,6 @@ def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec, session: Sess
 
 # From the end of training (DONE written, or the agreed preemption save) to the process's exit.
 LEAVE_WITHIN_S = 4.0
-
-
-def total_steps(session: Session, task: Task) -> int:
-    """train.steps, or train.epochs times the full global batches in one pass."""
-    settings = session.settings
-    if settings.steps is not None:
-        return settings.steps
-    examples = session.examples_in(task.train_data)
-    if examples is None:
-        raise UserError(
-            "train.epochs needs a training set of known size (a finite dataset, or "
-            "hpctf.Files(..., examples=N)); or give train.steps"
-        )
-    per_epoch = examples // session.global_batch_size
-    if per_epoch == 0:
-        raise UserError(
-            f"train.global_batch_size {settings.global_batch_size} exceeds the {examples} "
-            "training examples"
-        )
-    return per_epoch * (settings.epochs or 1)
 
 
 def build_task(
@@ -221,8 +201,8 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     start = session.track(model=task.model, optimizer=task.optimizer)
     if rescale is not None:
         log.info("%s", rescale())
-    total = session.total_steps = total_steps(session, task)
     iterator = session.distribute(task.train_data, task.shuffle_buffer)
+    total = session.total_steps
     train_step = make_train_step(strategy, task, session.global_batch_size, settings.jit_compile)
     evaluator = Evaluator(session, task.eval_data, task) if task.eval_data is not None else None
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from hpctf.core.config import SITE_RESOURCE_KEYS, Experiment, ResolvedConfig, Resources, Site
 from hpctf.core.errors import UserError
+from hpctf.core.replicas import batch_split_problem, expected_replicas
 from hpctf.core.sources import KeyPath, Origin, Origins, file_origins, load_yaml, origin_of
 from hpctf.core.validation import apply_overrides, validate_model
 from hpctf.core.values import slurm_time_seconds
@@ -264,6 +265,9 @@ def resolve(
     )
     origins.update(_other_origins(experiment, experiment_origins, site, site_origins, site_choice))
     problems = resource_conflicts(resources, site)
+    batch = experiment.train.global_batch_size
+    if batch and (split := batch_split_problem(batch, expected_replicas(resources))):
+        problems.append((("train", "global_batch_size"), split))
     if script_problem:
         problems.append((("train", "script"), script_problem))
     experiment = experiment.model_copy(update={"train": train, "resources": resources})
