@@ -35,6 +35,7 @@ from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
+from hpctf.core.launcher import launcher_for
 from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -73,8 +74,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         tf.keras.utils.disable_interactive_logging()
         self._settings = config.experiment.train
         self._checkpoint_settings = config.experiment.checkpoint
-        slurm = config.site.scheduler == "slurm"
-        self._warning_seconds = config.site.preemption.warning_seconds if slurm else None
+        self._warning_seconds = launcher_for(config.site).warning_seconds
         self._run = run
         self._spec = spec
         self._records = ChiefRecords(run, spec.is_chief)

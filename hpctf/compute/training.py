@@ -30,6 +30,7 @@ from hpctf.compute.session import Session, open_session, with_loss_scaling
 from hpctf.compute.task_callbacks import TaskCallbacks
 from hpctf.core.config import ResolvedConfig, Train
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.launcher import launcher_for
 from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -54,7 +55,7 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint.
     A peer that stops answering is :class:`hpctf.compute.peers.PeerLost` (exit 3)."""
     settings = config.experiment.train
-    warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
+    warning = launcher_for(config.site).warning_seconds
     with open_session(settings, config.experiment.checkpoint, run, spec, warning) as session:
         try:
             return _train(config, run, spec, session)

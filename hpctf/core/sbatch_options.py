@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpctf.core.launcher import launcher_for
+
 KeyPath = tuple[str, ...]
 Config = Any  # a hpctf.core.config.ResolvedConfig
 Value = str | int | None
@@ -74,11 +76,13 @@ def _mail_type(config: Config, run_dir: Path) -> Any:
     return ",".join(config.experiment.resources.mail_type) or ABSENT
 
 
-def _on_slurm(value: Callable[[Config], Value]) -> Callable[[Config, Path], Any]:
-    def on_slurm(config: Config, run_dir: Path) -> Any:
-        return value(config) if config.site.scheduler == "slurm" else ABSENT
+def _when_warned(value: Callable[[Config], Value]) -> Callable[[Config, Path], Any]:
+    """An option only for a launcher that warns the workers, and so requeues (Slurm's)."""
 
-    return on_slurm
+    def when_warned(config: Config, run_dir: Path) -> Any:
+        return ABSENT if launcher_for(config.site).warning_seconds is None else value(config)
+
+    return when_warned
 
 
 def _signal(config: Config) -> Value:
@@ -181,9 +185,9 @@ OPTIONS: tuple[Option, ...] = (
         "signal",
         ("preemption", "warning_seconds"),
         "hpctf owns the job's signals (set the site's preemption.signal)",
-        value=_on_slurm(_signal),
+        value=_when_warned(_signal),
     ),
-    Option("requeue", ("preemption", "max_requeues"), _REQUEUE, value=_on_slurm(lambda c: None)),
+    Option("requeue", ("preemption", "max_requeues"), _REQUEUE, value=_when_warned(lambda c: None)),
     Option("output", ("run_dir",), _OUTPUT, "o", lambda c, r: f"{r}/logs/slurm-%j.out"),
     Option("ntasks", instead="set resources.nodes and resources.tasks_per_node", short="n"),
     Option("gpus", instead="set resources.gpus_per_node", short="G"),

@@ -33,6 +33,7 @@ from hpctf.core.config import Experiment, ResolvedConfig, Resources, Site, Train
 from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
 from hpctf.core.hostnames import expand_nodelist
+from hpctf.core.launcher import launcher_for
 from hpctf.core.replicas import expected_replicas
 from hpctf.core.rundir import write_atomic
 from hpctf.core.sites import read_site
@@ -300,8 +301,9 @@ def doctor(site_name: str, nodes: int | None, here: bool, as_json: bool, timeout
     """
     env = dict(os.environ)
     site, _ = read_site(site_name, env)
+    slurm_site = launcher_for(site).slurm
     if here:
-        if site.scheduler != "slurm":
+        if not slurm_site:
             raise UserError(f"--here runs inside a Slurm allocation; site {site.name} is local")
         if not env.get("SLURM_JOB_ID"):
             raise UserError(
@@ -317,7 +319,7 @@ def doctor(site_name: str, nodes: int | None, here: bool, as_json: bool, timeout
     job_id: str | None = None
     expected_nodes: list[str] | None = None
     problem: tuple[str, str] | None = None
-    if site.scheduler == "local":
+    if not slurm_site:
         click.echo(f"doctor: {config.ntasks} local task(s); results in {directory}", err=True)
         run_local(config, directory, env, timeout)
         expected_nodes = ["localhost"]

@@ -20,6 +20,7 @@ from typing import Any
 
 from hpctf.core.config import SITE_RESOURCE_KEYS, Experiment, ResolvedConfig, Resources, Site
 from hpctf.core.errors import UserError
+from hpctf.core.launcher import launcher_for
 from hpctf.core.replicas import batch_split_problem, expected_replicas
 from hpctf.core.sources import KeyPath, Origin, Origins, file_origins, load_yaml, origin_of
 from hpctf.core.validation import apply_overrides, validate_model
@@ -190,9 +191,9 @@ def resource_conflicts(resources: Resources, site: Site) -> list[tuple[KeyPath, 
             (("resources", "mail_user"), "mail_user without mail_type sends nothing; add mail_type")
         )
     gpus = resources.gpus_per_node or 0
-    if site.scheduler == "slurm":
+    warning = launcher_for(site).warning_seconds
+    if warning is not None:
         limit = slurm_time_seconds(resources.time)
-        warning = site.preemption.warning_seconds
         if warning >= limit:
             problems.append(
                 (
