@@ -27,7 +27,6 @@ import logging
 import os
 import platform
 import re
-import resource
 import socket
 import sys
 import time
@@ -41,17 +40,13 @@ from hpctf.compute.cluster import ClusterSpec, cluster_spec
 from hpctf.compute.gpus import granted_gpus
 from hpctf.compute.node_checks import (
     Check,
-    hostnames_check,
-    infiniband_check,
-    memlock_check,
     node_addresses,
-    port_check,
     read_infiniband,
-    resolve_reason,
     scan_nccl_log,
     tensorflow_check,
 )
-from hpctf.compute.runtime import prepare_environment
+from hpctf.compute.quick_preflight import before_tensorflow
+from hpctf.compute.runtime import log_to_stdout, prepare_environment
 from hpctf.core.config import Site
 from hpctf.core.doctor_files import GATE_DIR, NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
@@ -255,11 +250,7 @@ def wait_for_peers(gate: Path, tasks: int, timeout: float) -> str | None:
 def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
     """Run every check of this task and write its report; 0 once the report is written."""
     started = time.monotonic()
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(asctime)s preflight: %(message)s", "%H:%M:%S"))
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    log_to_stdout(log, logging.Formatter("%(asctime)s preflight: %(message)s", "%H:%M:%S"))
     settings = read_settings(doctor_dir)
     site = Site.model_validate(settings["site"])
     results = doctor_dir / RESULTS_DIR
@@ -293,17 +284,7 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
     report.facts.update(
         {"python": platform.python_version(), "hpctf": __version__, "executable": sys.executable}
     )
-    ports = read_infiniband()
-    hca = env.get("NCCL_IB_HCA")
-    has_ib = bool(ports) or bool(hca and not hca.startswith("^"))
-    if spec.local_id == 0:
-        soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-        report.checks.append(memlock_check(soft, has_ib))
-        report.checks.append(infiniband_check(ports, hca))
-    report.checks.append(
-        hostnames_check(node_addresses(spec), spec.hostname_template, resolve_reason)
-    )
-    report.checks.append(port_check(spec))
+    report.checks.extend(before_tensorflow(spec, env, node_addresses(spec)))
     write_atomic(path, report.to_json())  # known before importing TensorFlow, in case that hangs
     try:
         grant = granted_gpus(
@@ -346,7 +327,7 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
             text = nccl_log.read_text(encoding="utf-8", errors="replace")
         except OSError:
             text = ""
-        report.checks.append(scan_nccl_log(text, bool(ports), str(nccl_log)))
+        report.checks.append(scan_nccl_log(text, bool(read_infiniband()), str(nccl_log)))
     write_atomic(path, report.to_json())
     log.info("report written: %s", path)
     return 0

@@ -250,7 +250,19 @@ def rendered(
 # sbatch's short options that take a value (sbatch(1), Slurm 22.05). Any other letter takes
 # none, so "-Hx" would be "-H -x": bundles are refused, one option per item.
 _SHORT_WITH_VALUE = set("AaBbCcDdeFGiJLMmNnopqStwx")
-_OPTION_TOKEN = re.compile(r"^[A-Za-z0-9_.,:/=@%+?&|*\[\]()!^-]+$")
+# What sbatch reads as one argument of an #SBATCH line and nothing more: no whitespace (it
+# splits there), no quotes or backslashes (it interprets those), no # (a comment), no $ or `
+# (nothing expands there, but a reader would think it does).
+SBATCH_TOKEN = re.compile(r"^[A-Za-z0-9_.,:/=@%+?&|*\[\]()!^-]+$")
+SBATCH_TOKEN_RULE = (
+    "letters, digits and _.,:/=@%+?&|*[]()!^- only "
+    "(no spaces, quotes, $, backquotes, backslashes or #)"
+)
+
+
+def option_name(token: str) -> str:
+    """The long option's name in ``--name[=value]`` (``""`` for anything else)."""
+    return token[2:].partition("=")[0] if token.startswith("--") else ""
 
 
 def normalize_sbatch_option(item: str) -> str:
@@ -266,14 +278,11 @@ def normalize_sbatch_option(item: str) -> str:
     if not parts or len(parts) > 2 or (len(parts) == 2 and parts[1].startswith("-")):
         raise ValueError(f"{item!r}: give one sbatch option per item, e.g. --gres-flags=enforce")
     for part in parts:
-        if not _OPTION_TOKEN.fullmatch(part):
-            raise ValueError(
-                f"{item!r}: #SBATCH values may hold letters, digits and _.,:/=@%+?&|*[]()!^- "
-                "only (no spaces, quotes, $, backquotes, backslashes or #)"
-            )
+        if not SBATCH_TOKEN.fullmatch(part):
+            raise ValueError(f"{item!r}: #SBATCH values may hold {SBATCH_TOKEN_RULE}")
     head = parts[0]
     if head.startswith("--"):
-        name = head[2:].partition("=")[0]
+        name = option_name(head)
         if not re.fullmatch(r"^[a-z][a-z0-9-]*$", name):
             raise ValueError(f"{item!r}: {name!r} is not an sbatch option name")
         managed = sorted(m for m in MANAGED if m.startswith(name))

@@ -22,6 +22,7 @@ from hpctf.core.config import SITE_RESOURCE_KEYS, Experiment, ResolvedConfig, Re
 from hpctf.core.errors import UserError
 from hpctf.core.launcher import launcher_for
 from hpctf.core.replicas import batch_split_problem, expected_replicas
+from hpctf.core.sbatch_options import option_name
 from hpctf.core.sources import KeyPath, Origin, Origins, file_origins, load_yaml, origin_of
 from hpctf.core.validation import apply_overrides, validate_model
 from hpctf.core.values import slurm_time_seconds
@@ -203,7 +204,7 @@ def resource_conflicts(resources: Resources, site: Site) -> list[tuple[KeyPath, 
                 )
             )
     for index, option in enumerate(resources.extra_sbatch):
-        name = option[2:].split("=", 1)[0] if option.startswith("--") else ""
+        name = option_name(option)
         if resources.mem and name in {"mem-per-cpu", "mem-per-gpu"}:
             problems.append(
                 (
