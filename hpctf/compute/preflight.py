@@ -301,6 +301,16 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
         report.facts.update(facts)
     write_atomic(path, report.to_json())
 
+    _allreduce_stage(report, path, doctor_dir, spec, timeout, nccl_log)
+    log.info("report written: %s", path)
+    return 0
+
+
+def _allreduce_stage(
+    report: Report, path: Path, doctor_dir: Path, spec: ClusterSpec, timeout: int, nccl_log: Path
+) -> None:
+    """Once every task passed its blocking checks (a gate file each), the all-reduce across
+    them and the scan of NCCL's log; the report is rewritten after each."""
     blocked = [c.check for c in report.checks if c.status == "fail" and c.check in _BLOCKING]
     gate = doctor_dir / GATE_DIR
     gate.mkdir(exist_ok=True)
@@ -316,7 +326,7 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
         report.allreduce = {"status": "skip", "error": f"not run: {why}"}
         write_atomic(path, report.to_json())
         log.info("all-reduce not run: %s", why)
-        return 0
+        return
     try:
         report.allreduce = allreduce(spec, join_timeout)
     except Exception as exc:  # TensorFlow's errors: a peer that did not join, a network error
@@ -329,5 +339,3 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
             text = ""
         report.checks.append(scan_nccl_log(text, bool(read_infiniband()), str(nccl_log)))
     write_atomic(path, report.to_json())
-    log.info("report written: %s", path)
-    return 0
