@@ -236,6 +236,38 @@ def check_script(script: Path, python_path: list[str]) -> str | None:
     return None
 
 
+def expand_site_paths(
+    site: Site, env: Mapping[str, str]
+) -> tuple[dict[str, Any], list[tuple[KeyPath, str]]]:
+    """The site's ``runs_root``, ``venv`` and ``python`` with ``~`` and ``$VARS`` expanded
+    from ``env`` (the keys to update), and the problems with them: (key path, message)."""
+    site_update: dict[str, Any] = {}
+    problems: list[tuple[KeyPath, str]] = []
+    for key in ("runs_root", "venv", "python"):
+        value = getattr(site, key)
+        if value is None:
+            continue
+        try:
+            expanded = expand_path(value, env)
+        except ValueError as exc:
+            problems.append(((key,), str(exc)))
+            continue
+        if key == "runs_root" and "%" in expanded:
+            # sbatch and srun expand %-patterns (%j, %u, %t, ...) in --output file names, which
+            # lie under it: the job's log went elsewhere and the job failed to launch.
+            problems.append(
+                ((key,), f"{expanded!r} holds '%', which sbatch reads as a file-name pattern "
+                 "(%j, %u, ...) in the job's log paths: choose a runs_root without %")
+            )  # fmt: skip
+            continue
+        if key != "runs_root" and not expanded.startswith("/") and (key == "venv" or "/" in value):
+            problems.append(
+                ((key,), f"{value!r} must be an absolute path (python may be a bare command name)")
+            )
+        site_update[key] = expanded
+    return site_update, problems
+
+
 def resolve(
     experiment_file: Path,
     experiment: Experiment,
@@ -273,29 +305,8 @@ def resolve(
     if script_problem:
         problems.append((("train", "script"), script_problem))
     experiment = experiment.model_copy(update={"train": train, "resources": resources})
-    site_update: dict[str, Any] = {}
-    for key in ("runs_root", "venv", "python"):
-        value = getattr(site, key)
-        if value is None:
-            continue
-        try:
-            expanded = expand_path(value, env)
-        except ValueError as exc:
-            problems.append(((key,), str(exc)))
-            continue
-        if key == "runs_root" and "%" in expanded:
-            # sbatch and srun expand %-patterns (%j, %u, %t, ...) in --output file names, which
-            # lie under it: the job's log went elsewhere and the job failed to launch.
-            problems.append(
-                ((key,), f"{expanded!r} holds '%', which sbatch reads as a file-name pattern "
-                 "(%j, %u, ...) in the job's log paths: choose a runs_root without %")
-            )  # fmt: skip
-            continue
-        if key != "runs_root" and not expanded.startswith("/") and (key == "venv" or "/" in value):
-            problems.append(
-                ((key,), f"{value!r} must be an absolute path (python may be a bare command name)")
-            )
-        site_update[key] = expanded
+    site_update, path_problems = expand_site_paths(site, env)
+    problems.extend(path_problems)
     if problems:
         raise ConfigProblems(experiment_file, problems, origins)
     site = site.model_copy(update=site_update)
