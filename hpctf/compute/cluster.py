@@ -317,16 +317,9 @@ def cluster_spec(
 
     distribution = env.get("SLURM_DISTRIBUTION", "")
     node_of, local_of = layout(counts, _plane_size(distribution, env))
-    if hostname_template == "{host}":
-        addresses = hosts
-    else:
-        addresses = [hostname_template.format(host=host) for host in hosts]
-    port_of = port_window(job_id, step_id, port_range)
     slots = range(ntasks) if ntasks <= span else local_of
-    # Distinct: hosts are distinct, the template is injective, and slots are distinct per
-    # step (ranks) or per node (local ids).
-    workers = tuple(
-        f"{addresses[node]}:{port_of(slot)}" for node, slot in zip(node_of, slots, strict=True)
+    workers = _worker_addresses(
+        hosts, node_of, slots, hostname_template, port_window(job_id, step_id, port_range)
     )
 
     node_index, local_id = node_of[proc_id], local_of[proc_id]
@@ -351,6 +344,25 @@ def cluster_spec(
         step_id=step_id,
         hostname_template=hostname_template,
         array_task=_array_task(env),
+    )
+
+
+def _worker_addresses(
+    hosts: Sequence[str],
+    node_of: Sequence[int],
+    slots: Sequence[int],
+    hostname_template: str,
+    port_of: Callable[[int], int],
+) -> tuple[str, ...]:
+    """``address:port`` of every task, by rank: its node's name through the template, the
+    port of its slot. Distinct: hosts are distinct, the template is injective, and slots are
+    distinct per step (ranks) or per node (local ids)."""
+    if hostname_template == "{host}":
+        addresses = list(hosts)
+    else:
+        addresses = [hostname_template.format(host=host) for host in hosts]
+    return tuple(
+        f"{addresses[node]}:{port_of(slot)}" for node, slot in zip(node_of, slots, strict=True)
     )
 
 
