@@ -190,9 +190,10 @@ def learning_rate_scaler(optimizer: Any, replicas: int) -> Callable[[], str]:
     return apply
 
 
-def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
-    settings = session.settings
-    strategy = session.strategy
+def _restored_task(session: Session, entry: Callable[..., Any]) -> tuple[Task, int]:
+    """The entry's task, restored from the newest checkpoint (its learning rate scaled after
+    the restore when asked), and the step to continue after."""
+    settings, strategy = session.settings, session.strategy
     task = build_task(entry, settings, strategy, session.precision_policy)
     rescale = (
         learning_rate_scaler(task.optimizer, strategy.num_replicas_in_sync)
@@ -202,18 +203,21 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     start = session.track(model=task.model, optimizer=task.optimizer)
     if rescale is not None:
         log.info("%s", rescale())
+    return task, start
+
+
+def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
+    """hpctf's loop over the entry's task: steps, evaluations, Keras callbacks, the session's
+    hook after every step."""
+    settings, strategy = session.settings, session.strategy
+    task, start = _restored_task(session, entry)
     iterator = session.distribute(task.train_data, task.shuffle_buffer)
     total = session.total_steps
     train_step = make_train_step(strategy, task, session.global_batch_size, settings.jit_compile)
     evaluator = Evaluator(session, task.eval_data, task) if task.eval_data is not None else None
 
     def evaluate(step: int) -> dict[str, float]:
-        if evaluator is None:
-            return {}
-        results = evaluator()
-        log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
-        session.record(step, results, group="eval")
-        return results
+        return evaluator.at(step) if evaluator is not None else {}
 
     hooks = TaskCallbacks(
         task.callbacks,
@@ -321,6 +325,7 @@ class Evaluator:
     def __init__(self, session: Session, eval_data: DataSource, task: Task) -> None:
         strategy = self._strategy = session.strategy
         self._keepalive = session.keepalive
+        self._record = session.record
         self._dataset = session.evaluation_dataset(eval_data)
         # build_task resolved the metrics to name -> per-example function.
         functions = {"loss": task.loss, **cast(Mapping[str, Any], task.metrics)}
@@ -346,6 +351,13 @@ class Evaluator:
             }
 
         self._eval_step = eval_step
+
+    def at(self, step: int) -> dict[str, float]:
+        """Evaluate at ``step``: the results logged, recorded (group ``eval``) and returned."""
+        results = self()
+        log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
+        self._record(step, results, group="eval")
+        return results
 
     def __call__(self) -> dict[str, float]:
         totals: dict[str, float] = {}
