@@ -22,6 +22,7 @@ only. TensorFlow is imported inside the functions that need it.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,14 +136,7 @@ def allreduce(spec: ClusterSpec, join_timeout: int) -> dict[str, Any]:
     results = []
     for size in sizes:
         elements = max(1, size // 4)
-        for _ in range(WARMUP):
-            out = reduce(elements)
-        _finish(strategy, out)
-        start = time.perf_counter()
-        for _ in range(iterations):
-            out = reduce(elements)
-        got = _finish(strategy, out)
-        seconds = (time.perf_counter() - start) / iterations
+        got, seconds = _timed(strategy, functools.partial(reduce, elements), iterations)
         if got != float(ranks):
             return {
                 "status": "fail",
@@ -170,6 +164,19 @@ def error_line(exc: BaseException) -> str:
     if not re.match(r"^\w+(Error|Exception|Exceeded)\b", text):
         text = f"{type(exc).__name__}: {text}"
     return text[:500]
+
+
+def _timed(strategy: Any, reduce: Callable[[], Any], iterations: int) -> tuple[float, float]:
+    """``reduce`` run WARMUP times, then ``iterations`` times timed: the sum it gave and the
+    seconds one took."""
+    for _ in range(WARMUP):
+        out = reduce()
+    _finish(strategy, out)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        out = reduce()
+    got = _finish(strategy, out)
+    return got, (time.perf_counter() - start) / iterations
 
 
 def _finish(strategy: Any, out: Any) -> float:
