@@ -306,7 +306,6 @@ def cluster_spec(
         raise UserError(str(exc)) from None
     step = _step_tasks(env)
     hosts, counts, ntasks, proc_id = step.hosts, step.counts, step.ntasks, step.proc_id
-
     low, high = port_range
     span = high - low
     per_node = max(counts)
@@ -314,9 +313,7 @@ def cluster_spec(
         raise UserError(
             f"{per_node} tasks per node need more ports than port_range {low}-{high} holds"
         )
-
-    distribution = env.get("SLURM_DISTRIBUTION", "")
-    node_of, local_of = layout(counts, _plane_size(distribution, env))
+    node_of, local_of = layout(counts, _plane_size(env.get("SLURM_DISTRIBUTION", ""), env))
     slots = range(ntasks) if ntasks <= span else local_of
     workers = _worker_addresses(
         hosts, node_of, slots, hostname_template, port_window(job_id, step_id, port_range)
@@ -327,8 +324,7 @@ def cluster_spec(
         env, proc_id, hosts[node_index], node_index, local_id, step.nodelist, step.tasks_text
     )
     gpus, bind = gpu_binding(env, per_node, local_id, hosts[node_index])
-    address = workers[proc_id]
-    host, _, port = address.rpartition(":")
+    host, _, port = workers[proc_id].rpartition(":")
     return ClusterSpec(
         workers=workers,
         nodes=tuple(hosts[node] for node in node_of),
