@@ -236,19 +236,7 @@ def sweep(
 ) -> None:  # fmt: skip
     """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
     directory of its own, all of them one Slurm job array (local sites: one after another)."""
-    problems, parsed_grids, parsed_ranges = [], [], []
-    for text in grids:
-        try:
-            parsed_grids.append(parse_grid(text))
-        except UserError as exc:
-            problems.append(str(exc))
-    for text in ranges:
-        try:
-            parsed_ranges.append(parse_range(text))
-        except UserError as exc:
-            problems.append(str(exc))
-    if problems:
-        raise UserError("\n".join(problems))
+    parsed_grids, parsed_ranges = _parse_axes(grids, ranges)
     fixed = [item.partition("=")[0] for item in overrides]
     points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
     configs = resolve_points(experiment, site_name, overrides, points)
@@ -293,6 +281,21 @@ def sweep(
         sys.exit(_run_locally(record, range(len(points))))
     submit_arrays(record, base, range(len(points)), limit)
     click.echo(f"status: hpctf status {sweep_path}")
+
+
+def _parse_axes(grids: Sequence[str], ranges: Sequence[str]) -> tuple[list[Any], list[Any]]:
+    """Every ``--grid`` and ``--range`` parsed, or one UserError naming each bad one."""
+    problems: list[str] = []
+    parsed: tuple[list[Any], list[Any]] = ([], [])
+    for texts, parse, out in ((grids, parse_grid, parsed[0]), (ranges, parse_range, parsed[1])):
+        for text in texts:
+            try:
+                out.append(parse(text))
+            except UserError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise UserError("\n".join(problems))
+    return parsed
 
 
 def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
