@@ -148,7 +148,8 @@ TINY = replace(
     gpu_rounds=1,
     gpu_steps=100,
 )
-# What rank 0's log says when each phase of a start is over (hpctf/compute/runtime.py, session.py).
+# What rank 0's log says when each phase of a start is over (hpctf/compute/runtime.py,
+# joining.py, session.py).
 PHASES = (
     ("worker_up", re.compile(r"rank 0: host .* pid \d+")),  # Python, hpctf, the cluster spec
     ("tensorflow_imported", re.compile(r"rank 0: joining \d+ worker")),

@@ -166,6 +166,12 @@ BAD_CASES = [
         "exactly one of train.steps or train.epochs",
     ),
     ("zero batch", experiment_text(train__global_batch_size=0), [], "train.global_batch_size"),
+    (
+        "batch not split over the replicas",
+        experiment_text(resources__nodes=3, train__global_batch_size=64),
+        [],
+        "train.global_batch_size: 64 is not divisible by the 3 replicas",
+    ),
     ("bad name", experiment_text(name="my run; rm -rf /"), [], "name: 'my run; rm -rf /' is not"),
     ("unknown site", experiment_text(site="nowhere"), [], "site: unknown site 'nowhere'"),
     ("no site at all", experiment_text(site=DELETE), [], "site: no site given"),
@@ -530,9 +536,10 @@ def test_init_refuses_an_unknown_site_and_a_bad_name(tmp_path: Path) -> None:
 def test_validate_writes_nothing_and_says_what_it_checked(
     runs_root: Path, fake_sbatch: Path
 ) -> None:
-    result = CliRunner().invoke(cli, ["validate", str(DIGITS), "--set", "resources.nodes=3"])
+    # 4 nodes: the global batch of 64 splits over them (3 would not: validate says so).
+    result = CliRunner().invoke(cli, ["validate", str(DIGITS), "--set", "resources.nodes=4"])
     assert result.exit_code == 0, result.output
-    assert "ok: " in result.output and "on site local: 3 node(s) x 1 task(s)" in result.output
+    assert "ok: " in result.output and "on site local: 4 node(s) x 1 task(s)" in result.output
     assert not runs_root.exists() and not fake_sbatch.exists()
 
 

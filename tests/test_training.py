@@ -42,9 +42,9 @@ SHORT = [
 ]
 
 
-def submit_local(*args: str, cwd: Path) -> Path:
+def submit_local(*args: str, cwd: Path, experiment: Path = DIGITS) -> Path:
     proc = subprocess.run(
-        [*HPCTF, "submit", str(DIGITS), "--site", "local", *args],
+        [*HPCTF, "submit", str(experiment), "--site", "local", *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -410,22 +410,29 @@ def test_preemption_signal_to_one_rank_saves_an_agreed_step_on_all(
     assert f"got {signum.name}" in logs[1].read_text()
 
 
+CUSTOM_LOOP = REPO / "examples" / "custom_loop" / "experiment.yaml"
+
+
 def test_custom_loop_gets_the_same_guarantees(runs_root: Path, tmp_path: Path) -> None:
-    experiment = REPO / "examples" / "custom_loop" / "experiment.yaml"
-    proc = subprocess.run(
-        [*HPCTF, "submit", str(experiment), "--site", "local"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_dir = run_dir_from(proc.stdout)
+    run_dir = submit_local(cwd=tmp_path, experiment=CUSTOM_LOOP)
     assert json.loads((run_dir / "DONE").read_text())["step"] == 200
     assert checkpoint_steps(run_dir) == [100, 150, 200]
     assert sorted(losses(run_dir)) == [50, 100, 150, 200]
     assert losses(run_dir)[200] < losses(run_dir)[50]  # it learned
+
+
+def test_custom_loop_with_epochs_reaches_its_last_step_save(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    # 1,797 digits in global batches of 64: 28 steps an epoch, 56 in two; the session learns
+    # that from the data given to session.distribute, so step 56 (no multiple of 50) is saved.
+    epochs = ["--set", "train.steps=null", "--set", "train.epochs=2"]
+    run_dir = submit_local(
+        "--set", "resources.nodes=1", *epochs, cwd=tmp_path, experiment=CUSTOM_LOOP
+    )
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 56
+    assert checkpoint_steps(run_dir) == [50, 56]
+    assert sorted(losses(run_dir)) == [50, 56]
 
 
 def test_mixed_precision_xla_and_periodic_eval(runs_root: Path, tmp_path: Path) -> None:

@@ -37,8 +37,8 @@ def main(session: Session, learning_rate: float = 0.1) -> None:
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
     start = session.track(model=model, optimizer=optimizer)
-    steps = session.total_steps or 200
     iterator = session.distribute(lambda: tf.data.Dataset.from_tensor_slices((features, labels)))
+    steps = session.total_steps  # train.steps, or train.epochs over the data just given
 
     def replica_step(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:

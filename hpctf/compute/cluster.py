@@ -235,29 +235,21 @@ def _require_step(env: Mapping[str, str]) -> tuple[int, int]:
     return job_id, _int(env, "SLURM_STEP_ID")
 
 
-def cluster_spec(
-    env: Mapping[str, str],
-    port_range: tuple[int, int],
-    hostname_template: str = "{host}",
-) -> ClusterSpec:
-    """The cluster of the job step described by ``env`` (a copy of a task's environment).
+@dataclass(frozen=True)
+class _StepTasks:
+    """The job step's nodes and tasks as Slurm's variables give them, checked together."""
 
-    Reads SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), SLURM_STEP_TASKS_PER_NODE (else
-    SLURM_TASKS_PER_NODE), SLURM_NTASKS, SLURM_PROCID, SLURM_DISTRIBUTION, SLURM_JOB_ID,
-    SLURM_STEP_ID; checks the result against SLURMD_NODENAME, SLURM_NODEID and SLURM_LOCALID;
-    takes GPUs from CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS. Anything missing, malformed or
-    inconsistent is a UserError with a one-line reason.
+    hosts: list[str]
+    counts: list[int]
+    ntasks: int
+    proc_id: int
+    nodelist: str
+    tasks_text: str
 
-    Ports: while the step's tasks fit in ``port_range``, task ``rank`` gets slot ``rank``, so
-    every (host, port) pair is distinct even when all nodes share one IP address (as on the
-    test cluster). A step with more tasks than the range holds gets slot SLURM_LOCALID instead:
-    distinct per node, which is enough on a real cluster where each node has its own address.
-    """
-    job_id, step_id = _require_step(env)
-    try:
-        check_hostname_template(hostname_template)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+
+def _step_tasks(env: Mapping[str, str]) -> _StepTasks:
+    """The step's hosts (in Slurm's order), tasks per host, task count and this task's rank;
+    a UserError when one is missing or they disagree."""
     nodelist_key = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
     nodelist = env.get(nodelist_key)
     if not nodelist:
@@ -286,7 +278,34 @@ def cluster_spec(
     proc_id = _int(env, "SLURM_PROCID")
     if not 0 <= proc_id < ntasks:
         raise UserError(f"SLURM_PROCID={proc_id} is outside 0..{ntasks - 1}")
+    return _StepTasks(hosts, counts, ntasks, proc_id, nodelist, tasks_text)
 
+
+def cluster_spec(
+    env: Mapping[str, str],
+    port_range: tuple[int, int],
+    hostname_template: str = "{host}",
+) -> ClusterSpec:
+    """The cluster of the job step described by ``env`` (a copy of a task's environment).
+
+    Reads SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), SLURM_STEP_TASKS_PER_NODE (else
+    SLURM_TASKS_PER_NODE), SLURM_NTASKS, SLURM_PROCID, SLURM_DISTRIBUTION, SLURM_JOB_ID,
+    SLURM_STEP_ID; checks the result against SLURMD_NODENAME, SLURM_NODEID and SLURM_LOCALID;
+    takes GPUs from CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS. Anything missing, malformed or
+    inconsistent is a UserError with a one-line reason.
+
+    Ports: while the step's tasks fit in ``port_range``, task ``rank`` gets slot ``rank``, so
+    every (host, port) pair is distinct even when all nodes share one IP address (as on the
+    test cluster). A step with more tasks than the range holds gets slot SLURM_LOCALID instead:
+    distinct per node, which is enough on a real cluster where each node has its own address.
+    """
+    job_id, step_id = _require_step(env)
+    try:
+        check_hostname_template(hostname_template)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    step = _step_tasks(env)
+    hosts, counts, ntasks, proc_id = step.hosts, step.counts, step.ntasks, step.proc_id
     low, high = port_range
     span = high - low
     per_node = max(counts)
@@ -294,26 +313,18 @@ def cluster_spec(
         raise UserError(
             f"{per_node} tasks per node need more ports than port_range {low}-{high} holds"
         )
-
-    distribution = env.get("SLURM_DISTRIBUTION", "")
-    node_of, local_of = layout(counts, _plane_size(distribution, env))
-    if hostname_template == "{host}":
-        addresses = hosts
-    else:
-        addresses = [hostname_template.format(host=host) for host in hosts]
-    port_of = port_window(job_id, step_id, port_range)
+    node_of, local_of = layout(counts, _plane_size(env.get("SLURM_DISTRIBUTION", ""), env))
     slots = range(ntasks) if ntasks <= span else local_of
-    # Distinct: hosts are distinct, the template is injective, and slots are distinct per
-    # step (ranks) or per node (local ids).
-    workers = tuple(
-        f"{addresses[node]}:{port_of(slot)}" for node, slot in zip(node_of, slots, strict=True)
+    workers = _worker_addresses(
+        hosts, node_of, slots, hostname_template, port_window(job_id, step_id, port_range)
     )
 
     node_index, local_id = node_of[proc_id], local_of[proc_id]
-    _self_check(env, proc_id, hosts[node_index], node_index, local_id, nodelist, tasks_text)
+    _self_check(
+        env, proc_id, hosts[node_index], node_index, local_id, step.nodelist, step.tasks_text
+    )
     gpus, bind = gpu_binding(env, per_node, local_id, hosts[node_index])
-    address = workers[proc_id]
-    host, _, port = address.rpartition(":")
+    host, _, port = workers[proc_id].rpartition(":")
     return ClusterSpec(
         workers=workers,
         nodes=tuple(hosts[node] for node in node_of),
@@ -329,6 +340,25 @@ def cluster_spec(
         step_id=step_id,
         hostname_template=hostname_template,
         array_task=_array_task(env),
+    )
+
+
+def _worker_addresses(
+    hosts: Sequence[str],
+    node_of: Sequence[int],
+    slots: Sequence[int],
+    hostname_template: str,
+    port_of: Callable[[int], int],
+) -> tuple[str, ...]:
+    """``address:port`` of every task, by rank: its node's name through the template, the
+    port of its slot. Distinct: hosts are distinct, the template is injective, and slots are
+    distinct per step (ranks) or per node (local ids)."""
+    if hostname_template == "{host}":
+        addresses = list(hosts)
+    else:
+        addresses = [hostname_template.format(host=host) for host in hosts]
+    return tuple(
+        f"{addresses[node]}:{port_of(slot)}" for node, slot in zip(node_of, slots, strict=True)
     )
 
 

@@ -18,6 +18,7 @@ uninterrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -25,14 +26,16 @@ from typing import Any
 
 import tensorflow as tf
 
+from hpctf.compute.cadence import AgreementClock, Cadence
 from hpctf.compute.checkpoints import Checkpointer
 from hpctf.compute.chief_records import ChiefRecords
 from hpctf.compute.cluster import ClusterSpec
-from hpctf.compute.preemption import Preempted, PreemptionWatch, check_interval, make_gather
+from hpctf.compute.preemption import Preempted, PreemptionWatch, make_gather
 from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
+from hpctf.core.launcher import launcher_for
 from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -71,8 +74,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         tf.keras.utils.disable_interactive_logging()
         self._settings = config.experiment.train
         self._checkpoint_settings = config.experiment.checkpoint
-        slurm = config.site.scheduler == "slurm"
-        self._warning_seconds = config.site.preemption.warning_seconds if slurm else None
+        self._warning_seconds = launcher_for(config.site).warning_seconds
         self._run = run
         self._spec = spec
         self._records = ChiefRecords(run, spec.is_chief)
@@ -86,8 +88,12 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._checkpointer: Checkpointer | None = None
         self._step_variable: Any = None
         self._window = (time.perf_counter(), 0)
-        self._last_check = (time.perf_counter(), 0)
-        self._next_check = 0
+        self._clock = AgreementClock(
+            self._settings.preemption_check_every_steps, self._warning_seconds
+        )
+        self._cadence = Cadence(
+            self._settings.log_every_steps, self._checkpoint_settings.every_steps, None
+        )
 
     # --- fit's hooks ---------------------------------------------------------------------
 
@@ -102,12 +108,13 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         strategy = model.distribute_strategy
         gather = make_gather(strategy)
         # After the strategy exists: TF's C++ handler would swallow SIGTERM otherwise.
-        self._preemption = PreemptionWatch(gather)
+        self._preemption = PreemptionWatch(gather).__enter__()  # left in _stop()
         timeout = self._settings.stall_timeout_seconds
         where = f"rank {self._spec.task_index} on {self._spec.node}"
         self._watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
         epochs = int(self.params.get("epochs") or 0)
         self._total = self._steps_per_epoch * epochs or None
+        self._cadence = dataclasses.replace(self._cadence, total=self._total)
         self._step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         objects: dict[str, Any] = {"model": model}
         if model.optimizer is not None:
@@ -126,9 +133,8 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         else:
             log.info("no checkpoint in %s: starting at step 0", self._run.checkpoints)
         model._training_state = _TrainingState(self._step)
-        now = time.perf_counter()
-        self._window = self._last_check = (now, self._step)
-        self._next_check = self._step + self._settings.preemption_check_every_steps
+        self._window = (time.perf_counter(), self._step)
+        self._clock.restart(self._step)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch
@@ -139,25 +145,31 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         step = self._epoch * self._steps_per_epoch + batch + 1
         self._step = step
         self._beat(f"step {step}")
-        if step % self._settings.log_every_steps == 0 or step == self._total:
+        due = self._cadence.due(step, self._clock.next)
+        if due.log:
             self._log_progress(step, logs or {})
-        saved = False
-        if step % self._checkpoint_settings.every_steps == 0 or step == self._total:
+        if due.save:
             self._save(step)
-            saved = True
-        if step >= self._next_check or step == self._total:
-            self._check_preemption(step, saved)
+        if due.agree:
+            self._check_preemption(step, due.save)
 
     def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
         self._beat("evaluation batch")  # fit's validation between epochs
 
     def on_train_end(self, logs: Any = None) -> None:
-        if self._watchdog is not None:
-            self._watchdog.stop()
+        self._stop()
         self.model._training_state = None
         log.info("fit ended at step %d", self._step)
 
     # --- the pieces --------------------------------------------------------------------------
+
+    def _stop(self) -> None:
+        """The watchdog stopped, the signal handlers fit found put back."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self._preemption is not None:
+            self._preemption.__exit__()
+            self._preemption = None
 
     def _beat(self, what: str) -> None:
         if self._watchdog is not None:
@@ -177,13 +189,8 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def _check_preemption(self, step: int, saved: bool) -> None:
         if self._preemption is None:
             return
-        now = time.perf_counter()
-        then, then_step = self._last_check
-        signum, slowest = self._preemption.agree((now - then) / max(step - then_step, 1))
-        self._last_check = (time.perf_counter(), step)
-        self._next_check = step + check_interval(
-            self._settings.preemption_check_every_steps, slowest, self._warning_seconds
-        )
+        signum, slowest = self._preemption.agree(self._clock.step_seconds(step))
+        self._clock.agreed(step, slowest)
         if not signum:
             return
         name = signal.Signals(signum).name
@@ -202,8 +209,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             )
         self._preemption.agree(0.0)  # a barrier: no rank leaves before the chief's record
         log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
-        if self._watchdog is not None:
-            self._watchdog.stop()
+        self._stop()
         raise Preempted()
 
     def _log_progress(self, step: int, logs: dict[str, Any]) -> None:

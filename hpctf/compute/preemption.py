@@ -10,9 +10,10 @@ requeues the job and the next start resumes from that checkpoint. Not SIGUSR1: N
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hpctf.core.errors import PREEMPTED_EXIT
@@ -21,24 +22,57 @@ log = logging.getLogger("hpctf.worker")
 
 PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
-_received = 0
+Handler = Callable[[int, Any], Any] | int | None  # what signal.signal takes and returns
 
 
-def _remember(signum: int, frame: object) -> None:
-    global _received
-    _received = signum
+class SignalRecorder:
+    """A handler that remembers the last preemption signal, for a warning that arrives while
+    the worker starts, before the training's own handlers exist (SIGUSR2's default action
+    would kill the process). The record lives in the installed handler itself, so whoever
+    installs handlers later reads it from the one it replaced (:func:`early_signal`)."""
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.received = signum
 
 
-def install_early_handlers() -> None:
-    """Catch a warning that arrives while the worker starts, before the training session
-    installs its own handlers (SIGUSR2's default action would kill the process)."""
+@contextlib.contextmanager
+def handling(
+    handler: Handler, signals: tuple[int, ...] = PREEMPTION_SIGNALS
+) -> Iterator[dict[int, Handler]]:
+    """Install ``handler`` for ``signals`` (main thread only); yield the handlers it replaced;
+    put them back on leaving, whatever ends the block."""
+    originals = {signum: signal.signal(signum, handler) for signum in signals}
+    try:
+        yield originals
+    finally:
+        for signum, original in originals.items():
+            # None: a handler not installed from Python; the default is the closest we can do.
+            signal.signal(signum, signal.SIG_DFL if original is None else original)
+
+
+def install_early_handlers() -> SignalRecorder:
+    """Catch a warning that arrives while the worker starts; returns the recorder.
+
+    Installed for the rest of the worker's life, not restored: the worker ends with
+    ``os._exit`` (:mod:`hpctf.compute.leaving`), and a local launcher repeats its warning until
+    the workers have exited, so a default SIGTERM action while leaving would turn an exit 75
+    into a death by signal. :class:`PreemptionWatch` replaces it during training and puts it back.
+    """
+    recorder = SignalRecorder()
     for signum in PREEMPTION_SIGNALS:
-        signal.signal(signum, _remember)
+        signal.signal(signum, recorder)
+    return recorder
 
 
-def early_signal() -> int:
-    """The warning received before the session took over, or 0."""
-    return _received
+def early_signal(handlers: Iterable[Handler] | None = None) -> int:
+    """The warning a :class:`SignalRecorder` among ``handlers`` (default: the installed ones)
+    received, or 0."""
+    if handlers is None:
+        handlers = [signal.getsignal(signum) for signum in PREEMPTION_SIGNALS]
+    return max((h.received for h in handlers if isinstance(h, SignalRecorder)), default=0)
 
 
 def make_gather(strategy: Any) -> Callable[[int], list[int]]:
@@ -64,23 +98,36 @@ class Preempted(SystemExit):
 class PreemptionWatch:
     """Turns a preemption warning to any rank into the same decision on every rank.
 
-    Install it after the strategy exists: TF's own C++ handler takes SIGTERM once the strategy
-    is created, so a Python handler installed before never runs. The handlers are installed
-    before the early handler's record is read, so a signal between the two is not lost.
+    A context manager: entering installs its signal handlers, leaving puts back the ones it
+    replaced. Enter it after the strategy exists: TF's own C++ handler takes SIGTERM once the
+    strategy is created, so a Python handler installed before never runs. The handlers are
+    installed before the early handler's record is read, so a signal between the two is not
+    lost.
     """
 
     def __init__(self, gather: Callable[[int], list[int]]) -> None:
         self._signalled = 0
-        for signum in PREEMPTION_SIGNALS:
-            signal.signal(signum, self._on_signal)
-        early = early_signal()
+        self._gather = gather
+        self._handling = handling(self._on_signal)
+
+    def __enter__(self) -> PreemptionWatch:
+        originals = self._handling.__enter__()
+        early = early_signal(originals.values())
         if early and not self._signalled:
             self._signalled = early
             log.warning(
                 "got %s while starting: saving at the first agreed step",
                 signal.Signals(early).name,
             )
-        self._gather = gather
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._handling.__exit__(None, None, None)
+
+    @property
+    def signalled(self) -> int:
+        """The signal this rank got (the last one), or 0."""
+        return self._signalled
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if not self._signalled:

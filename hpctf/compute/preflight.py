@@ -3,7 +3,7 @@
 Each task (started by srun, or as a local process on a local site) runs the node checks of
 :mod:`hpctf.compute.node_checks` (tensorflow, memlock, infiniband, hostnames, port), then
 ``allreduce``: one all-reduce across all tasks through MultiWorkerMirroredStrategy, made as the
-training makes it (:func:`hpctf.compute.session.make_strategy`: NCCL on GPUs, RING on CPUs), at
+training makes it (:func:`hpctf.compute.joining.make_strategy`: NCCL on GPUs, RING on CPUs), at
 a few message sizes, timed; with NCCL, its log (NCCL_DEBUG=INFO, into a file) scanned for a
 fallback to TCP sockets (``nccl``). Each task writes what it found to
 ``DOCTOR_DIR/results/rank-<N>.json`` (:mod:`hpctf.core.doctor_files`);
@@ -22,16 +22,16 @@ only. TensorFlow is imported inside the functions that need it.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import logging
 import os
 import platform
 import re
-import resource
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,17 +41,13 @@ from hpctf.compute.cluster import ClusterSpec, cluster_spec
 from hpctf.compute.gpus import granted_gpus
 from hpctf.compute.node_checks import (
     Check,
-    hostnames_check,
-    infiniband_check,
-    memlock_check,
     node_addresses,
-    port_check,
     read_infiniband,
-    resolve_reason,
     scan_nccl_log,
     tensorflow_check,
 )
-from hpctf.compute.runtime import prepare_environment
+from hpctf.compute.quick_preflight import before_tensorflow
+from hpctf.compute.runtime import log_to_stdout, prepare_environment
 from hpctf.core.config import Site
 from hpctf.core.doctor_files import GATE_DIR, NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
@@ -110,7 +106,7 @@ def allreduce(spec: ClusterSpec, join_timeout: int) -> dict[str, Any]:
     """
     import tensorflow as tf
 
-    from hpctf.compute.session import configure_failure_detection, make_strategy
+    from hpctf.compute.joining import configure_failure_detection, make_strategy
     from hpctf.core.config import Train
 
     gpus = len(tf.config.list_physical_devices("GPU"))
@@ -140,14 +136,7 @@ def allreduce(spec: ClusterSpec, join_timeout: int) -> dict[str, Any]:
     results = []
     for size in sizes:
         elements = max(1, size // 4)
-        for _ in range(WARMUP):
-            out = reduce(elements)
-        _finish(strategy, out)
-        start = time.perf_counter()
-        for _ in range(iterations):
-            out = reduce(elements)
-        got = _finish(strategy, out)
-        seconds = (time.perf_counter() - start) / iterations
+        got, seconds = _timed(strategy, functools.partial(reduce, elements), iterations)
         if got != float(ranks):
             return {
                 "status": "fail",
@@ -175,6 +164,19 @@ def error_line(exc: BaseException) -> str:
     if not re.match(r"^\w+(Error|Exception|Exceeded)\b", text):
         text = f"{type(exc).__name__}: {text}"
     return text[:500]
+
+
+def _timed(strategy: Any, reduce: Callable[[], Any], iterations: int) -> tuple[float, float]:
+    """``reduce`` run WARMUP times, then ``iterations`` times timed: the sum it gave and the
+    seconds one took."""
+    for _ in range(WARMUP):
+        out = reduce()
+    _finish(strategy, out)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        out = reduce()
+    got = _finish(strategy, out)
+    return got, (time.perf_counter() - start) / iterations
 
 
 def _finish(strategy: Any, out: Any) -> float:
@@ -255,11 +257,7 @@ def wait_for_peers(gate: Path, tasks: int, timeout: float) -> str | None:
 def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
     """Run every check of this task and write its report; 0 once the report is written."""
     started = time.monotonic()
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(asctime)s preflight: %(message)s", "%H:%M:%S"))
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    log_to_stdout(log, logging.Formatter("%(asctime)s preflight: %(message)s", "%H:%M:%S"))
     settings = read_settings(doctor_dir)
     site = Site.model_validate(settings["site"])
     results = doctor_dir / RESULTS_DIR
@@ -293,17 +291,7 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
     report.facts.update(
         {"python": platform.python_version(), "hpctf": __version__, "executable": sys.executable}
     )
-    ports = read_infiniband()
-    hca = env.get("NCCL_IB_HCA")
-    has_ib = bool(ports) or bool(hca and not hca.startswith("^"))
-    if spec.local_id == 0:
-        soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-        report.checks.append(memlock_check(soft, has_ib))
-        report.checks.append(infiniband_check(ports, hca))
-    report.checks.append(
-        hostnames_check(node_addresses(spec), spec.hostname_template, resolve_reason)
-    )
-    report.checks.append(port_check(spec))
+    report.checks.extend(before_tensorflow(spec, env, node_addresses(spec)))
     write_atomic(path, report.to_json())  # known before importing TensorFlow, in case that hangs
     try:
         grant = granted_gpus(
@@ -320,6 +308,16 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
         report.facts.update(facts)
     write_atomic(path, report.to_json())
 
+    _allreduce_stage(report, path, doctor_dir, spec, timeout, nccl_log)
+    log.info("report written: %s", path)
+    return 0
+
+
+def _allreduce_stage(
+    report: Report, path: Path, doctor_dir: Path, spec: ClusterSpec, timeout: int, nccl_log: Path
+) -> None:
+    """Once every task passed its blocking checks (a gate file each), the all-reduce across
+    them and the scan of NCCL's log; the report is rewritten after each."""
     blocked = [c.check for c in report.checks if c.status == "fail" and c.check in _BLOCKING]
     gate = doctor_dir / GATE_DIR
     gate.mkdir(exist_ok=True)
@@ -335,7 +333,7 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
         report.allreduce = {"status": "skip", "error": f"not run: {why}"}
         write_atomic(path, report.to_json())
         log.info("all-reduce not run: %s", why)
-        return 0
+        return
     try:
         report.allreduce = allreduce(spec, join_timeout)
     except Exception as exc:  # TensorFlow's errors: a peer that did not join, a network error
@@ -346,7 +344,5 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
             text = nccl_log.read_text(encoding="utf-8", errors="replace")
         except OSError:
             text = ""
-        report.checks.append(scan_nccl_log(text, bool(ports), str(nccl_log)))
+        report.checks.append(scan_nccl_log(text, bool(read_infiniband()), str(nccl_log)))
     write_atomic(path, report.to_json())
-    log.info("report written: %s", path)
-    return 0

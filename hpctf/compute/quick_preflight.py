@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import resource
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.gpus import Grant
@@ -43,19 +43,30 @@ log = logging.getLogger("hpctf.worker")
 EVENT = "node_check_failed"
 
 
-def before_tensorflow(spec: ClusterSpec, env: Mapping[str, str]) -> list[Check]:
-    """The checks that need no TensorFlow, in the order doctor shows them."""
+def before_tensorflow(
+    spec: ClusterSpec, env: Mapping[str, str], names: list[tuple[str, str]] | None = None
+) -> list[Check]:
+    """The checks that need no TensorFlow, in the order doctor shows them. ``names``: the
+    (address, node) pairs to resolve; by default this task's own and the chief's (``hpctf
+    doctor`` gives every node's)."""
     checks = []
     if spec.local_id == 0:  # node-wide: once per node
         ports = read_infiniband()
         hca = env.get("NCCL_IB_HCA")
         soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-        checks.append(memlock_check(soft, bool(ports) or bool(hca and not hca.startswith("^"))))
+        checks.append(memlock_check(soft, has_infiniband(ports, hca)))
         checks.append(infiniband_check(ports, hca))
-    names = dict([(spec.host, spec.node), (spec.chief_host, spec.nodes[0])])
-    checks.append(hostnames_check(list(names.items()), spec.hostname_template, resolve_reason))
+    if names is None:
+        names = list(dict([(spec.host, spec.node), (spec.chief_host, spec.nodes[0])]).items())
+    checks.append(hostnames_check(names, spec.hostname_template, resolve_reason))
     checks.append(port_check(spec))
     return checks
+
+
+def has_infiniband(ports: Sequence[object] | None, hca: str | None) -> bool:
+    """Whether this node has InfiniBand (or RoCE) to use: ports in sysfs, or an
+    ``NCCL_IB_HCA`` that names devices (not one that excludes them with ``^``)."""
+    return bool(ports) or bool(hca and not hca.startswith("^"))
 
 
 def failure_line(spec: ClusterSpec, check: Check) -> str:

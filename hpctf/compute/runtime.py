@@ -43,6 +43,17 @@ class _RankFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
+def log_to_stdout(logger: logging.Logger, formatter: logging.Formatter) -> None:
+    """``logger``'s records at INFO and above to stdout (the rank log), in ``formatter``'s
+    form, and nowhere else: TF (absl) installs a root handler, so they are not propagated to
+    it to be printed twice."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(formatter)
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def prepare_environment(env: MutableMapping[str, str], spec: ClusterSpec) -> None:
     """Set what TensorFlow reads at import and strategy creation."""
     env.update(spec.environment())
@@ -80,12 +91,7 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     check_not_a_copy(run)
     config = run.load_config()
     spec = cluster_spec(env, config.site.port_range, config.site.hostname_template)
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(_RankFormatter(spec.task_index))
-    hpctf_logger = logging.getLogger("hpctf")
-    hpctf_logger.handlers[:] = [handler]
-    hpctf_logger.setLevel(logging.INFO)
-    hpctf_logger.propagate = False  # TF (absl) installs a root handler; do not print twice
+    log_to_stdout(logging.getLogger("hpctf"), _RankFormatter(spec.task_index))
     # TF's Python logger reports every collective it builds at INFO: keep rank logs readable.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
     log.info(

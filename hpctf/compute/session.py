@@ -9,7 +9,8 @@ the data position, the chief's records and the preemption hook. hpctf's built-in
         with session.strategy.scope():
             model, optimizer = build(...)
         start = session.track(model=model, optimizer=optimizer)   # restores, returns the step
-        iterator = session.distribute(train_data, global_batch)  # positioned at `start`
+        iterator = session.distribute(train_data)  # positioned at `start`
+        total = session.total_steps  # train.steps, or train.epochs over train_data
         for step in range(start + 1, total + 1):
             loss = my_step(iterator)
             session.step_done(step, loss=loss)  # logs, checkpoints, handles preemption
@@ -18,23 +19,27 @@ the data position, the chief's records and the preemption hook. hpctf's built-in
 
 from __future__ import annotations
 
-import faulthandler
+import contextlib
+import dataclasses
 import json
 import logging
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 from hpctf.api import DataSource
+from hpctf.compute.cadence import AgreementClock, Cadence
 from hpctf.compute.checkpoints import Checkpointer
 from hpctf.compute.chief_records import ChiefRecords
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.data import cardinality, evaluation_dataset, plan_shards, training_input
-from hpctf.compute.preemption import Preempted, PreemptionWatch, check_interval, make_gather
+from hpctf.compute.joining import Connection, connect
+from hpctf.compute.preemption import Preempted, PreemptionWatch, make_gather
 from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
 from hpctf.core.config import Checkpoint, Train
@@ -42,56 +47,6 @@ from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.rundir import RunDir, write_atomic
 
 log = logging.getLogger("hpctf.worker")
-
-
-def configure_failure_detection(spec: ClusterSpec, settings: Train) -> None:
-    """Bound how long a dead or frozen peer can hold the others.
-
-    MultiWorkerMirroredStrategy configures TF's coordination service with default timeouts
-    only when none is configured yet (tensorflow/python/distribute/
-    collective_all_reduce_strategy.py, ``_initialize_multi_worker``), and offers no public knob,
-    so the same configuration is made here first, with the run's timeouts.
-    """
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.eager import context  # no public API for these settings
-
-    context.context().configure_coordination_service(
-        service_type="standalone",
-        service_leader="/job:worker/replica:0/task:0",
-        coordinated_jobs=[
-            coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=len(spec.workers))
-        ],
-        heartbeat_timeout_in_ms=settings.heartbeat_timeout_seconds * 1000,
-        cluster_register_timeout_in_ms=settings.startup_timeout_seconds * 1000,
-        # Every rank waits for the others at exit, so the leader (rank 0) does not vanish
-        # while a peer still sends heartbeats to it.
-        shutdown_barrier_timeout_in_ms=settings.heartbeat_timeout_seconds * 1000,
-    )
-
-
-def make_strategy(gpus: int, settings: Train) -> tf.distribute.MultiWorkerMirroredStrategy:
-    """MWMS over NCCL when this task sees GPUs, RING otherwise, unless the config says which.
-
-    No ``timeout_seconds`` in the options: on RING each collective then leaves a thread behind
-    until its timeout, and a run dies after a few thousand steps. A stuck rank is bounded by
-    :class:`hpctf.compute.watchdog.ProgressWatchdog` instead.
-    """
-    implementations = tf.distribute.experimental.CommunicationImplementation
-    choice = settings.communication
-    if choice == "auto":
-        choice = "nccl" if gpus else "ring"
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementations.NCCL if choice == "nccl" else implementations.RING,
-    )
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-
-
-def precision_policy(enabled: bool, gpus: int) -> str | None:
-    """The Keras mixed-precision policy for ``train.mixed_precision``: float16 where GPUs
-    compute (tensor cores), bfloat16 on CPUs; None when off."""
-    if not enabled:
-        return None
-    return "mixed_float16" if gpus else "mixed_bfloat16"
 
 
 def with_loss_scaling(optimizer: Any, policy: str | None) -> Any:
@@ -113,8 +68,68 @@ def _format_eta(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
+def steps_for_epochs(settings: Train, examples: int | None, global_batch: int) -> int:
+    """``train.epochs`` times the full global batches in one pass over ``examples``."""
+    if examples is None:
+        raise UserError(
+            "train.epochs needs a training set of known size (a finite dataset, or "
+            "hpctf.Files(..., examples=N)); or give train.steps"
+        )
+    per_epoch = examples // global_batch
+    if per_epoch == 0:
+        raise UserError(
+            f"train.global_batch_size {global_batch} exceeds the {examples} training examples"
+        )
+    return per_epoch * (settings.epochs or 1)
+
+
+@contextlib.contextmanager
+def open_session(
+    settings: Train,
+    checkpoint: Checkpoint,
+    run: RunDir,
+    spec: ClusterSpec,
+    warning_seconds: int | None = None,
+) -> Iterator[Session]:
+    """Join the cluster (:func:`hpctf.compute.joining.connect`), then a :class:`Session` with
+    its watchdog and preemption watch for as long as the block runs; on leaving, the watchdog
+    is stopped and the signal handlers the watch replaced are back.
+
+    ``warning_seconds``: how long before the time limit Slurm warns (None off Slurm); it
+    bounds how long a warning may wait for the ranks' agreement, in seconds.
+    """
+    if settings.global_batch_size is None:  # the config allows that for train.script only
+        raise UserError("train.global_batch_size is required with train.entry")
+    connection = connect(settings, spec)
+    gather = make_gather(connection.strategy)
+    timeout = settings.stall_timeout_seconds
+    where = f"rank {spec.task_index} on {spec.node}"
+    watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
+    try:
+        # After the strategy exists: TF's C++ handler would swallow SIGTERM otherwise.
+        with PreemptionWatch(gather) as preemption:
+            yield Session(
+                settings,
+                checkpoint,
+                run,
+                spec,
+                connection=connection,
+                gather=gather,
+                preemption=preemption,
+                watchdog=watchdog,
+                clock=AgreementClock(settings.preemption_check_every_steps, warning_seconds),
+            )
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+
+
 class Session:
-    """One rank's share of a run: strategy, checkpoints, data position, records, signals."""
+    """One rank's share of a run: strategy, checkpoints, data position, records, signals.
+
+    Made by :func:`open_session`, which owns the parts' lifetimes; what each step calls for is
+    :class:`hpctf.compute.cadence.Cadence`'s to say.
+    """
 
     def __init__(
         self,
@@ -122,63 +137,45 @@ class Session:
         checkpoint: Checkpoint,
         run: RunDir,
         spec: ClusterSpec,
-        warning_seconds: int | None = None,
+        *,
+        connection: Connection,
+        gather: Callable[[int], list[int]],
+        preemption: PreemptionWatch,
+        watchdog: ProgressWatchdog | None,
+        clock: AgreementClock,
     ) -> None:
-        """``warning_seconds``: how long before the time limit Slurm warns (None off Slurm);
-        it bounds how long a warning may wait for the ranks' agreement, in seconds."""
         self.settings = settings
-        if settings.global_batch_size is None:  # the config allows that for train.script only
-            raise UserError("train.global_batch_size is required with train.entry")
-        self.global_batch_size: int = settings.global_batch_size
-        self._warning_seconds = warning_seconds
+        self.global_batch_size: int = settings.global_batch_size or 0
         self._checkpoint_settings = checkpoint
         self.run = run
         self.spec = spec
-        # Known from train.steps; with train.epochs the loop sets it once it knows the data.
-        self.total_steps: int | None = self.settings.steps
-        gpus = tf.config.list_physical_devices("GPU")
-        policy = self.precision_policy = precision_policy(self.settings.mixed_precision, len(gpus))
-        if policy:
-            keras.mixed_precision.set_global_policy(policy)
-        configure_failure_detection(spec, self.settings)
-        # Joining waits in C++ for every task (CoordinationServiceAgent::WaitForAllTasks) while
-        # holding the GIL: when a peer never starts, neither cluster_register_timeout nor a
-        # Python thread ends the wait (seen under gdb, TF 2.21). faulthandler's own C thread
-        # does: it prints every thread's stack and exits 1.
-        startup = self.settings.startup_timeout_seconds
-        log.info("joining %d worker(s); each must start within %d s", len(spec.workers), startup)
-        faulthandler.dump_traceback_later(startup, exit=True, file=sys.stdout)
-        try:
-            self.strategy = make_strategy(len(gpus), self.settings)
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        timeout = self.settings.stall_timeout_seconds
-        where = f"rank {spec.task_index} on {spec.node}"
-        self._watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
-        replicas = self.strategy.num_replicas_in_sync
-        if self.global_batch_size % replicas:
-            raise UserError(
-                f"train.global_batch_size {self.global_batch_size} is not divisible "
-                f"by the {replicas} replicas"
-            )
-        log.info(
-            "%d replicas, %d GPU(s) on this rank, mixed precision %s, XLA %s",
-            replicas,
-            len(gpus),
-            policy or "off",
-            "on" if self.settings.jit_compile else "off",
-        )
-        self._gather = make_gather(self.strategy)
-        self._preemption = PreemptionWatch(self._gather)
-        self._next_check = settings.preemption_check_every_steps
-        self._last_check = (time.perf_counter(), 0)
+        self.strategy = connection.strategy
+        self.precision_policy = connection.precision_policy
+        self._gather = gather
+        self._preemption = preemption
+        self._watchdog = watchdog
+        self._clock = clock
+        self._warning_seconds = clock.warning_seconds
+        # The last step is known from train.steps; with train.epochs once distribute() has
+        # counted the data.
+        self._cadence = Cadence(settings.log_every_steps, checkpoint.every_steps, settings.steps)
         self._save_seconds: float | None = None  # the last save, until warned about
         self._last_save_seconds: float | None = None  # the last save, for the records
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self._checkpointer: Checkpointer | None = None
         self._records = ChiefRecords(run, spec.is_chief)
         self._window = (time.perf_counter(), 0)
-        keras.utils.set_random_seed(self.settings.seed)
+
+    @property
+    def total_steps(self) -> int:
+        """The run's last step: ``train.steps``, or with ``train.epochs`` the epochs times the
+        full global batches of the data :meth:`distribute` was given (UserError before)."""
+        if self._cadence.total is None:
+            raise UserError(
+                "train.epochs: the session learns the last step from the data given to "
+                "session.distribute(...); call it first, or give train.steps"
+            )
+        return self._cadence.total
 
     # --- checkpoints and data --------------------------------------------------------------
 
@@ -204,8 +201,8 @@ class Session:
             log.info("resumed from %s at step %d", restored, start)
         else:
             log.info("no checkpoint in %s: starting at step 0", self.run.checkpoints)
-        self._window = self._last_check = (time.perf_counter(), start)
-        self._next_check = start + self.settings.preemption_check_every_steps
+        self._window = (time.perf_counter(), start)
+        self._clock.restart(start)
         return start
 
     @property
@@ -233,6 +230,9 @@ class Session:
     def distribute(self, source: DataSource, shuffle_buffer: int = 10_000) -> Any:
         """An iterator over ``source``, sharded (FILE or DATA, logged), batched to the global
         batch, and positioned after the step that :meth:`track` restored."""
+        if self._cadence.total is None:
+            total = steps_for_epochs(self.settings, cardinality(source), self.global_batch_size)
+            self._cadence = dataclasses.replace(self._cadence, total=total)
         plan = plan_shards(source, len(self.spec.workers), self.spec.task_index)
         (log.warning if plan.policy == "DATA" and len(self.spec.workers) > 1 else log.info)(
             "input: %s sharding, %s", plan.policy, plan.reason
@@ -262,30 +262,28 @@ class Session:
 
     def step_done(self, step: int, loss: float | None = None) -> None:
         """Call after every step, on every rank: logs progress, checkpoints every
-        ``checkpoint.every_steps``, and on a preemption signal to any rank saves this step on
-        all ranks and raises :class:`Preempted` (exit status 75)."""
+        ``checkpoint.every_steps`` and at the last step, and on a preemption signal to any rank
+        saves this step on all ranks and raises :class:`Preempted` (exit status 75)."""
         self.keepalive(f"step {step}")
-        total = self.total_steps
-        if loss is not None and (step % self.settings.log_every_steps == 0 or step == total):
+        self.total_steps  # noqa: B018 -- UserError while the last step is unknown
+        due = self._cadence.due(step, self._clock.next)
+        if loss is not None and due.log:
             self._log_progress(step, loss)
-        saved = False
-        if step % self._checkpoint_settings.every_steps == 0 or step == total:
+        if due.save:
             self.save(step)
-            saved = True
-        if not (step >= self._next_check or step == total):
-            return
-        now = time.perf_counter()
-        then, then_step = self._last_check
-        signum, slowest = self._preemption.agree((now - then) / max(step - then_step, 1))
-        self._last_check = (time.perf_counter(), step)
-        self._next_check = step + check_interval(
-            self.settings.preemption_check_every_steps, slowest, self._warning_seconds
-        )
+        if due.agree:
+            self._agree(step, saved=due.save)
+
+    def _agree(self, step: int, saved: bool) -> None:
+        """The ranks' agreement at ``step``: on a warning to any rank, save (unless ``saved``),
+        record it and raise :class:`Preempted`; at the last step, finish instead."""
+        signum, slowest = self._preemption.agree(self._clock.step_seconds(step))
+        self._clock.agreed(step, slowest)
         self._warn_if_saves_outlast_the_warning(slowest)
         if not signum:
             return
         name = signal.Signals(signum).name
-        if step == total:
+        if step == self._cadence.total:
             log.warning("got %s at the last step: finishing instead of requeuing", name)
             return
         if not saved:
@@ -327,8 +325,8 @@ class Session:
         rate = (step - first) / max(now - started, 1e-9)
         self._window = (now, step)
         batch = self.global_batch_size
-        eta = _format_eta((self.total_steps - step) / rate) if self.total_steps and rate else "?"
-        total = self.total_steps or "?"
+        total = self.total_steps
+        eta = _format_eta((total - step) / rate) if rate else "?"
         log.info(
             "step %d/%s loss %.4f %.1f steps/s %.0f examples/s eta %s",
             step,
@@ -341,8 +339,7 @@ class Session:
         # Threads and RSS with every logged step: a leak shows in metrics.jsonl long before
         # it kills the process.
         values = {"loss": loss, "steps_per_s": round(rate, 3), **process_usage()}
-        if self.total_steps:  # with train.epochs only the worker knows it: status reads it here
-            values["total_steps"] = self.total_steps
+        values["total_steps"] = total  # with train.epochs only the worker knows it: status reads it
         if self._last_save_seconds is not None:
             values["save_s"] = round(self._last_save_seconds, 3)
         self.record(step, values)

@@ -26,10 +26,11 @@ from hpctf.compute.compile_style import resolve_loss, resolve_metrics, resolve_o
 from hpctf.compute.leaving import exit_later
 from hpctf.compute.peers import PeerLost, lost_peer
 from hpctf.compute.preemption import Preempted
-from hpctf.compute.session import Session, with_loss_scaling
+from hpctf.compute.session import Session, open_session, with_loss_scaling
 from hpctf.compute.task_callbacks import TaskCallbacks
 from hpctf.core.config import ResolvedConfig, Train
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.launcher import launcher_for
 from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -54,15 +55,15 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint.
     A peer that stops answering is :class:`hpctf.compute.peers.PeerLost` (exit 3)."""
     settings = config.experiment.train
-    warning = config.site.preemption.warning_seconds if config.site.scheduler == "slurm" else None
-    session = Session(settings, config.experiment.checkpoint, run, spec, warning)
-    try:
-        return _train(config, run, spec, session)
-    except tf.errors.OpError as exc:
-        lost = _peer_lost(exc, spec, session)
-        if lost is None:
-            raise
-        raise lost from exc
+    warning = launcher_for(config.site).warning_seconds
+    with open_session(settings, config.experiment.checkpoint, run, spec, warning) as session:
+        try:
+            return _train(config, run, spec, session)
+        except tf.errors.OpError as exc:
+            lost = _peer_lost(exc, spec, session)
+            if lost is None:
+                raise
+            raise lost from exc
 
 
 # The gRPC statuses of TF's errors when a peer goes away, by the names hpctf.compute.peers uses.
@@ -116,26 +117,6 @@ def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec, session: Sess
 
 # From the end of training (DONE written, or the agreed preemption save) to the process's exit.
 LEAVE_WITHIN_S = 4.0
-
-
-def total_steps(session: Session, task: Task) -> int:
-    """train.steps, or train.epochs times the full global batches in one pass."""
-    settings = session.settings
-    if settings.steps is not None:
-        return settings.steps
-    examples = session.examples_in(task.train_data)
-    if examples is None:
-        raise UserError(
-            "train.epochs needs a training set of known size (a finite dataset, or "
-            "hpctf.Files(..., examples=N)); or give train.steps"
-        )
-    per_epoch = examples // session.global_batch_size
-    if per_epoch == 0:
-        raise UserError(
-            f"train.global_batch_size {settings.global_batch_size} exceeds the {examples} "
-            "training examples"
-        )
-    return per_epoch * (settings.epochs or 1)
 
 
 def build_task(
@@ -209,9 +190,10 @@ def learning_rate_scaler(optimizer: Any, replicas: int) -> Callable[[], str]:
     return apply
 
 
-def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
-    settings = session.settings
-    strategy = session.strategy
+def _restored_task(session: Session, entry: Callable[..., Any]) -> tuple[Task, int]:
+    """The entry's task, restored from the newest checkpoint (its learning rate scaled after
+    the restore when asked), and the step to continue after."""
+    settings, strategy = session.settings, session.strategy
     task = build_task(entry, settings, strategy, session.precision_policy)
     rescale = (
         learning_rate_scaler(task.optimizer, strategy.num_replicas_in_sync)
@@ -221,18 +203,21 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     start = session.track(model=task.model, optimizer=task.optimizer)
     if rescale is not None:
         log.info("%s", rescale())
-    total = session.total_steps = total_steps(session, task)
+    return task, start
+
+
+def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
+    """hpctf's loop over the entry's task: steps, evaluations, Keras callbacks, the session's
+    hook after every step."""
+    settings, strategy = session.settings, session.strategy
+    task, start = _restored_task(session, entry)
     iterator = session.distribute(task.train_data, task.shuffle_buffer)
+    total = session.total_steps
     train_step = make_train_step(strategy, task, session.global_batch_size, settings.jit_compile)
     evaluator = Evaluator(session, task.eval_data, task) if task.eval_data is not None else None
 
     def evaluate(step: int) -> dict[str, float]:
-        if evaluator is None:
-            return {}
-        results = evaluator()
-        log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
-        session.record(step, results, group="eval")
-        return results
+        return evaluator.at(step) if evaluator is not None else {}
 
     hooks = TaskCallbacks(
         task.callbacks,
@@ -340,6 +325,7 @@ class Evaluator:
     def __init__(self, session: Session, eval_data: DataSource, task: Task) -> None:
         strategy = self._strategy = session.strategy
         self._keepalive = session.keepalive
+        self._record = session.record
         self._dataset = session.evaluation_dataset(eval_data)
         # build_task resolved the metrics to name -> per-example function.
         functions = {"loss": task.loss, **cast(Mapping[str, Any], task.metrics)}
@@ -365,6 +351,13 @@ class Evaluator:
             }
 
         self._eval_step = eval_step
+
+    def at(self, step: int) -> dict[str, float]:
+        """Evaluate at ``step``: the results logged, recorded (group ``eval``) and returned."""
+        results = self()
+        log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
+        self._record(step, results, group="eval")
+        return results
 
     def __call__(self) -> dict[str, float]:
         totals: dict[str, float] = {}

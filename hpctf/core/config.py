@@ -22,6 +22,7 @@ from pydantic import (
 
 from hpctf.core.container import Container
 from hpctf.core.hostnames import check_hostname_template
+from hpctf.core.launcher import allows_containers
 from hpctf.core.sbatch_options import normalize_sbatch_option
 from hpctf.core.values import (
     Constraint,
@@ -352,7 +353,8 @@ class Site(_Strict):
     @classmethod
     def _container_on_slurm(cls, value: Container | None, info: ValidationInfo) -> Container | None:
         # The local launcher starts plain processes: a container there would be ignored.
-        if value is not None and info.data.get("scheduler") == "local":
+        scheduler = info.data.get("scheduler")
+        if value is not None and scheduler is not None and not allows_containers(scheduler):
             raise ValueError(
                 "a container needs scheduler: slurm (the local site starts plain processes)"
             )

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpctf.core.launcher import launcher_for
+
 KeyPath = tuple[str, ...]
 Config = Any  # a hpctf.core.config.ResolvedConfig
 Value = str | int | None
@@ -74,11 +76,13 @@ def _mail_type(config: Config, run_dir: Path) -> Any:
     return ",".join(config.experiment.resources.mail_type) or ABSENT
 
 
-def _on_slurm(value: Callable[[Config], Value]) -> Callable[[Config, Path], Any]:
-    def on_slurm(config: Config, run_dir: Path) -> Any:
-        return value(config) if config.site.scheduler == "slurm" else ABSENT
+def _when_warned(value: Callable[[Config], Value]) -> Callable[[Config, Path], Any]:
+    """An option only for a launcher that warns the workers, and so requeues (Slurm's)."""
 
-    return on_slurm
+    def when_warned(config: Config, run_dir: Path) -> Any:
+        return ABSENT if launcher_for(config.site).warning_seconds is None else value(config)
+
+    return when_warned
 
 
 def _signal(config: Config) -> Value:
@@ -181,9 +185,9 @@ OPTIONS: tuple[Option, ...] = (
         "signal",
         ("preemption", "warning_seconds"),
         "hpctf owns the job's signals (set the site's preemption.signal)",
-        value=_on_slurm(_signal),
+        value=_when_warned(_signal),
     ),
-    Option("requeue", ("preemption", "max_requeues"), _REQUEUE, value=_on_slurm(lambda c: None)),
+    Option("requeue", ("preemption", "max_requeues"), _REQUEUE, value=_when_warned(lambda c: None)),
     Option("output", ("run_dir",), _OUTPUT, "o", lambda c, r: f"{r}/logs/slurm-%j.out"),
     Option("ntasks", instead="set resources.nodes and resources.tasks_per_node", short="n"),
     Option("gpus", instead="set resources.gpus_per_node", short="G"),
@@ -246,7 +250,19 @@ def rendered(
 # sbatch's short options that take a value (sbatch(1), Slurm 22.05). Any other letter takes
 # none, so "-Hx" would be "-H -x": bundles are refused, one option per item.
 _SHORT_WITH_VALUE = set("AaBbCcDdeFGiJLMmNnopqStwx")
-_OPTION_TOKEN = re.compile(r"^[A-Za-z0-9_.,:/=@%+?&|*\[\]()!^-]+$")
+# What sbatch reads as one argument of an #SBATCH line and nothing more: no whitespace (it
+# splits there), no quotes or backslashes (it interprets those), no # (a comment), no $ or `
+# (nothing expands there, but a reader would think it does).
+SBATCH_TOKEN = re.compile(r"^[A-Za-z0-9_.,:/=@%+?&|*\[\]()!^-]+$")
+SBATCH_TOKEN_RULE = (
+    "letters, digits and _.,:/=@%+?&|*[]()!^- only "
+    "(no spaces, quotes, $, backquotes, backslashes or #)"
+)
+
+
+def option_name(token: str) -> str:
+    """The long option's name in ``--name[=value]`` (``""`` for anything else)."""
+    return token[2:].partition("=")[0] if token.startswith("--") else ""
 
 
 def normalize_sbatch_option(item: str) -> str:
@@ -262,14 +278,11 @@ def normalize_sbatch_option(item: str) -> str:
     if not parts or len(parts) > 2 or (len(parts) == 2 and parts[1].startswith("-")):
         raise ValueError(f"{item!r}: give one sbatch option per item, e.g. --gres-flags=enforce")
     for part in parts:
-        if not _OPTION_TOKEN.fullmatch(part):
-            raise ValueError(
-                f"{item!r}: #SBATCH values may hold letters, digits and _.,:/=@%+?&|*[]()!^- "
-                "only (no spaces, quotes, $, backquotes, backslashes or #)"
-            )
+        if not SBATCH_TOKEN.fullmatch(part):
+            raise ValueError(f"{item!r}: #SBATCH values may hold {SBATCH_TOKEN_RULE}")
     head = parts[0]
     if head.startswith("--"):
-        name = head[2:].partition("=")[0]
+        name = option_name(head)
         if not re.fullmatch(r"^[a-z][a-z0-9-]*$", name):
             raise ValueError(f"{item!r}: {name!r} is not an sbatch option name")
         managed = sorted(m for m in MANAGED if m.startswith(name))

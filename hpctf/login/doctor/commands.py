@@ -33,13 +33,15 @@ from hpctf.core.config import Experiment, ResolvedConfig, Resources, Site, Train
 from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
 from hpctf.core.hostnames import expand_nodelist
+from hpctf.core.launcher import launcher_for
+from hpctf.core.replicas import expected_replicas
 from hpctf.core.rundir import write_atomic
 from hpctf.core.sites import read_site
 from hpctf.core.sources import Origin
 from hpctf.login.doctor.verdict import evaluate, format_table, verdict_document
 from hpctf.login.submitting.local import task_environment
 from hpctf.login.submitting.render import ENVIRONMENT, ShellCode
-from hpctf.login.submitting.resolve import ConfigProblems, resolve
+from hpctf.login.submitting.resolve import ConfigProblems, merge_resources, resolve
 
 TEMPLATE = "doctor.sh.j2"
 # Options of the training job that a doctor job leaves out: it is not requeued, warned,
@@ -54,10 +56,15 @@ def doctor_config(site: Site, nodes: int, timeout: int, env: Mapping[str, str]) 
     """The site resolved as for a training job of ``nodes`` nodes limited to ``timeout``:
     every request default, the python and runs_root expanded, by the same merge as submit."""
     minutes = max(1, math.ceil(timeout / 60))
+    resources = Resources(nodes=nodes, time=str(minutes))
+    # Nothing is trained: a batch of one example per replica only passes resolve()'s check.
+    batch = expected_replicas(merge_resources(resources, site, {}, {})[0])
     experiment = Experiment(
         name="hpctf-doctor",
-        resources=Resources(nodes=nodes, time=str(minutes)),
-        train=Train(entry="hpctf.compute.preflight:run_preflight", global_batch_size=1, steps=1),
+        resources=resources,
+        train=Train(
+            entry="hpctf.compute.preflight:run_preflight", global_batch_size=batch, steps=1
+        ),
     )
     if env.get("HPCTF_RUNS_ROOT"):
         site = site.model_copy(update={"runs_root": env["HPCTF_RUNS_ROOT"]})
@@ -294,8 +301,9 @@ def doctor(site_name: str, nodes: int | None, here: bool, as_json: bool, timeout
     """
     env = dict(os.environ)
     site, _ = read_site(site_name, env)
+    slurm_site = launcher_for(site).slurm
     if here:
-        if site.scheduler != "slurm":
+        if not slurm_site:
             raise UserError(f"--here runs inside a Slurm allocation; site {site.name} is local")
         if not env.get("SLURM_JOB_ID"):
             raise UserError(
@@ -311,7 +319,7 @@ def doctor(site_name: str, nodes: int | None, here: bool, as_json: bool, timeout
     job_id: str | None = None
     expected_nodes: list[str] | None = None
     problem: tuple[str, str] | None = None
-    if site.scheduler == "local":
+    if not slurm_site:
         click.echo(f"doctor: {config.ntasks} local task(s); results in {directory}", err=True)
         run_local(config, directory, env, timeout)
         expected_nodes = ["localhost"]

@@ -176,6 +176,10 @@ def _version_rows(reports: Sequence[Mapping[str, Any]]) -> list[tuple[str, int, 
     return rows
 
 
+# (rank, status, detail, fix) of every task's result, by (node, check)
+_Entries = dict[tuple[str, str], list[tuple[int, str, str, str]]]
+
+
 def evaluate(
     reports: Sequence[Mapping[str, Any]],
     expected: int,
@@ -190,7 +194,32 @@ def evaluate(
     on, when known (a node without a report fails ``report``); ``logs``: where the task logs
     are, for the fixes; ``job_problem``: (detail, fix) when the job itself failed or timed out.
     """
-    per_check: dict[tuple[str, str], list[tuple[int, str, str, str]]] = {}
+    per_check = _task_entries(reports, min_busbw_gbps, logs)
+    order: list[str] = []
+    for report in sorted(reports, key=lambda r: int(r.get("rank") or 0)):
+        if str(report.get("node", "?")) not in order:
+            order.append(str(report.get("node", "?")))
+    missing_nodes = [n for n in expected_nodes or () if n not in order]
+    ranks = {int(r["rank"]) for r in reports if r.get("rank") is not None}
+    extra = _missing_rows(ranks, expected, missing_nodes, logs, job_problem)
+    rows = [_merged_row(node, check, entries) for (node, check), entries in per_check.items()]
+    position = {node: i for i, node in enumerate(order)}
+    rows.sort(
+        key=lambda row: (
+            position.get(row.node, len(order)),
+            CHECKS.index(row.check) if row.check in CHECKS else len(CHECKS),
+        )
+    )
+    nodes = tuple(order) + tuple(missing_nodes)
+    return Verdict(tuple(extra + rows), nodes, len(ranks), expected)
+
+
+def _task_entries(
+    reports: Sequence[Mapping[str, Any]], min_busbw_gbps: float | None, logs: str
+) -> _Entries:
+    """Every task's checks, its all-reduce (merged per node where none of the node's tasks
+    failed it) and its versions against the most common ones."""
+    per_check: _Entries = {}
 
     def add(node: str, check: str, rank: int, status: str, detail: str, fix: str = "") -> None:
         per_check.setdefault((node, check), []).append((rank, status, detail, fix))
@@ -222,15 +251,20 @@ def evaluate(
             else ""
         )
         add(node, "versions", rank, status, detail, fix)
+    return per_check
 
-    order: list[str] = []
-    for report in sorted(reports, key=lambda r: int(r.get("rank") or 0)):
-        if str(report.get("node", "?")) not in order:
-            order.append(str(report.get("node", "?")))
+
+def _missing_rows(
+    ranks: set[int],
+    expected: int,
+    missing_nodes: Sequence[str],
+    logs: str,
+    job_problem: tuple[str, str] | None,
+) -> list[Row]:
+    """The rows for what did not report: the job itself, whole nodes, single tasks."""
     extra: list[Row] = []
     if job_problem is not None:
         extra.append(Row("-", "job", "fail", *job_problem))
-    missing_nodes = [n for n in expected_nodes or () if n not in order]
     for node in missing_nodes:
         extra.append(
             Row(
@@ -242,7 +276,6 @@ def evaluate(
                 "there (`python -m hpctf --version` on the node)",
             )
         )
-    ranks = {int(r["rank"]) for r in reports if r.get("rank") is not None}
     if len(ranks) < expected and not missing_nodes:
         absent = [str(r) for r in range(expected) if r not in ranks]
         extra.append(
@@ -255,31 +288,24 @@ def evaluate(
                 "(`python -m hpctf --version` on the node)",
             )
         )
+    return extra
 
-    rows = []
-    for (node, check), entries in per_check.items():
-        worst = max(SEVERITY.get(status, 3) for _, status, _, _ in entries)
-        chosen = [e for e in entries if SEVERITY.get(e[1], 3) == worst]
-        chosen.sort()
-        details = {detail for _, _, detail, _ in chosen}
-        if len(details) == 1:
-            detail = chosen[0][2]
-        elif worst <= SEVERITY["ok"]:  # all well: the first task's words stand for the rest
-            rank, status, text, _ = chosen[0]
-            detail = f"{text} (rank {rank}; {len(chosen) - 1} other task(s) {status} too)"
-        else:
-            detail = "; ".join(f"rank {rank}: {text}" for rank, _, text, _ in chosen)
-        fix = next((fix for _, _, _, fix in chosen if fix), "")
-        rows.append(Row(node, check, chosen[0][1], detail, fix))
-    position = {node: i for i, node in enumerate(order)}
-    rows.sort(
-        key=lambda row: (
-            position.get(row.node, len(order)),
-            CHECKS.index(row.check) if row.check in CHECKS else len(CHECKS),
-        )
-    )
-    nodes = tuple(order) + tuple(missing_nodes)
-    return Verdict(tuple(extra + rows), nodes, len(ranks), expected)
+
+def _merged_row(node: str, check: str, entries: list[tuple[int, str, str, str]]) -> Row:
+    """One row for the tasks of ``node`` that ran ``check``: the worst status, in its tasks'
+    words (one text when they agree)."""
+    worst = max(SEVERITY.get(status, 3) for _, status, _, _ in entries)
+    chosen = sorted(e for e in entries if SEVERITY.get(e[1], 3) == worst)
+    details = {detail for _, _, detail, _ in chosen}
+    if len(details) == 1:
+        detail = chosen[0][2]
+    elif worst <= SEVERITY["ok"]:  # all well: the first task's words stand for the rest
+        rank, status, text, _ = chosen[0]
+        detail = f"{text} (rank {rank}; {len(chosen) - 1} other task(s) {status} too)"
+    else:
+        detail = "; ".join(f"rank {rank}: {text}" for rank, _, text, _ in chosen)
+    fix = next((fix for _, _, _, fix in chosen if fix), "")
+    return Row(node, check, chosen[0][1], detail, fix)
 
 
 def format_table(verdict: Verdict) -> str:

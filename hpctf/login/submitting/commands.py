@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ import click
 from hpctf.core import checkpoint_files, slurm, snapshot
 from hpctf.core.config import Experiment, Site
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.launcher import launcher_for
 from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import (
     RunDir,
@@ -146,8 +146,7 @@ def submit(
             f"# dry run: nothing written, nothing submitted (run directory would be {run.path})",
             err=True,
         )
-        if config.site.scheduler == "slurm" and shutil.which("sbatch"):
-            slurm.test_only(script)  # a SlurmFailure carries Slurm's own words
+        if launcher_for(config.site).test_only(script):  # a SlurmFailure carries its words
             click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
         return
     run, config, script = new_run(config)
@@ -258,9 +257,9 @@ def resubmit(
         raise UserError(f"{run.path} is complete ({run.done} exists): nothing to resume")
     if exclude is not None and not _NODELIST.fullmatch(exclude):
         raise UserError(f"--exclude {exclude!r} is not a Slurm node list, e.g. node[3-4],node7")
-    if exclude and config.site.scheduler != "slurm":
-        raise UserError(f"--exclude needs a Slurm site; {run.path} runs on a local one")
-    if config.site.scheduler == "slurm":
+    launcher = launcher_for(config.site)
+    launcher.check_exclude(exclude, run.path)
+    if launcher.slurm:
         # Two jobs on one run directory would write the same checkpoints.
         for job in job_history(run.events()):
             if "ended" in job:
@@ -282,14 +281,14 @@ def resubmit(
         run.record("code-updated", sources=sources)
         for source in snapshot.read(run.path):
             click.echo(f"code: {source.describe()}")
-    failed = run_state(run.events()).failed_nodes
-    if failed and config.site.scheduler == "slurm" and not retry_failed_nodes:
+    failed = [] if retry_failed_nodes else run_state(run.events()).failed_nodes
+    if (leave_out := launcher.leave_out(exclude, failed)) != exclude:
         click.echo(
             f"note: leaving out {','.join(failed)}, which failed under earlier jobs of the run "
             "(--retry-failed-nodes keeps them)",
             err=True,
         )
-        exclude = ",".join([*([exclude] if exclude else []), *failed])
+        exclude = leave_out
     sys.exit(start_run(run, config, exclude))
 
 

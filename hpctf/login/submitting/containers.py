@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import UserError
+from hpctf.core.launcher import launcher_for
 from hpctf.core.snapshot import CODE_DIR
 
 
@@ -55,7 +56,7 @@ def container_launch(config: ResolvedConfig, run_dir: Path) -> ContainerLaunch |
     A UserError when the run directory's path holds a character both runtimes split their
     mount lists at (the site's runs_root, or HPCTF_RUNS_ROOT, chose it).
     """
-    container = config.site.container
+    container = launcher_for(config.site).container  # a Slurm launcher's only
     if container is None:
         return None
     path = str(run_dir)

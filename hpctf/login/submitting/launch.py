@@ -16,6 +16,7 @@ import click
 from hpctf.core import slurm
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT
+from hpctf.core.launcher import LocalLauncher, SlurmLauncher, launcher_for
 from hpctf.core.rundir import RunDir, RunDirTaken, create_run_dir, plan_run_dir
 from hpctf.login.submitting.render import render
 
@@ -63,27 +64,35 @@ def _umask() -> int:
 
 
 def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> int:
-    """Start one job on ``run``: sbatch for Slurm sites (``exclude``: nodes to leave out),
-    local processes for local ones."""
-    if config.site.scheduler == "local":
-        from hpctf.login.submitting import local
+    """Start one job on ``run`` with the site's launcher: sbatch for Slurm sites
+    (``exclude``: nodes to leave out), local processes for local ones."""
+    launcher = launcher_for(config.site)
+    launcher.check_exclude(exclude, run.path)
+    return _STARTS[launcher.name](run, config, exclude)
 
-        click.echo(f"run directory: {run.path}")
-        click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
-        status = local.launch(config, run, os.environ, sys.stdout)
-        if status == 0:
-            said = f"done; run directory: {run.path}"
-        elif status in (PREEMPTED_EXIT, local.CANCELLED_EXIT):
-            what = "cancelled" if status == local.CANCELLED_EXIT else "stopped"
-            said = (
-                f"{what} at checkpoint step {run.checkpoint_step()}; resume with: "
-                f"hpctf resubmit {run.path}"
-            )
-        else:
-            said = f"failed (exit {status}); run directory: {run.path}"
-        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) took stdout with it
-            click.echo(said)
-        return status
+
+def _start_local(run: RunDir, config: ResolvedConfig, exclude: str | None) -> int:
+    from hpctf.login.submitting import local
+
+    click.echo(f"run directory: {run.path}")
+    click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
+    status = local.launch(config, run, os.environ, sys.stdout)
+    if status == 0:
+        said = f"done; run directory: {run.path}"
+    elif status in (PREEMPTED_EXIT, local.CANCELLED_EXIT):
+        what = "cancelled" if status == local.CANCELLED_EXIT else "stopped"
+        said = (
+            f"{what} at checkpoint step {run.checkpoint_step()}; resume with: "
+            f"hpctf resubmit {run.path}"
+        )
+    else:
+        said = f"failed (exit {status}); run directory: {run.path}"
+    with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) took stdout with it
+        click.echo(said)
+    return status
+
+
+def _start_slurm(run: RunDir, config: ResolvedConfig, exclude: str | None) -> int:
     extra = [f"--exclude={exclude}"] if exclude else []
     job_id, dropped = slurm.sbatch(run.script, os.environ, extra)
     if dropped:
@@ -96,3 +105,8 @@ def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -
     click.echo(f"submitted job {job_id}")
     click.echo(f"run directory: {run.path}")
     return 0
+
+
+# How each launcher (hpctf.core.launcher) starts a job: here, not in the launcher type, since
+# the worker imports that type and never the local launcher's process handling.
+_STARTS = {LocalLauncher.name: _start_local, SlurmLauncher.name: _start_slurm}

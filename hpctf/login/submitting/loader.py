@@ -164,6 +164,25 @@ def _site_reference(
     )
 
 
+def _read_site(
+    experiment_file: Path, name: str | None, choice: Origin, env: Mapping[str, str]
+) -> tuple[Site, Origins]:
+    """The site ``name`` (chosen where ``choice`` says) and its origins, or a UserError in the
+    words of where it was chosen."""
+    if not name:
+        where = "pass --site" if experiment_file.suffix == ".py" else "add `site:` or pass --site"
+        raise UserError(
+            f"{experiment_file}: site: no site given; {where}, one of: "
+            f"{', '.join(sorted(available(env)))}"
+        )
+    try:
+        path = find_site(name, env)
+    except UserError as exc:
+        prefix = "--site" if choice.source == "--site" else f"{choice.where()}: site"
+        raise UserError(f"{prefix}: {exc}") from None
+    return read_site_file(path, env)
+
+
 def load_config(
     experiment_file: Path,
     site_name: str | None,
@@ -185,23 +204,11 @@ def load_config(
     name, choice = _site_reference(experiment_file, site_name, experiment, experiment_origins)
     site: Site | None = None
     site_origins: Origins = {}
-    if name:
+    if name or experiment is not None:
         try:
-            path = find_site(name, env)
+            site, site_origins = _read_site(experiment_file, name, choice, env)
         except UserError as exc:
-            prefix = "--site" if choice.source == "--site" else f"{choice.where()}: site"
-            problems.append(f"{prefix}: {exc}")
-        else:
-            try:
-                site, site_origins = read_site_file(path, env)
-            except UserError as exc:
-                problems.append(str(exc))
-    elif experiment is not None:
-        where = "pass --site" if experiment_file.suffix == ".py" else "add `site:` or pass --site"
-        problems.append(
-            f"{experiment_file}: site: no site given; {where}, one of: "
-            f"{', '.join(sorted(available(env)))}"
-        )
+            problems.append(str(exc))
     if problems or experiment is None or site is None:
         raise UserError("\n".join(problems))
 

@@ -18,7 +18,6 @@ site file) that ``{% extends "sbatch.sh.j2" %}`` and overrides its blocks; the s
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +32,10 @@ from hpctf.core.assets import shipped_dir
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import UserError
 from hpctf.core.sources import KeyPath, Origin
+from hpctf.core.values import ENV_NAME_RE
 from hpctf.login.submitting.containers import container_launch
 
 TEMPLATE = "sbatch.sh.j2"
-# What sbatch reads as one argument of an #SBATCH line and nothing more: no whitespace (it
-# splits there), no quotes or backslashes (it interprets those), no # (a comment), no $ or `
-# (nothing expands there, but a reader would think it does).
-_SBATCH_TOKEN = re.compile(r"^[A-Za-z0-9_.,:/=@%+?&|*\[\]()!^-]+$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Checked(str):
@@ -74,10 +69,9 @@ class _Context(jinja2.runtime.Context):
 def sbatch_value(value: Any) -> Checked:
     """A value for an ``#SBATCH --flag=value`` line, or a UserError naming it."""
     text = str(value)
-    if not _SBATCH_TOKEN.fullmatch(text):
+    if not sbatch_options.SBATCH_TOKEN.fullmatch(text):
         raise UserError(
-            f"{text!r} cannot go into an #SBATCH line; use letters, digits and "
-            "_.,:/=@%+?&|*[]()!^- only (no spaces, quotes, $, backquotes, backslashes or #)"
+            f"{text!r} cannot go into an #SBATCH line; use {sbatch_options.SBATCH_TOKEN_RULE}"
         )
     return Checked(text)
 
@@ -96,7 +90,7 @@ def shell_quote(value: Any) -> Checked:
 
 def env_name(value: Any) -> Checked:
     text = str(value)
-    if not _ENV_NAME.fullmatch(text):
+    if not ENV_NAME_RE.fullmatch(text):
         raise UserError(f"{text!r} is not an environment variable name")
     return Checked(text)
 
@@ -255,7 +249,7 @@ def explain(script: str, config: ResolvedConfig, origins: Mapping[KeyPath, Origi
         origin: Origin | None = None
         if line.startswith("#SBATCH "):
             token = line.split()[1]
-            flag = token[2:].split("=", 1)[0] if token.startswith("--") else ""
+            flag = sbatch_options.option_name(token)
             if extra_index < len(extra) and token == extra[extra_index]:
                 origin = origins.get(("resources", "extra_sbatch", str(extra_index)))
                 extra_index += 1

@@ -20,6 +20,9 @@ from typing import Any
 
 from hpctf.core.config import SITE_RESOURCE_KEYS, Experiment, ResolvedConfig, Resources, Site
 from hpctf.core.errors import UserError
+from hpctf.core.launcher import launcher_for
+from hpctf.core.replicas import batch_split_problem, expected_replicas
+from hpctf.core.sbatch_options import option_name
 from hpctf.core.sources import KeyPath, Origin, Origins, file_origins, load_yaml, origin_of
 from hpctf.core.validation import apply_overrides, validate_model
 from hpctf.core.values import slurm_time_seconds
@@ -189,9 +192,9 @@ def resource_conflicts(resources: Resources, site: Site) -> list[tuple[KeyPath, 
             (("resources", "mail_user"), "mail_user without mail_type sends nothing; add mail_type")
         )
     gpus = resources.gpus_per_node or 0
-    if site.scheduler == "slurm":
+    warning = launcher_for(site).warning_seconds
+    if warning is not None:
         limit = slurm_time_seconds(resources.time)
-        warning = site.preemption.warning_seconds
         if warning >= limit:
             problems.append(
                 (
@@ -201,7 +204,7 @@ def resource_conflicts(resources: Resources, site: Site) -> list[tuple[KeyPath, 
                 )
             )
     for index, option in enumerate(resources.extra_sbatch):
-        name = option[2:].split("=", 1)[0] if option.startswith("--") else ""
+        name = option_name(option)
         if resources.mem and name in {"mem-per-cpu", "mem-per-gpu"}:
             problems.append(
                 (
@@ -231,6 +234,38 @@ def check_script(script: Path, python_path: list[str]) -> str | None:
             "not be in the run's copy of the code; add its directory to python_path"
         )
     return None
+
+
+def expand_site_paths(
+    site: Site, env: Mapping[str, str]
+) -> tuple[dict[str, Any], list[tuple[KeyPath, str]]]:
+    """The site's ``runs_root``, ``venv`` and ``python`` with ``~`` and ``$VARS`` expanded
+    from ``env`` (the keys to update), and the problems with them: (key path, message)."""
+    site_update: dict[str, Any] = {}
+    problems: list[tuple[KeyPath, str]] = []
+    for key in ("runs_root", "venv", "python"):
+        value = getattr(site, key)
+        if value is None:
+            continue
+        try:
+            expanded = expand_path(value, env)
+        except ValueError as exc:
+            problems.append(((key,), str(exc)))
+            continue
+        if key == "runs_root" and "%" in expanded:
+            # sbatch and srun expand %-patterns (%j, %u, %t, ...) in --output file names, which
+            # lie under it: the job's log went elsewhere and the job failed to launch.
+            problems.append(
+                ((key,), f"{expanded!r} holds '%', which sbatch reads as a file-name pattern "
+                 "(%j, %u, ...) in the job's log paths: choose a runs_root without %")
+            )  # fmt: skip
+            continue
+        if key != "runs_root" and not expanded.startswith("/") and (key == "venv" or "/" in value):
+            problems.append(
+                ((key,), f"{value!r} must be an absolute path (python may be a bare command name)")
+            )
+        site_update[key] = expanded
+    return site_update, problems
 
 
 def resolve(
@@ -264,32 +299,14 @@ def resolve(
     )
     origins.update(_other_origins(experiment, experiment_origins, site, site_origins, site_choice))
     problems = resource_conflicts(resources, site)
+    batch = experiment.train.global_batch_size
+    if batch and (split := batch_split_problem(batch, expected_replicas(resources))):
+        problems.append((("train", "global_batch_size"), split))
     if script_problem:
         problems.append((("train", "script"), script_problem))
     experiment = experiment.model_copy(update={"train": train, "resources": resources})
-    site_update: dict[str, Any] = {}
-    for key in ("runs_root", "venv", "python"):
-        value = getattr(site, key)
-        if value is None:
-            continue
-        try:
-            expanded = expand_path(value, env)
-        except ValueError as exc:
-            problems.append(((key,), str(exc)))
-            continue
-        if key == "runs_root" and "%" in expanded:
-            # sbatch and srun expand %-patterns (%j, %u, %t, ...) in --output file names, which
-            # lie under it: the job's log went elsewhere and the job failed to launch.
-            problems.append(
-                ((key,), f"{expanded!r} holds '%', which sbatch reads as a file-name pattern "
-                 "(%j, %u, ...) in the job's log paths: choose a runs_root without %")
-            )  # fmt: skip
-            continue
-        if key != "runs_root" and not expanded.startswith("/") and (key == "venv" or "/" in value):
-            problems.append(
-                ((key,), f"{value!r} must be an absolute path (python may be a bare command name)")
-            )
-        site_update[key] = expanded
+    site_update, path_problems = expand_site_paths(site, env)
+    problems.extend(path_problems)
     if problems:
         raise ConfigProblems(experiment_file, problems, origins)
     site = site.model_copy(update=site_update)

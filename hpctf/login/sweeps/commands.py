@@ -24,6 +24,7 @@ import click
 from hpctf.core import slurm, slurm_queries
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.launcher import is_slurm, launcher_for
 from hpctf.core.rundir import RunDir, create_run_dir, job_history, runs_root, write_atomic
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login.submitting.launch import start_run, warn_if_writable_by_others
@@ -92,7 +93,7 @@ def check_one_script(points: Sequence[Point], configs: Sequence[ResolvedConfig])
     """One job array runs one script: refuse keys that change it (an #SBATCH line, env,
     setup, the site). Train, checkpoint and other config-only keys can be swept."""
     first = configs[0]
-    if first.site.container is not None:
+    if launcher_for(first.site).container is not None:
         raise UserError(
             f"site {first.site.name} runs the workers in a container; hpctf sweep does not "
             "support containers yet: submit each point with hpctf submit --set ..."
@@ -235,19 +236,7 @@ def sweep(
 ) -> None:  # fmt: skip
     """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
     directory of its own, all of them one Slurm job array (local sites: one after another)."""
-    problems, parsed_grids, parsed_ranges = [], [], []
-    for text in grids:
-        try:
-            parsed_grids.append(parse_grid(text))
-        except UserError as exc:
-            problems.append(str(exc))
-    for text in ranges:
-        try:
-            parsed_ranges.append(parse_range(text))
-        except UserError as exc:
-            problems.append(str(exc))
-    if problems:
-        raise UserError("\n".join(problems))
+    parsed_grids, parsed_ranges = _parse_axes(grids, ranges)
     fixed = [item.partition("=")[0] for item in overrides]
     points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
     configs = resolve_points(experiment, site_name, overrides, points)
@@ -255,7 +244,7 @@ def sweep(
     base = configs[0]
     sweep_path = _sweep_path(base)
     run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
-    slurm_site = base.site.scheduler == "slurm"
+    slurm_site = launcher_for(base.site).slurm
     if dry_run:
         click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
         for point, path in zip(points, run_dirs, strict=True):
@@ -292,6 +281,21 @@ def sweep(
         sys.exit(_run_locally(record, range(len(points))))
     submit_arrays(record, base, range(len(points)), limit)
     click.echo(f"status: hpctf status {sweep_path}")
+
+
+def _parse_axes(grids: Sequence[str], ranges: Sequence[str]) -> tuple[list[Any], list[Any]]:
+    """Every ``--grid`` and ``--range`` parsed, or one UserError naming each bad one."""
+    problems: list[str] = []
+    parsed: tuple[list[Any], list[Any]] = ([], [])
+    for texts, parse, out in ((grids, parse_grid, parsed[0]), (ranges, parse_range, parsed[1])):
+        for text in texts:
+            try:
+                out.append(parse(text))
+            except UserError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise UserError("\n".join(problems))
+    return parsed
 
 
 def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
@@ -337,7 +341,7 @@ def _open_jobs(run: Run) -> list[str]:
 def sweep_cancel(path: Path) -> None:
     """``hpctf cancel SWEEP_DIR``: one scancel of every point's open job, recorded per run."""
     record = SweepDir.read(path)
-    if record.data.get("scheduler") != "slurm":
+    if not is_slurm(record.data.get("scheduler")):
         raise UserError(f"{record.path} runs on a local site: stop its launcher (Ctrl-C) instead")
     runs = record.runs()
     open_jobs = {run.run.path: _open_jobs(run) for run in runs}
@@ -367,7 +371,7 @@ def sweep_resubmit(path: Path, extra_options: dict[str, Any]) -> None:
         click.echo(f"every point of {record.path} is done: nothing to resume")
         return
     config = runs[unfinished[0]].config
-    if config.site.scheduler != "slurm":
+    if not launcher_for(config.site).slurm:
         sys.exit(_run_locally(record, unfinished))
     current = {i: job for i in unfinished if (job := runs[i].job)}
     view = slurm_records(list(current.values()))

@@ -5,6 +5,7 @@ matplotlib is imported only inside the command, off every other command's import
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -54,11 +55,7 @@ def plot(run_dir: Path, output: Path | None) -> None:
     axes.plot([s for s, _ in losses], [v for _, v in losses], label="training loss", color="C0")
     if all(v > 0 for _, v in losses):
         axes.set_yscale("log")
-    evals: dict[str, list[tuple[int, float]]] = {}
-    for record in records:
-        for name, value in (record.get("eval") or {}).items():
-            if isinstance(value, (int, float)):
-                evals.setdefault(name, []).append((record["step"], value))
+    evals = eval_series(records)
     other = axes.twinx() if any(name != "loss" for name in evals) else axes
     for i, (name, points) in enumerate(sorted(evals.items()), 1):
         (axes if name == "loss" else other).plot(
@@ -69,6 +66,37 @@ def plot(run_dir: Path, output: Path | None) -> None:
             color=f"C{i}",
             label=f"eval {name}",
         )
+    mark_restarts(axes, run)
+    axes.set_xlabel("step (optimizer updates)")
+    axes.set_ylabel("training loss" + (" (log scale)" if axes.get_yscale() == "log" else ""))
+    if other is not axes:
+        other.set_ylabel("eval metric")
+    handles, labels = axes.get_legend_handles_labels()
+    if other is not axes:
+        more_handles, more_labels = other.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    axes.legend(handles, labels, loc="upper right")
+    axes.set_title(title(run))
+    axes.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(output)
+    pyplot.close(figure)
+    click.echo(f"wrote {output}")
+
+
+def eval_series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Each eval metric's (step, value) points, from metrics.jsonl's records."""
+    evals: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        for name, value in (record.get("eval") or {}).items():
+            if isinstance(value, (int, float)):
+                evals.setdefault(name, []).append((record["step"], value))
+    return evals
+
+
+def mark_restarts(axes: Any, run: Run) -> None:
+    """A dotted line at the first step of every start after the first, named with why the
+    start before it ended."""
     previous = None
     for number, start in enumerate(run.state.starts, 1):
         if number > 1 and previous is not None:
@@ -85,21 +113,6 @@ def plot(run_dir: Path, output: Path | None) -> None:
                 color="dimgrey",
             )
         previous = start
-    axes.set_xlabel("step (optimizer updates)")
-    axes.set_ylabel("training loss" + (" (log scale)" if axes.get_yscale() == "log" else ""))
-    if other is not axes:
-        other.set_ylabel("eval metric")
-    handles, labels = axes.get_legend_handles_labels()
-    if other is not axes:
-        more_handles, more_labels = other.get_legend_handles_labels()
-        handles, labels = handles + more_handles, labels + more_labels
-    axes.legend(handles, labels, loc="upper right")
-    axes.set_title(title(run))
-    axes.grid(True, alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(output)
-    pyplot.close(figure)
-    click.echo(f"wrote {output}")
 
 
 def title(run: Run) -> str:

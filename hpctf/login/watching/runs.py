@@ -21,6 +21,7 @@ import click
 
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.launcher import launcher_for
 from hpctf.core.rundir import RunDir, run_dirs_under
 from hpctf.core.runstate import RunState, run_state
 
@@ -95,7 +96,8 @@ class Run:
 
     @property
     def slurm(self) -> bool:
-        return self.config.site.scheduler == "slurm"
+        """Whether the run's jobs are Slurm jobs, for status, logs and cancel to ask about."""
+        return launcher_for(self.config.site).slurm
 
     @property
     def job(self) -> str | None:

@@ -1,0 +1,117 @@
+"""The preemption watch in one process: its handlers' lifecycle, the agreement's bit packing
+over a fake gather, and the agreement's cadence (``check_interval``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+import pytest
+
+from hpctf.compute.preemption import (
+    PREEMPTION_SIGNALS,
+    PreemptionWatch,
+    SignalRecorder,
+    check_interval,
+    early_signal,
+    handling,
+)
+
+
+def fake_gather(*others: int) -> tuple[Callable[[int], list[int]], list[int]]:
+    """A gather over this rank and ranks whose packed values are ``others``; the second item
+    collects what this rank sent."""
+    sent: list[int] = []
+
+    def gather(value: int) -> list[int]:
+        sent.append(value)
+        return [value, *others]
+
+    return gather, sent
+
+
+def packed(signum: int, step_seconds: float) -> int:
+    """What another rank's watch sends (through a real watch, not a copy of the packing)."""
+    gather, sent = fake_gather()
+    watch = PreemptionWatch(gather)
+    watch._signalled = signum  # what its handler would have set
+    watch.agree(step_seconds)
+    return sent[0]
+
+
+def test_handling_restores_the_original_handlers_whatever_ends_the_block() -> None:
+    before = {signum: signal.getsignal(signum) for signum in PREEMPTION_SIGNALS}
+    got: list[int] = []
+    with pytest.raises(RuntimeError), handling(lambda signum, frame: got.append(signum)):
+        os.kill(os.getpid(), signal.SIGUSR2)
+        raise RuntimeError("the block fails")
+    assert got == [signal.SIGUSR2]
+    assert {signum: signal.getsignal(signum) for signum in PREEMPTION_SIGNALS} == before
+
+
+def test_watch_takes_a_real_signal_and_gives_the_handlers_back() -> None:
+    recorder = SignalRecorder()
+    with handling(recorder):
+        gather, _ = fake_gather()
+        with PreemptionWatch(gather) as watch:
+            assert watch.signalled == 0
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert watch.signalled == signal.SIGTERM
+            assert watch.agree(0.5) == (signal.SIGTERM, 0.5)
+        assert recorder.received == 0  # the watch had it, not the recorder
+        assert signal.getsignal(signal.SIGTERM) is recorder
+        os.kill(os.getpid(), signal.SIGUSR2)  # after the watch: the recorder's again
+        assert early_signal() == signal.SIGUSR2
+
+
+def test_a_signal_before_the_watch_is_saved_at_the_first_agreement() -> None:
+    recorder = SignalRecorder()
+    with handling(recorder):
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert early_signal() == signal.SIGUSR2
+        gather, _ = fake_gather()
+        with PreemptionWatch(gather) as watch:
+            assert watch.agree(0.1)[0] == signal.SIGUSR2
+    assert early_signal() == 0  # no recorder installed any more
+
+
+def test_agreement_any_rank_signal_wins_and_term_beats_usr2() -> None:
+    gather, sent = fake_gather(packed(0, 0.2), packed(signal.SIGUSR2, 0.3))
+    assert PreemptionWatch(gather).agree(0.1) == (signal.SIGUSR2, 0.3)
+    assert sent == [packed(0, 0.1)]
+    gather, _ = fake_gather(packed(signal.SIGTERM, 0.1), packed(signal.SIGUSR2, 0.1))
+    assert PreemptionWatch(gather).agree(0.1)[0] == signal.SIGTERM
+    gather, _ = fake_gather(packed(0, 2.0))
+    assert PreemptionWatch(gather).agree(0.000_001) == (0, 2.0)
+
+
+def test_agreement_step_time_is_microseconds_clamped_to_its_bits() -> None:
+    # Negative (a clock step) reads 0; beyond the 40 bits (12.7 days) reads as the most, and
+    # never spills into the signal's bits.
+    assert packed(0, -1.0) == 0
+    assert packed(0, 1.234_567_8) == 1_234_568
+    huge = packed(0, 10**9)
+    assert huge == (1 << 40) - 1
+    gather, _ = fake_gather(huge)
+    signum, slowest = PreemptionWatch(gather).agree(0.0)
+    assert signum == 0 and slowest == pytest.approx(((1 << 40) - 1) / 1e6)
+    assert packed(signal.SIGTERM, 10**9) >> 40 == signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    ("configured", "slowest", "warning", "expected"),
+    [
+        (10, 0.01, None, 10),  # no warning (local): as configured
+        (10, 0.01, 0, 10),
+        (10, 0.0, 300, 10),  # no step time measured yet
+        (10, 0.01, 300, 10),  # fast steps: as configured, never more
+        (100, 1.0, 300, 75),  # a quarter of 300 s at 1 s per step
+        (100, 30.0, 300, 2),
+        (100, 200.0, 300, 1),  # a step longer than the quarter: every step, never 0
+    ],
+)
+def test_check_interval(
+    configured: int, slowest: float, warning: int | None, expected: int
+) -> None:
+    assert check_interval(configured, slowest, warning) == expected
