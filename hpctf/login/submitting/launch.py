@@ -16,7 +16,8 @@ import click
 from hpctf.core import slurm
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT
-from hpctf.core.rundir import RunDir, RunDirTaken, create_run_dir, plan_run_dir
+from hpctf.core.rundir import RunDir, RunDirTaken, create_run_dir, plan_run_dir, remove_new_run_dir
+from hpctf.core.slurm import SlurmFailure
 from hpctf.login.submitting.render import render
 
 
@@ -96,3 +97,16 @@ def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -
     click.echo(f"submitted job {job_id}")
     click.echo(f"run directory: {run.path}")
     return 0
+
+
+def submit_config(config: ResolvedConfig) -> tuple[RunDir, int]:
+    """``hpctf submit`` and :func:`hpctf.submit`: a new run directory for ``config`` and its
+    first job; the run and the start's exit status (0 once sbatch took the job; a local
+    site's workers' status). A job sbatch refused leaves no run directory behind."""
+    run, config, _ = new_run(config)
+    try:
+        status = start_run(run, config)
+    except SlurmFailure:
+        remove_new_run_dir(run)  # sbatch refused or failed: no run was started
+        raise
+    return run, status

@@ -235,6 +235,39 @@ def sweep(
 ) -> None:  # fmt: skip
     """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
     directory of its own, all of them one Slurm job array (local sites: one after another)."""
+    points, configs = plan_sweep(experiment, grids, ranges, draws, seed, max_points, site_name,
+                                 overrides)  # fmt: skip
+    base = configs[0]
+    if dry_run:
+        sweep_path = _sweep_path(base)
+        run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
+        click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
+        for point, path in zip(points, run_dirs, strict=True):
+            click.echo(f"# point {point.index}: {point.label()} -> {path.name}")
+        if base.site.scheduler == "slurm":
+            limit, source = array_size_limit(base, dry_run=True)
+            scripts = _array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
+                                     max_running)  # fmt: skip
+            click.echo(f"# {len(scripts)} job array(s) of at most {limit} tasks ({source})")
+            for number, (indices, script) in enumerate(scripts):
+                click.echo(f"# ----- array-{number}.sbatch: points {indices[0]}-{indices[-1]}")
+                click.echo(script, nl=False)
+        click.echo("# dry run: nothing written, nothing submitted", err=True)
+        return
+    spec = {"grid": list(grids), "range": list(ranges), "random": draws, "seed": seed,
+            "set": list(overrides), "max_running": max_running}  # fmt: skip
+    record, status = start_sweep(experiment, points, configs, spec)
+    if record.data.get("scheduler") != "slurm":
+        sys.exit(status)
+    click.echo(f"status: hpctf status {record.path}")
+
+
+def plan_sweep(
+    experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None, seed: int,
+    max_points: int, site_name: str | None, overrides: Sequence[str],
+) -> tuple[list[Point], list[ResolvedConfig]]:  # fmt: skip
+    """The points of a sweep (``--grid``/``--range`` texts) and each one's resolved config, or
+    one UserError listing every problem. Writes nothing."""
     problems, parsed_grids, parsed_ranges = [], [], []
     for text in grids:
         try:
@@ -252,24 +285,19 @@ def sweep(
     points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
     configs = resolve_points(experiment, site_name, overrides, points)
     check_one_script(points, configs)
+    return points, configs
+
+
+def start_sweep(
+    experiment: Path, points: Sequence[Point], configs: Sequence[ResolvedConfig],
+    spec: dict[str, Any],
+) -> tuple[SweepDir, int]:  # fmt: skip
+    """``hpctf sweep`` and :func:`hpctf.sweep`: the sweep directory, a run directory per
+    point, and the job array(s) submitted (a local site: every point run, one after
+    another). ``spec``: grid, range, random, seed, set and max_running, as sweep.json keeps
+    them. Returns the sweep and the status (a local site's first failure, else 0)."""
     base = configs[0]
-    sweep_path = _sweep_path(base)
-    run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
     slurm_site = base.site.scheduler == "slurm"
-    if dry_run:
-        click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
-        for point, path in zip(points, run_dirs, strict=True):
-            click.echo(f"# point {point.index}: {point.label()} -> {path.name}")
-        if slurm_site:
-            limit, source = array_size_limit(base, dry_run=True)
-            scripts = _array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
-                                     max_running)  # fmt: skip
-            click.echo(f"# {len(scripts)} job array(s) of at most {limit} tasks ({source})")
-            for number, (indices, script) in enumerate(scripts):
-                click.echo(f"# ----- array-{number}.sbatch: points {indices[0]}-{indices[-1]}")
-                click.echo(script, nl=False)
-        click.echo("# dry run: nothing written, nothing submitted", err=True)
-        return
     limit = array_size_limit(base, dry_run=False)[0] if slurm_site else 0
     sweep_path = claim_sweep_dir(lambda: _sweep_path(base))  # a sweep of the same second
     run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
@@ -278,8 +306,7 @@ def sweep(
         "name": base.experiment.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "experiment": str(experiment.resolve()), "site": base.site.name,
-        "scheduler": base.site.scheduler, "grid": list(grids), "range": list(ranges),
-        "random": draws, "seed": seed, "set": list(overrides), "max_running": max_running,
+        "scheduler": base.site.scheduler, **spec,
         "points": [{"index": p.index, "values": dict(p.values), "run_dir": str(d)}
                    for p, d in zip(points, run_dirs, strict=True)],
         "arrays": [],
@@ -289,9 +316,9 @@ def sweep(
     record.write()
     click.echo(f"sweep directory: {sweep_path}")
     if not slurm_site:
-        sys.exit(_run_locally(record, range(len(points))))
+        return record, _run_locally(record, range(len(points)))
     submit_arrays(record, base, range(len(points)), limit)
-    click.echo(f"status: hpctf status {sweep_path}")
+    return record, 0
 
 
 def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
@@ -310,14 +337,23 @@ def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
     return first_failure
 
 
-def sweep_status(path: Path, as_json: bool) -> None:
-    """``hpctf status SWEEP_DIR``: one line per point, one squeue (and one sacct) call."""
+def sweep_status(
+    path: Path, as_json: bool, sort: str | None = None, top: int | None = None
+) -> None:
+    """``hpctf status SWEEP_DIR``: one line per point, one squeue (and one sacct) call;
+    ``--sort METRIC [--top K]``: best first (:mod:`hpctf.login.sweeps.ranking`)."""
     import json
+
+    from hpctf.login.sweeps.ranking import rank
 
     record = SweepDir.read(path)
     runs = record.runs()
     view = job_states(runs, all_jobs=False)
     documents = point_documents(record, runs, view, time.time())
+    if sort:
+        documents = [dict(d) for d in rank(documents, sort, top=top)]
+    elif top:
+        raise UserError("--top K needs --sort METRIC, e.g. --sort eval.accuracy --top 3")
     if as_json:
         notes = [view.problem] if view.problem else []
         document = {"sweep": str(record.path), "points": documents, "notes": notes}
