@@ -21,6 +21,7 @@ from hpctf.core.sources import KeyPath, Origin, Origins, load_yaml
 from hpctf.login.submitting.arg_types import type_problems
 from hpctf.login.submitting.render import check_site_template
 from hpctf.login.submitting.resolve import ConfigProblems, Loaded, read_experiment, resolve
+from hpctf.login.submitting.tracking_check import tracking_problems
 
 
 def entry_problem(config: ResolvedConfig) -> str | None:
@@ -238,6 +239,10 @@ def load_config(
     if problem:
         raise UserError(_located(origins, ("train", "entry"), problem, experiment_file))
     if tree is not None and (wrong := args_problems(config, tree)):
+        raise UserError(
+            "\n".join(_located(origins, path, message, experiment_file) for path, message in wrong)
+        )
+    if wrong := tracking_problems(config):
         raise UserError(
             "\n".join(_located(origins, path, message, experiment_file) for path, message in wrong)
         )
