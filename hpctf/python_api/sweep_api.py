@@ -93,8 +93,8 @@ def sweep(
     ``grid`` (``{"train.args.lr": [0.01, 0.1]}``), or ``draws`` random points from ``ranges``
     (``{"train.args.lr": "1e-4:1e-1:log"}``). On a Slurm site it returns once the job array
     is submitted (:meth:`Sweep.wait` waits); on a local site once every point has run."""
-    from hpctf.login.sweeps.commands import plan_sweep, start_sweep
     from hpctf.login.sweeps.plan import DEFAULT_MAX_POINTS
+    from hpctf.login.sweeps.start import plan_sweep, start_sweep
 
     grids = [f"{k}={','.join(value_text(v) for v in vs)}" for k, vs in (grid or {}).items()]
     range_texts = [f"{k}={v}" for k, v in (ranges or {}).items()]

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,9 @@ import click
 from hpctf.core import slurm, slurm_queries
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.rundir import RunDir, create_run_dir, job_history, runs_root, write_atomic
+from hpctf.core.rundir import RunDir, job_history, runs_root, write_atomic
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
-from hpctf.login.submitting.launch import start_run, warn_if_writable_by_others
+from hpctf.login.submitting.launch import start_run
 from hpctf.login.submitting.loader import load_config
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
@@ -34,12 +34,9 @@ from hpctf.login.sweeps.plan import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
     Point,
     chunks,
-    parse_grid,
-    parse_range,
-    plan_points,
     run_names,
 )
-from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir, point_documents, status_text
+from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
 from hpctf.login.watching.runs import Run
 from hpctf.login.watching.slurm_view import cancelled_by_user, job_states, slurm_records
 
@@ -235,6 +232,8 @@ def sweep(
 ) -> None:  # fmt: skip
     """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
     directory of its own, all of them one Slurm job array (local sites: one after another)."""
+    from hpctf.login.sweeps.start import plan_sweep, start_sweep  # it uses this module's parts
+
     points, configs = plan_sweep(experiment, grids, ranges, draws, seed, max_points, site_name,
                                  overrides)  # fmt: skip
     base = configs[0]
@@ -260,65 +259,6 @@ def sweep(
     if record.data.get("scheduler") != "slurm":
         sys.exit(status)
     click.echo(f"status: hpctf status {record.path}")
-
-
-def plan_sweep(
-    experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None, seed: int,
-    max_points: int, site_name: str | None, overrides: Sequence[str],
-) -> tuple[list[Point], list[ResolvedConfig]]:  # fmt: skip
-    """The points of a sweep (``--grid``/``--range`` texts) and each one's resolved config, or
-    one UserError listing every problem. Writes nothing."""
-    problems, parsed_grids, parsed_ranges = [], [], []
-    for text in grids:
-        try:
-            parsed_grids.append(parse_grid(text))
-        except UserError as exc:
-            problems.append(str(exc))
-    for text in ranges:
-        try:
-            parsed_ranges.append(parse_range(text))
-        except UserError as exc:
-            problems.append(str(exc))
-    if problems:
-        raise UserError("\n".join(problems))
-    fixed = [item.partition("=")[0] for item in overrides]
-    points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
-    configs = resolve_points(experiment, site_name, overrides, points)
-    check_one_script(points, configs)
-    return points, configs
-
-
-def start_sweep(
-    experiment: Path, points: Sequence[Point], configs: Sequence[ResolvedConfig],
-    spec: dict[str, Any],
-) -> tuple[SweepDir, int]:  # fmt: skip
-    """``hpctf sweep`` and :func:`hpctf.sweep`: the sweep directory, a run directory per
-    point, and the job array(s) submitted (a local site: every point run, one after
-    another). ``spec``: grid, range, random, seed, set and max_running, as sweep.json keeps
-    them. Returns the sweep and the status (a local site's first failure, else 0)."""
-    base = configs[0]
-    slurm_site = base.site.scheduler == "slurm"
-    limit = array_size_limit(base, dry_run=False)[0] if slurm_site else 0
-    sweep_path = claim_sweep_dir(lambda: _sweep_path(base))  # a sweep of the same second
-    run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
-    warn_if_writable_by_others(sweep_path)
-    record = SweepDir(sweep_path, {
-        "name": base.experiment.name,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "experiment": str(experiment.resolve()), "site": base.site.name,
-        "scheduler": base.site.scheduler, **spec,
-        "points": [{"index": p.index, "values": dict(p.values), "run_dir": str(d)}
-                   for p, d in zip(points, run_dirs, strict=True)],
-        "arrays": [],
-    })  # fmt: skip
-    for config, path in zip(configs, run_dirs, strict=True):
-        create_run_dir(RunDir(path), config, render(config, path))
-    record.write()
-    click.echo(f"sweep directory: {sweep_path}")
-    if not slurm_site:
-        return record, _run_locally(record, range(len(points)))
-    submit_arrays(record, base, range(len(points)), limit)
-    return record, 0
 
 
 def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
