@@ -17,14 +17,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.rundir import RunDir, create_run_dir
 from hpctf.login.submitting.launch import warn_if_writable_by_others
 from hpctf.login.submitting.render import render
-from hpctf.login.sweeps.commands import (
-    _run_locally,
-    _sweep_path,
-    array_size_limit,
-    check_one_script,
-    resolve_points,
-    submit_arrays,
-)
+from hpctf.login.sweeps import commands  # the array's parts (looked up at each call)
 from hpctf.login.sweeps.plan import Point, parse_grid, parse_range, plan_points, run_names
 from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir
 
@@ -50,8 +43,8 @@ def plan_sweep(
         raise UserError("\n".join(problems))
     fixed = [item.partition("=")[0] for item in overrides]
     points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
-    configs = resolve_points(experiment, site_name, overrides, points)
-    check_one_script(points, configs)
+    configs = commands.resolve_points(experiment, site_name, overrides, points)
+    commands.check_one_script(points, configs)
     return points, configs
 
 
@@ -65,8 +58,8 @@ def start_sweep(
     them. Returns the sweep and the status (a local site's first failure, else 0)."""
     base = configs[0]
     slurm_site = base.site.scheduler == "slurm"
-    limit = array_size_limit(base, dry_run=False)[0] if slurm_site else 0
-    sweep_path = claim_sweep_dir(lambda: _sweep_path(base))  # a sweep of the same second
+    limit = commands.array_size_limit(base, dry_run=False)[0] if slurm_site else 0
+    sweep_path = claim_sweep_dir(lambda: commands._sweep_path(base))  # a sweep of the same second
     run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
     warn_if_writable_by_others(sweep_path)
     record = SweepDir(sweep_path, {
@@ -83,6 +76,6 @@ def start_sweep(
     record.write()
     click.echo(f"sweep directory: {sweep_path}")
     if not slurm_site:
-        return record, _run_locally(record, range(len(points)))
-    submit_arrays(record, base, range(len(points)), limit)
+        return record, commands._run_locally(record, range(len(points)))
+    commands.submit_arrays(record, base, range(len(points)), limit)
     return record, 0
