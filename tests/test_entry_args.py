@@ -4,12 +4,16 @@ imported): pure, one case per kind of signature."""
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from hpctf.cli import cli
 from hpctf.login.submitting.loader import args_problems
+from tests.conftest import DIGITS
 
 SOURCE = """
 import functools
@@ -92,3 +96,80 @@ def test_train_args_against_the_signature(
     entry: str, args: dict[str, Any], loop: str, expected: list[str]
 ) -> None:
     assert problems(entry, args, loop) == expected
+
+
+TYPED = ast.parse("""
+from typing import Optional
+
+def typed(lr: float = 0.1, units=32, name="x", flag: bool = False, depth: int | None = None,
+          mode: "str" = "a", scale: Optional[float] = None, shape=None, *, width: int = 4):
+    pass
+""")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            {
+                "lr": 1,
+                "units": 8.5,
+                "name": "y",
+                "flag": True,
+                "depth": None,
+                "mode": "b",
+                "scale": None,
+                "shape": [1, 2],
+                "width": 2,
+            },
+            [],
+        ),
+        ({"lr": "abc"}, ["lr: 'abc' is not a float: typed() takes lr as float (its annotation)"]),
+        (
+            {"units": "8"},
+            ["units: '8' is not a number: typed() takes units as number (its default 32)"],
+        ),
+        (
+            {"units": True},
+            ["units: True is not a number: typed() takes units as number (its default 32)"],
+        ),
+        ({"name": 3}, ["name: 3 is not a str: typed() takes name as str (its default 'x')"]),
+        ({"flag": 1}, ["flag: 1 is not a bool: typed() takes flag as bool (its annotation)"]),
+        (
+            {"depth": 2.5},
+            ["depth: 2.5 is not an int: typed() takes depth as int or null (its annotation)"],
+        ),
+        ({"mode": 1}, ["mode: 1 is not a str: typed() takes mode as str (its annotation)"]),
+        (
+            {"scale": "x"},
+            ["scale: 'x' is not a float: typed() takes scale as float or null (its annotation)"],
+        ),
+        (
+            {"width": None},
+            ["width: None is not an int: typed() takes width as int (its annotation)"],
+        ),
+    ],
+)
+def test_train_args_values_against_the_signatures_types(
+    args: dict[str, Any], expected: list[str]
+) -> None:
+    train = SimpleNamespace(entry="seq:typed", args=args, loop="builtin")
+    config: Any = SimpleNamespace(experiment=SimpleNamespace(train=train))
+    found = [f"{path[-1]}: {message}" for path, message in args_problems(config, TYPED)]
+    assert found == expected
+
+
+def test_validate_and_sweep_refuse_a_value_of_the_wrong_type(runs_root: Path) -> None:
+    validate = CliRunner().invoke(
+        cli, ["validate", str(DIGITS), "--set", "train.args.learning_rate=abc"]
+    )
+    assert validate.exit_code == 2
+    assert "train.args.learning_rate: 'abc' is not a float: build() takes learning_rate" in (
+        validate.output
+    )
+    sweep = CliRunner().invoke(
+        cli, ["sweep", str(DIGITS), "--grid", "train.args.learning_rate=0.1,abc", "--dry-run"]
+    )
+    assert sweep.exit_code == 2 and "'abc' is not a float" in sweep.output, sweep.output
+    assert "0.1" not in sweep.output.split("'abc'")[0].rsplit("\n", 1)[-1]  # only abc named
+    assert not runs_root.exists()

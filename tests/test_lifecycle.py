@@ -985,7 +985,8 @@ def test_plot_without_matplotlib_names_the_extra(
     result = CliRunner().invoke(cli, ["plot", str(path)])
     assert result.exit_code == 2
     assert result.output == (
-        "Error: hpctf plot needs matplotlib, which is not installed: pip install 'hpctf[plot]'\n"
+        "Error: hpctf plot needs matplotlib, which is not installed: pip install matplotlib "
+        "(into the environment that runs hpctf)\n"
     )
 
 

@@ -24,7 +24,7 @@ from hpctf.login.sweeps.plan import (
     plan_points,
     run_names,
 )
-from tests.conftest import DIGITS, require_tool, write
+from tests.conftest import DIGITS, ENTRIES_PATH, require_tool, write
 from tests.test_lifecycle import FakeSlurm, fake_slurm, squeue_line  # noqa: F401
 
 # --- the points, pure ---------------------------------------------------------------------------
@@ -211,9 +211,22 @@ def test_the_array_script_passes_shellcheck_and_picks_its_run_dir(
     shellcheck = require_tool("shellcheck")
     result = CliRunner().invoke(
         cli,
-        ["sweep", str(DIGITS), "--site", "local-slurm", "--grid", "train.args.hidden=8,it's",
-         "--dry-run"],
-    )  # fmt: skip
+        [
+            "sweep",
+            str(DIGITS),
+            "--site",
+            "local-slurm",
+            "--grid",
+            "train.args.out=a,it's",
+            "--set",
+            "train.entry=entries:compile_style",
+            "--set",
+            "train.args={}",
+            "--set",
+            f"train.python_path=[{', '.join(ENTRIES_PATH)}]",
+            "--dry-run",
+        ],
+    )  # fmt: skip  (an entry whose `out` takes any str: train.args values are typed)
     assert result.exit_code == 0, result.output
     script = result.stdout[result.stdout.index("#!/bin/bash") :]
     path = write(tmp_path / "array.sh", script)
@@ -221,7 +234,7 @@ def test_the_array_script_passes_shellcheck_and_picks_its_run_dir(
     assert check.returncode == 0, check.stdout
     # The RUN_DIR lines alone, under bash: task 1 gets the hostile name, quoted; task 2 none.
     head = script[: script.index("# The array's output")]
-    for task, want in (("1", "digits-hiddenit_s"), ("2", "")):
+    for task, want in (("1", "digits-outit_s"), ("2", "")):
         proc = subprocess.run(
             ["bash", "-c", head + 'echo "RUN_DIR=$RUN_DIR"'],
             env={"SLURM_ARRAY_TASK_ID": task, "PATH": "/usr/bin:/bin"},

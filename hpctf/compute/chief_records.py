@@ -1,5 +1,6 @@
 """The chief's records of a run: metrics.jsonl (what ``hpctf status``, ``plot`` and the
-benchmarks read) and TensorBoard events. The other ranks write nothing."""
+benchmarks read), TensorBoard events, and the experiment's trackers
+(:mod:`hpctf.compute.tracking`). The other ranks write nothing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 
 import tensorflow as tf
 
+from hpctf.compute.tracking import start_tracking
 from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -20,6 +22,7 @@ class ChiefRecords:
         self._run = run
         self._chief = chief
         self._writer = None
+        self._trackers = start_tracking(run) if chief else []
         if chief and _tensorboard_installed():
             self._writer = tf.summary.create_file_writer(str(run.path / "tensorboard"))
         elif chief:
@@ -35,6 +38,8 @@ class ChiefRecords:
         line = {"step": step, group: values} if group else {"step": step, **values}
         with self._run.metrics.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
+        for tracker in self._trackers:
+            tracker.log(step, values, group)
         if self._writer is None:
             return
         with self._writer.as_default(step=step):

@@ -205,6 +205,21 @@ class Checkpoint(_Strict):
     keep: int = Field(3, ge=1)
 
 
+class MLflowTracking(_Strict):
+    """Where the chief logs the run in MLflow (:mod:`hpctf.compute.tracking`)."""
+
+    tracking_uri: str | None = Field(
+        None, description="e.g. http://mlflow:5000 or file:///path; default: $MLFLOW_TRACKING_URI"
+    )
+    experiment: str | None = Field(None, description="MLflow experiment; default: the name")
+
+
+class Tracking(_Strict):
+    """Experiment trackers: one tracker run per hpctf run, across every requeue and resubmit."""
+
+    mlflow: MLflowTracking | None = None
+
+
 class Experiment(_Strict):
     """One experiment.yaml."""
 
@@ -213,6 +228,7 @@ class Experiment(_Strict):
     resources: Resources = Field(default_factory=Resources)
     train: Train
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    tracking: Tracking = Field(default_factory=Tracking)
     env: dict[str, EnvValue] = Field(
         default_factory=dict, description="exported after the site's env; values are literal"
     )

@@ -224,7 +224,7 @@ def failed_nodes(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
 
 
 def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tuple[str, str]:
-    if any(start.reason == "done" for start in starts):
+    if any(start.reason == "done" for start in starts[_starts_before_extension(events) :]):
         return "done", ""
     # The last word since the last start: the budget's, the user's, a new submission, a requeue.
     word = next(
@@ -252,6 +252,13 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
     if last.reason in PREEMPTION_REASONS:  # saved, and nothing requeued it (a local SIGTERM)
         return "preempted", f"saved step {last.end_step}; hpctf resubmit resumes it"
     return "failed", f"{last.reason} (exit {last.exit_code})"
+
+
+def _starts_before_extension(events: Sequence[Mapping[str, Any]]) -> int:
+    """How many starts came before the last ``extended`` record (``resubmit --set
+    train.steps=``): a done run extended is done again only once a later start is."""
+    last = max((i for i, e in enumerate(events) if e.get("event") == "extended"), default=-1)
+    return sum(1 for e in events[: last + 1] if e.get("event") == "started")
 
 
 def _since_last_start(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -7,40 +7,28 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
-from datetime import datetime
 from pathlib import Path
 
 import click
 
-from hpctf.core import checkpoint_files, slurm, snapshot
 from hpctf.core.config import Experiment, Site
-from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.errors import UserError
 from hpctf.core.launcher import launcher_for
-from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import (
-    RunDir,
     create_run_dir,
-    job_history,
     plan_run_dir,
-    remove_new_run_dir,
-    with_snapshot,
     write_atomic,
 )
-from hpctf.core.runstate import run_state
 from hpctf.core.sites import describe_site, listing, read_site, search_path
-from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login.submitting import scaffold
-from hpctf.login.submitting.launch import new_run, start_run, warn_if_writable_by_others
+from hpctf.login.submitting.launch import submit_config, warn_if_writable_by_others
 from hpctf.login.submitting.loader import load_config
 from hpctf.login.submitting.render import explain as explain_script
 from hpctf.login.submitting.render import render
+from hpctf.login.submitting.resubmit import resubmit_run
 from hpctf.login.sweeps.commands import sweep_resubmit
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
-
-# A Slurm node list as scontrol writes one: names, ranges in brackets, commas.
-_NODELIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*")
 
 _site_option = click.option(
     "--site",
@@ -149,13 +137,7 @@ def submit(
         if launcher_for(config.site).test_only(script):  # a SlurmFailure carries its words
             click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
         return
-    run, config, script = new_run(config)
-    try:
-        status = start_run(run, config)
-    except SlurmFailure:
-        remove_new_run_dir(run)  # sbatch refused or failed: no run was started
-        raise
-    sys.exit(status)
+    sys.exit(submit_config(config)[1])
 
 
 @click.command()
@@ -234,79 +216,38 @@ def init(directory: Path, site_name: str, name: str | None, force: bool) -> None
     help="Start again from step 0: the run's checkpoints are moved aside to "
     "checkpoints-discarded-<time>/ (nothing is deleted).",
 )
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Continue the run with a new train.steps (or epochs, log/eval cadence, "
+    "checkpoint.every_steps, keep), also a done one (repeatable).",
+)
 def resubmit(
     run_dir: Path,
     exclude: str | None,
     retry_failed_nodes: bool,
     update_code: bool,
     from_scratch: bool,
+    overrides: tuple[str, ...],
 ) -> None:
     """Start a new job on RUN_DIR; it resumes from the latest checkpoint. On a sweep
-    directory: one new job array over the points that did not finish."""
+    directory: one new job array over the points that did not finish.
+
+    With --set, continue the run (done or stopped) with keys that change neither the model nor
+    the batch script: train.steps (more steps than it has), train.epochs,
+    train.log_every_steps, train.eval_every_steps, checkpoint.every_steps, checkpoint.keep.
+    The change is recorded in the run's journal; `hpctf status` shows it."""
     if is_sweep_dir(run_dir):
-        if from_scratch:
-            raise UserError("--from-scratch takes one run directory, not a sweep directory")
+        if from_scratch or overrides:
+            raise UserError("--from-scratch and --set take one run directory, not a sweep")
         options = {"--exclude": exclude, "--retry-failed-nodes": retry_failed_nodes}
         sweep_resubmit(run_dir, {**options, "--update-code": update_code})
         return
-    run = RunDir.open(run_dir)
-    check_not_a_copy(run)  # a copy's script would start the original
-    run.check_journal()  # which jobs may still run must come from a whole journal
-    config = run.load_config()
-    if run.done.exists():
-        raise UserError(f"{run.path} is complete ({run.done} exists): nothing to resume")
-    if exclude is not None and not _NODELIST.fullmatch(exclude):
-        raise UserError(f"--exclude {exclude!r} is not a Slurm node list, e.g. node[3-4],node7")
-    launcher = launcher_for(config.site)
-    launcher.check_exclude(exclude, run.path)
-    if launcher.slurm:
-        # Two jobs on one run directory would write the same checkpoints.
-        for job in job_history(run.events()):
-            if "ended" in job:
-                continue
-            info = slurm.job_info(job["job_id"])
-            state = info.get("JobState", "") if info else ""
-            if state and state not in FINAL_STATES:
-                raise UserError(
-                    f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
-                    f"stop it with: hpctf cancel {run.path}"
-                )
-    if from_scratch:
-        discard_checkpoints(run)
-    if update_code:
-        sources = [source.source for source in snapshot.read(run.path)]
-        if not sources:
-            raise UserError(f"{run.path} has no code snapshot to update")
-        config = with_snapshot(config, run, sources)
-        run.record("code-updated", sources=sources)
-        for source in snapshot.read(run.path):
-            click.echo(f"code: {source.describe()}")
-    failed = [] if retry_failed_nodes else run_state(run.events()).failed_nodes
-    if (leave_out := launcher.leave_out(exclude, failed)) != exclude:
-        click.echo(
-            f"note: leaving out {','.join(failed)}, which failed under earlier jobs of the run "
-            "(--retry-failed-nodes keeps them)",
-            err=True,
-        )
-        exclude = leave_out
-    sys.exit(start_run(run, config, exclude))
-
-
-def discard_checkpoints(run: RunDir) -> None:
-    """``resubmit --from-scratch``: the run's checkpoints moved aside (kept, not deleted) and
-    the move recorded, so the next start trains from step 0."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    try:
-        moved = checkpoint_files.set_aside(run.checkpoints, stamp)
-    except OSError as exc:
-        raise EnvironmentProblem(
-            f"cannot move the checkpoints of {run.path} aside: {exc.strerror or exc}"
-        ) from exc
-    if moved is None:
-        click.echo(f"from scratch: {run.checkpoints} holds no checkpoint", err=True)
-        return
-    run.record("checkpoints-discarded", moved_to=moved.name)
-    click.echo(f"from scratch: the checkpoints were moved to {moved}; step 0 next", err=True)
+    sys.exit(
+        resubmit_run(run_dir, exclude, retry_failed_nodes, update_code, from_scratch, overrides)
+    )
 
 
 COMMANDS = (

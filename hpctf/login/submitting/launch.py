@@ -17,7 +17,8 @@ from hpctf.core import slurm
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT
 from hpctf.core.launcher import LocalLauncher, SlurmLauncher, launcher_for
-from hpctf.core.rundir import RunDir, RunDirTaken, create_run_dir, plan_run_dir
+from hpctf.core.rundir import RunDir, RunDirTaken, create_run_dir, plan_run_dir, remove_new_run_dir
+from hpctf.core.slurm import SlurmFailure
 from hpctf.login.submitting.render import render
 
 
@@ -110,3 +111,16 @@ def _start_slurm(run: RunDir, config: ResolvedConfig, exclude: str | None) -> in
 # How each launcher (hpctf.core.launcher) starts a job: here, not in the launcher type, since
 # the worker imports that type and never the local launcher's process handling.
 _STARTS = {LocalLauncher.name: _start_local, SlurmLauncher.name: _start_slurm}
+
+
+def submit_config(config: ResolvedConfig) -> tuple[RunDir, int]:
+    """``hpctf submit`` and :func:`hpctf.submit`: a new run directory for ``config`` and its
+    first job; the run and the start's exit status (0 once sbatch took the job; a local
+    site's workers' status). A job sbatch refused leaves no run directory behind."""
+    run, config, _ = new_run(config)
+    try:
+        status = start_run(run, config)
+    except SlurmFailure:
+        remove_new_run_dir(run)  # sbatch refused or failed: no run was started
+        raise
+    return run, status

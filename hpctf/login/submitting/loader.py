@@ -18,8 +18,10 @@ from hpctf.core.config import Experiment, ResolvedConfig, Site
 from hpctf.core.errors import UserError
 from hpctf.core.sites import available, find_site, read_site_file
 from hpctf.core.sources import KeyPath, Origin, Origins, load_yaml
+from hpctf.login.submitting.arg_types import type_problems
 from hpctf.login.submitting.render import check_site_template
 from hpctf.login.submitting.resolve import ConfigProblems, Loaded, read_experiment, resolve
+from hpctf.login.submitting.tracking_check import tracking_problems
 
 
 def entry_problem(config: ResolvedConfig) -> str | None:
@@ -66,7 +68,9 @@ def _entry_source(config: ResolvedConfig) -> tuple[str | None, ast.Module | None
 
 def args_problems(config: ResolvedConfig, tree: ast.Module) -> list[tuple[KeyPath, str]]:
     """``train.args`` against the entry's signature, as parsed from its source: each name the
-    function does not take, and each parameter without a default that no arg gives. Nothing
+    function does not take, each value of a type its annotation or default refuses
+    (:mod:`hpctf.login.submitting.arg_types`), and each parameter without a default that no
+    arg gives. Nothing
     when the entry is not a plain ``def`` (a class, a decorated or reassigned function) or takes
     ``**kwargs``. With ``train.loop: custom`` the first parameter is the session."""
     settings = config.experiment.train
@@ -92,6 +96,11 @@ def args_problems(config: ResolvedConfig, tree: ast.Module) -> list[tuple[KeyPat
             problems.append(
                 (("train", "args", key), f"unknown argument of {name}(){mean}; {takes}")
             )
+    problems += [
+        (("train", "args", key), message)
+        for key, message in type_problems(name, function.args, settings.args)
+        if key in allowed
+    ]
     missing = [key for key in required if key not in settings.args]
     if missing:
         problems.append(
@@ -237,6 +246,10 @@ def load_config(
     if problem:
         raise UserError(_located(origins, ("train", "entry"), problem, experiment_file))
     if tree is not None and (wrong := args_problems(config, tree)):
+        raise UserError(
+            "\n".join(_located(origins, path, message, experiment_file) for path, message in wrong)
+        )
+    if wrong := tracking_problems(config):
         raise UserError(
             "\n".join(_located(origins, path, message, experiment_file) for path, message in wrong)
         )

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,9 @@ from hpctf.core import slurm, slurm_queries
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.launcher import is_slurm, launcher_for
-from hpctf.core.rundir import RunDir, create_run_dir, job_history, runs_root, write_atomic
+from hpctf.core.rundir import RunDir, job_history, runs_root, write_atomic
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
-from hpctf.login.submitting.launch import start_run, warn_if_writable_by_others
+from hpctf.login.submitting.launch import start_run
 from hpctf.login.submitting.loader import load_config
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
@@ -35,12 +35,9 @@ from hpctf.login.sweeps.plan import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
     Point,
     chunks,
-    parse_grid,
-    parse_range,
-    plan_points,
     run_names,
 )
-from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir, point_documents, status_text
+from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
 from hpctf.login.watching.runs import Run
 from hpctf.login.watching.slurm_view import cancelled_by_user, job_states, slurm_records
 
@@ -236,20 +233,18 @@ def sweep(
 ) -> None:  # fmt: skip
     """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
     directory of its own, all of them one Slurm job array (local sites: one after another)."""
-    parsed_grids, parsed_ranges = _parse_axes(grids, ranges)
-    fixed = [item.partition("=")[0] for item in overrides]
-    points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
-    configs = resolve_points(experiment, site_name, overrides, points)
-    check_one_script(points, configs)
+    from hpctf.login.sweeps.start import plan_sweep, start_sweep  # it uses this module's parts
+
+    points, configs = plan_sweep(experiment, grids, ranges, draws, seed, max_points, site_name,
+                                 overrides)  # fmt: skip
     base = configs[0]
-    sweep_path = _sweep_path(base)
-    run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
-    slurm_site = launcher_for(base.site).slurm
     if dry_run:
+        sweep_path = _sweep_path(base)
+        run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
         click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
         for point, path in zip(points, run_dirs, strict=True):
             click.echo(f"# point {point.index}: {point.label()} -> {path.name}")
-        if slurm_site:
+        if launcher_for(base.site).slurm:
             limit, source = array_size_limit(base, dry_run=True)
             scripts = _array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
                                      max_running)  # fmt: skip
@@ -259,43 +254,12 @@ def sweep(
                 click.echo(script, nl=False)
         click.echo("# dry run: nothing written, nothing submitted", err=True)
         return
-    limit = array_size_limit(base, dry_run=False)[0] if slurm_site else 0
-    sweep_path = claim_sweep_dir(lambda: _sweep_path(base))  # a sweep of the same second
-    run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
-    warn_if_writable_by_others(sweep_path)
-    record = SweepDir(sweep_path, {
-        "name": base.experiment.name,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "experiment": str(experiment.resolve()), "site": base.site.name,
-        "scheduler": base.site.scheduler, "grid": list(grids), "range": list(ranges),
-        "random": draws, "seed": seed, "set": list(overrides), "max_running": max_running,
-        "points": [{"index": p.index, "values": dict(p.values), "run_dir": str(d)}
-                   for p, d in zip(points, run_dirs, strict=True)],
-        "arrays": [],
-    })  # fmt: skip
-    for config, path in zip(configs, run_dirs, strict=True):
-        create_run_dir(RunDir(path), config, render(config, path))
-    record.write()
-    click.echo(f"sweep directory: {sweep_path}")
-    if not slurm_site:
-        sys.exit(_run_locally(record, range(len(points))))
-    submit_arrays(record, base, range(len(points)), limit)
-    click.echo(f"status: hpctf status {sweep_path}")
-
-
-def _parse_axes(grids: Sequence[str], ranges: Sequence[str]) -> tuple[list[Any], list[Any]]:
-    """Every ``--grid`` and ``--range`` parsed, or one UserError naming each bad one."""
-    problems: list[str] = []
-    parsed: tuple[list[Any], list[Any]] = ([], [])
-    for texts, parse, out in ((grids, parse_grid, parsed[0]), (ranges, parse_range, parsed[1])):
-        for text in texts:
-            try:
-                out.append(parse(text))
-            except UserError as exc:
-                problems.append(str(exc))
-    if problems:
-        raise UserError("\n".join(problems))
-    return parsed
+    spec = {"grid": list(grids), "range": list(ranges), "random": draws, "seed": seed,
+            "set": list(overrides), "max_running": max_running}  # fmt: skip
+    record, status = start_sweep(experiment, points, configs, spec)
+    if not is_slurm(record.data.get("scheduler")):
+        sys.exit(status)
+    click.echo(f"status: hpctf status {record.path}")
 
 
 def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
@@ -314,14 +278,23 @@ def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
     return first_failure
 
 
-def sweep_status(path: Path, as_json: bool) -> None:
-    """``hpctf status SWEEP_DIR``: one line per point, one squeue (and one sacct) call."""
+def sweep_status(
+    path: Path, as_json: bool, sort: str | None = None, top: int | None = None
+) -> None:
+    """``hpctf status SWEEP_DIR``: one line per point, one squeue (and one sacct) call;
+    ``--sort METRIC [--top K]``: best first (:mod:`hpctf.login.sweeps.ranking`)."""
     import json
+
+    from hpctf.login.sweeps.ranking import rank
 
     record = SweepDir.read(path)
     runs = record.runs()
     view = job_states(runs, all_jobs=False)
     documents = point_documents(record, runs, view, time.time())
+    if sort:
+        documents = [dict(d) for d in rank(documents, sort, top=top)]
+    elif top:
+        raise UserError("--top K needs --sort METRIC, e.g. --sort eval.accuracy --top 3")
     if as_json:
         notes = [view.problem] if view.problem else []
         document = {"sweep": str(record.path), "points": documents, "notes": notes}

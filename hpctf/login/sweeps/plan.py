@@ -15,6 +15,7 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpctf.core.errors import UserError
 
@@ -216,3 +217,18 @@ def chunks(indices: Sequence[int], max_array_size: int) -> list[Chunk]:
         Chunk(tuple(indices[start : start + max_array_size]))
         for start in range(0, len(indices), max_array_size)
     ]
+
+
+def parse_axes(grids: Sequence[str], ranges: Sequence[str]) -> tuple[list[Any], list[Any]]:
+    """Every ``--grid`` and ``--range`` parsed, or one UserError naming each bad one."""
+    problems: list[str] = []
+    parsed: tuple[list[Any], list[Any]] = ([], [])
+    for texts, parse, out in ((grids, parse_grid, parsed[0]), (ranges, parse_range, parsed[1])):
+        for text in texts:
+            try:
+                out.append(parse(text))
+            except UserError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise UserError("\n".join(problems))
+    return parsed

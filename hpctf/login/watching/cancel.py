@@ -25,6 +25,19 @@ def cancel(run_dir: Path) -> None:
     if is_sweep_dir(run_dir):
         sweep_cancel(run_dir)
         return
+    jobs = cancel_run(run_dir)
+    if not jobs:
+        run = Run.read(run_dir)
+        click.echo(
+            f"nothing to cancel: no job of {run.run.path} is open (the run is {run.state.state})"
+        )
+        return
+    click.echo(f"cancelled: {' '.join(jobs)}")
+
+
+def cancel_run(run_dir: Path) -> list[str]:
+    """``hpctf cancel RUN`` and :meth:`hpctf.Run.cancel`: scancel the run's open jobs and
+    record it; the jobs cancelled (none when none was open)."""
     run = Run.read(run_dir)
     check_not_a_copy(run.run)  # a copy's journal names the original's jobs
     run.run.check_journal()  # which jobs are open must come from a whole journal
@@ -35,11 +48,7 @@ def cancel(run_dir: Path) -> None:
         for job in job_history(run.events)
         if "ended" not in job and not cancelled_by_user(run.events, job["job_id"])
     ]
-    if not open_jobs:
-        click.echo(
-            f"nothing to cancel: no job of {run.run.path} is open (the run is {run.state.state})"
-        )
-        return
-    slurm.cancel(open_jobs)  # scancel of a job that has just ended succeeds too
-    run.run.record("cancelled", jobs=open_jobs)
-    click.echo(f"cancelled: {' '.join(open_jobs)}")
+    if open_jobs:
+        slurm.cancel(open_jobs)  # scancel of a job that has just ended succeeds too
+        run.run.record("cancelled", jobs=open_jobs)
+    return open_jobs

@@ -35,7 +35,7 @@ RESTART_LABELS = {
 )
 def plot(run_dir: Path, output: Path | None) -> None:
     """Draw RUN_DIR's loss and eval metrics against step, each restart marked with why the
-    start before it ended. Needs matplotlib: pip install 'hpctf[plot]'."""
+    start before it ended. Needs matplotlib: pip install matplotlib (the extra hpctf[plot])."""
     run = Run.read(run_dir)
     try:
         import matplotlib
@@ -44,7 +44,8 @@ def plot(run_dir: Path, output: Path | None) -> None:
         from matplotlib import pyplot
     except ImportError:
         raise UserError(
-            "hpctf plot needs matplotlib, which is not installed: pip install 'hpctf[plot]'"
+            "hpctf plot needs matplotlib, which is not installed: pip install matplotlib "
+            "(into the environment that runs hpctf)"
         ) from None
     records = metric_records(run.run.metrics)
     losses = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), (int, float))]

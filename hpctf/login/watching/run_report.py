@@ -98,6 +98,12 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
             for s in run.state.starts
         ],
         "jobs": [],
+        # `resubmit --set train.steps=N` (hpctf.login.submitting.extend): when, and what.
+        "extended": [
+            {"time": e.get("time"), "changes": e.get("changes") or {}}
+            for e in run.events
+            if e.get("event") == "extended"
+        ],
     }
     for job in job_history(run.events):
         document["jobs"].append(
@@ -199,6 +205,9 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     script = run.config.experiment.train.script
     if script is not None:
         lines.append(f"script: {script_text(script, document, run.run.checkpoint_step())}")
+    for extension in document["extended"]:
+        changed = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in extension["changes"].items())
+        lines.append(f"extended: {extension['time']}: {changed or 'no change'}")
     if run.slurm and document["job"]:
         current = document["slurm"] or {}
         when = f"; may start {current['start']}" if current.get("start") else ""

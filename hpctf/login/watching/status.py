@@ -106,17 +106,26 @@ def _readable_points(sweep: SweepDir) -> list[Run]:
 @click.option("--all", "every", is_flag=True, help="Every run, not only the recent ones.")
 @_root_option
 @_where_site_option
+@click.option(
+    "--sort",
+    metavar="METRIC",
+    help="A sweep's points best first by eval.NAME (last evaluation), best_eval.NAME or loss.",
+)
+@click.option("--top", type=click.IntRange(min=1), metavar="K", help="With --sort: the best K.")
 def status(
-    run_dirs: tuple[Path, ...], as_json: bool, every: bool, root: Path | None, site_name: str | None
-) -> None:
+    run_dirs: tuple[Path, ...], as_json: bool, every: bool, root: Path | None,
+    site_name: str | None, sort: str | None, top: int | None,
+) -> None:  # fmt: skip
     """Show runs: one RUN in full (state and why, budgets, code, Slurm, progress, each job and
     start), several as a table; without RUN, the recent runs and sweeps under every runs
     root hpctf knows of ($HPCTF_RUNS_ROOT's and each site's; --root or --site: one), a sweep
     as one row (--all: every run). At most one squeue and one sacct call, however many runs. A sweep
     directory: one line per point."""
     if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):
-        sweep_status(run_dirs[0], as_json)
+        sweep_status(run_dirs[0], as_json, sort, top)
         return
+    if sort or top:
+        raise UserError("--sort and --top rank the points of one sweep: hpctf status SWEEP_DIR")
     runs, sweeps = _selected_runs(run_dirs, root, site_name, every)
     single = len(run_dirs) == 1
     view = job_states(runs, all_jobs=single)

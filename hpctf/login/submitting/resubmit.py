@@ -1,0 +1,109 @@
+"""``hpctf resubmit RUN`` and :meth:`hpctf.Run.resubmit`: a new job on a run directory,
+resuming from its latest checkpoint (``--from-scratch``: from step 0; ``--set``: continued
+with more steps, :mod:`hpctf.login.submitting.extend`). A sweep directory is
+:func:`hpctf.login.sweeps.commands.sweep_resubmit`'s."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+import click
+
+from hpctf.core import checkpoint_files, slurm, snapshot
+from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.launcher import launcher_for
+from hpctf.core.run_identity import check_not_a_copy
+from hpctf.core.rundir import RunDir, job_history, with_snapshot
+from hpctf.core.runstate import run_state
+from hpctf.core.slurm import FINAL_STATES
+from hpctf.login.submitting.extend import extend_run, extended_config
+from hpctf.login.submitting.launch import start_run
+
+# A Slurm node list as scontrol writes one: names, ranges in brackets, commas.
+_NODELIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*")
+
+
+def resubmit_run(
+    run_dir: Path,
+    exclude: str | None = None,
+    retry_failed_nodes: bool = False,
+    update_code: bool = False,
+    from_scratch: bool = False,
+    overrides: Sequence[str] = (),
+) -> int:
+    """Start a new job on the run at ``run_dir``; the start's exit status (0 once sbatch took
+    the job; a local site's workers' status). ``overrides`` (``KEY.PATH=VALUE``) continue a
+    done or stopped run with the keys :data:`~hpctf.login.submitting.extend.EXTENDABLE_KEYS`
+    names. Everything is checked before anything is written: a UserError leaves the run as
+    it was."""
+    run = RunDir.open(run_dir)
+    check_not_a_copy(run)  # a copy's script would start the original
+    run.check_journal()  # which jobs may still run must come from a whole journal
+    config = run.load_config()
+    if overrides:
+        if from_scratch:
+            raise UserError("--set continues a run from its checkpoint; not with --from-scratch")
+        extended_config(run, config, overrides)  # refused keys and values: nothing written
+    elif run.done.exists():
+        raise UserError(
+            f"{run.path} is complete ({run.done} exists): nothing to resume; to train it "
+            "further: hpctf resubmit RUN --set train.steps=N"
+        )
+    if exclude is not None and not _NODELIST.fullmatch(exclude):
+        raise UserError(f"--exclude {exclude!r} is not a Slurm node list, e.g. node[3-4],node7")
+    launcher = launcher_for(config.site)
+    launcher.check_exclude(exclude, run.path)
+    if launcher.slurm:
+        # Two jobs on one run directory would write the same checkpoints.
+        for job in job_history(run.events()):
+            if "ended" in job:
+                continue
+            info = slurm.job_info(job["job_id"])
+            state = info.get("JobState", "") if info else ""
+            if state and state not in FINAL_STATES:
+                raise UserError(
+                    f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
+                    f"stop it with: hpctf cancel {run.path}"
+                )
+    if overrides:
+        config = extend_run(run, config, overrides)
+        click.echo(f"extended: {', '.join(overrides)}; resuming from step {run.checkpoint_step()}")
+    if from_scratch:
+        discard_checkpoints(run)
+    if update_code:
+        sources = [source.source for source in snapshot.read(run.path)]
+        if not sources:
+            raise UserError(f"{run.path} has no code snapshot to update")
+        config = with_snapshot(config, run, sources)
+        run.record("code-updated", sources=sources)
+        for source in snapshot.read(run.path):
+            click.echo(f"code: {source.describe()}")
+    failed = [] if retry_failed_nodes else run_state(run.events()).failed_nodes
+    if (leave_out := launcher.leave_out(exclude, failed)) != exclude:
+        click.echo(
+            f"note: leaving out {','.join(failed)}, which failed under earlier jobs of the run "
+            "(--retry-failed-nodes keeps them)",
+            err=True,
+        )
+        exclude = leave_out
+    return start_run(run, config, exclude)
+
+
+def discard_checkpoints(run: RunDir) -> None:
+    """``resubmit --from-scratch``: the run's checkpoints moved aside (kept, not deleted) and
+    the move recorded, so the next start trains from step 0."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        moved = checkpoint_files.set_aside(run.checkpoints, stamp)
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot move the checkpoints of {run.path} aside: {exc.strerror or exc}"
+        ) from exc
+    if moved is None:
+        click.echo(f"from scratch: {run.checkpoints} holds no checkpoint", err=True)
+        return
+    run.record("checkpoints-discarded", moved_to=moved.name)
+    click.echo(f"from scratch: the checkpoints were moved to {moved}; step 0 next", err=True)

@@ -1,0 +1,196 @@
+"""One run from Python: :func:`submit`, :func:`run`, :func:`runs` and :class:`Run`.
+
+Each call goes through the functions the CLI commands call (``hpctf submit``, ``status
+--json``, ``logs``, ``cancel``, ``resubmit``): no second path. Errors are the CLI's: a
+:class:`~hpctf.core.errors.UserError` (what was wrong and what is allowed), an
+:class:`~hpctf.core.errors.EnvironmentProblem` (Slurm or the disk failed), and
+:class:`RunFailed` from :meth:`Run.wait` when asked to raise. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpctf.core.errors import UserError
+from hpctf.core.slurm import FINAL_STATES
+
+# The run states after which nothing starts the run again by itself.
+FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled"})
+
+Settings = Mapping[str, Any] | Sequence[str] | None
+
+
+class RunFailed(Exception):
+    """:meth:`Run.wait` with ``check=True``: the run ended other than ``done``."""
+
+    def __init__(self, path: Path, state: str, why: str) -> None:
+        super().__init__(f"{path}: {state}{f': {why}' if why else ''}")
+        self.path, self.state, self.why = path, state, why
+
+
+def set_texts(values: Settings) -> list[str]:
+    """``{"train.steps": 100}`` as ``--set`` takes it (``["train.steps=100"]``): strings as
+    given, other values as JSON (which YAML reads back as the same number, bool, list)."""
+    if values is None:
+        return []
+    if isinstance(values, Mapping):
+        return [f"{key}={value_text(value)}" for key, value in values.items()]
+    return [str(item) for item in values]
+
+
+def value_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+class Run:
+    """A run directory, as ``hpctf status RUN`` and the other commands read it. Cheap to make:
+    every method reads the directory (and asks Slurm) afresh."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from hpctf.login.watching.runs import Run as RunRecord
+
+        self.path = Path(path).resolve()
+        RunRecord.read(self.path)  # a UserError now, when it is not a run directory
+
+    def __repr__(self) -> str:
+        return f"hpctf.Run({str(self.path)!r})"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def status(self) -> dict[str, Any]:
+        """The document ``hpctf status RUN --json`` prints for this run (its ``runs[0]``):
+        state and why, job, Slurm's word, step, loss, evaluations, each start."""
+        from hpctf.login.watching.run_report import run_document
+        from hpctf.login.watching.runs import Run as RunRecord
+        from hpctf.login.watching.slurm_view import job_states
+
+        record = RunRecord.read(self.path)
+        view = job_states([record], all_jobs=True)
+        return run_document(record, view, time.time(), full=True)
+
+    @property
+    def state(self) -> str:
+        """queued, running, requeued, preempted, done, failed, gave_up or cancelled."""
+        return str(self.status()["state"])
+
+    def wait(self, timeout: float | None = None, poll: float = 10.0, check: bool = False) -> str:
+        """Block until the run ends (done, failed, gave_up, cancelled; preempted with no job
+        left to resume it) and return that state. Requeues are waited through. ``poll``:
+        seconds between looks (one squeue call each); ``timeout``: a TimeoutError after that
+        many seconds; ``check``: raise :class:`RunFailed` unless the run is done."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            document = self.status()
+            state = str(document["state"])
+            if _ended(document):
+                if check and state != "done":
+                    raise RunFailed(self.path, state, str(document.get("why") or ""))
+                return state
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.path} is still {state} after {timeout} s")
+            left = poll if deadline is None else deadline - time.monotonic()
+            time.sleep(max(0.0, min(poll, left)))
+
+    def logs(self, rank: int = 0, job: str | None = None) -> str:
+        """One rank's log across every start (``hpctf logs RUN --rank N [--job ID]``), with
+        the separator line where each start begins."""
+        from hpctf.login.watching.logs import LogReader
+        from hpctf.login.watching.runs import Run as RunRecord
+
+        record = RunRecord.read(self.path)
+        if job is not None and job not in record.state.jobs:
+            raise UserError(f"{self.path}: no job {job}; its jobs: {', '.join(record.state.jobs)}")
+        if not record.run.rank_log(rank).exists():
+            ranks = sorted(p.stem.split("-")[1] for p in record.run.logs.glob("rank-*.log"))
+            raise UserError(f"{self.path}: no log of rank {rank} (yet); ranks: {ranks or 'none'}")
+        return "".join(LogReader(record.run, rank, job).read(record.events, final=True))
+
+    def metrics(self, frame: bool | None = None) -> Any:
+        """The rows of the run's metrics.jsonl (step, loss, time, ...; an evaluation's values
+        under ``eval``). A pandas DataFrame (``eval`` flattened to ``eval.NAME`` columns) when
+        pandas is installed, else a list of dicts; ``frame=False``: always the list,
+        ``frame=True``: a UserError when pandas is missing."""
+        from hpctf.login.watching.runs import metric_records
+
+        rows = metric_records(self.path / "metrics.jsonl")
+        if frame is False:
+            return rows
+        try:
+            import pandas
+        except ImportError:
+            if frame:
+                raise UserError("metrics(frame=True) needs pandas: pip install pandas") from None
+            return rows
+        return pandas.json_normalize(rows) if rows else pandas.DataFrame()
+
+    def cancel(self) -> list[str]:
+        """``hpctf cancel RUN``: the run's open jobs cancelled and recorded; their ids."""
+        from hpctf.login.watching.cancel import cancel_run
+
+        return cancel_run(self.path)
+
+    def resubmit(
+        self,
+        set: Settings = None,
+        exclude: str | None = None,
+        update_code: bool = False,
+        from_scratch: bool = False,
+        retry_failed_nodes: bool = False,
+    ) -> Run:
+        """``hpctf resubmit RUN``: a new job on this run, resuming from its last checkpoint;
+        ``set={"train.steps": N}`` continues a done run (only keys that change neither model
+        nor script). Returns this run; on a local site it has run by then."""
+        from hpctf.login.submitting.resubmit import resubmit_run
+
+        resubmit_run(
+            self.path, exclude, retry_failed_nodes, update_code, from_scratch, set_texts(set)
+        )
+        return self
+
+
+def _ended(document: Mapping[str, Any]) -> bool:
+    state = document["state"]
+    if state in FINAL_RUN_STATES:
+        return True
+    if state != "preempted":
+        return False
+    slurm = document.get("slurm")  # saved and stopped: final unless its job may still requeue
+    return not slurm or slurm.get("state") in FINAL_STATES
+
+
+def submit(
+    experiment: str | os.PathLike[str],
+    site: str | None = None,
+    set: Settings = None,
+) -> Run:
+    """``hpctf submit EXPERIMENT [--site SITE] [--set KEY=VALUE ...]``: validate, create the
+    run directory and start it. ``set``: ``{"train.steps": 100}`` or ``["train.steps=100"]``.
+    On a Slurm site it returns once sbatch took the job (:meth:`Run.wait` waits); on a local
+    site once the workers have ended."""
+    from hpctf.login.submitting.launch import submit_config
+    from hpctf.login.submitting.loader import load_config
+
+    config = load_config(Path(experiment), site, set_texts(set), os.environ).config
+    run_dir, _ = submit_config(config)
+    return Run(run_dir.path)
+
+
+def run(path: str | os.PathLike[str]) -> Run:
+    """The run at ``path`` (a run directory ``hpctf submit`` printed)."""
+    return Run(path)
+
+
+def runs(root: str | os.PathLike[str] | None = None, site: str | None = None) -> list[Run]:
+    """The runs under a runs root, newest first, as ``hpctf runs [--root DIR] [--site NAME]``
+    finds them (default: $HPCTF_RUNS_ROOT, else the site's runs_root)."""
+    from hpctf.login.watching.runs import find_runs, runs_root_for
+
+    where = runs_root_for(None if root is None else Path(root), site, os.environ)
+    return [Run(record.run.path) for record in find_runs(where)]

@@ -1,0 +1,109 @@
+"""A sweep from Python: :func:`sweep` starts one as ``hpctf sweep`` does, :class:`Sweep` reads
+one (its points, ``status SWEEP --json``'s documents, the best point by a metric)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctf.python_api.run_api import Run, Settings, _ended, set_texts, value_text
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of a sweep: its index, the values it set, and its run."""
+
+    index: int
+    values: dict[str, Any]
+    run: Run
+
+
+class Sweep:
+    """A sweep directory (``hpctf sweep`` printed it)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from hpctf.login.sweeps.sweep_dir import SweepDir
+
+        self.path = Path(path).resolve()
+        SweepDir.read(self.path)  # a UserError now, when it is not a sweep directory
+
+    def __repr__(self) -> str:
+        return f"hpctf.Sweep({str(self.path)!r})"
+
+    @property
+    def points(self) -> list[Point]:
+        from hpctf.login.sweeps.sweep_dir import SweepDir
+
+        return [
+            Point(int(p["index"]), dict(p["values"]), Run(p["run_dir"]))
+            for p in SweepDir.read(self.path).points
+        ]
+
+    def status(self) -> list[dict[str, Any]]:
+        """One document per point, as ``hpctf status SWEEP --json`` prints them: index,
+        values, run_dir, job, slurm, state, why, step, loss, eval (last), best_eval."""
+        from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents
+        from hpctf.login.watching.slurm_view import job_states
+
+        record = SweepDir.read(self.path)
+        records = record.runs()
+        return point_documents(record, records, job_states(records, all_jobs=False), time.time())
+
+    def wait(self, timeout: float | None = None, poll: float = 10.0) -> dict[int, str]:
+        """Block until every point has ended (as :meth:`Run.wait` says); each point's state."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            documents = self.status()
+            if all(_ended(d) for d in documents):
+                return {int(d["index"]): str(d["state"]) for d in documents}
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.path}: points still running after {timeout} s")
+            time.sleep(poll)
+
+    def best(self, metric: str = "eval.accuracy", mode: str | None = None) -> Point | None:
+        """The point with the best ``metric`` (``eval.NAME``: its last evaluation;
+        ``best_eval.NAME``; ``loss``), highest unless ``mode="min"`` (default: lowest for
+        names with loss or error), as ``hpctf status SWEEP --sort METRIC`` ranks them. None
+        when no point has logged it."""
+        from hpctf.login.sweeps.ranking import metric_value, rank
+
+        ranked = rank(self.status(), metric, mode)  # type: ignore[arg-type]
+        if not ranked or metric_value(ranked[0], metric) is None:
+            return None
+        top = ranked[0]
+        return Point(int(top["index"]), dict(top["values"]), Run(top["run_dir"]))
+
+
+def sweep(
+    experiment: str | os.PathLike[str],
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    site: str | None = None,
+    set: Settings = None,
+    max_running: int | None = None,
+    ranges: Mapping[str, str] | None = None,
+    draws: int | None = None,
+    seed: int = 0,
+    max_points: int | None = None,
+) -> Sweep:
+    """``hpctf sweep EXPERIMENT --grid KEY=V1,V2 ...``: one run per point of the product of
+    ``grid`` (``{"train.args.lr": [0.01, 0.1]}``), or ``draws`` random points from ``ranges``
+    (``{"train.args.lr": "1e-4:1e-1:log"}``). On a Slurm site it returns once the job array
+    is submitted (:meth:`Sweep.wait` waits); on a local site once every point has run."""
+    from hpctf.login.sweeps.plan import DEFAULT_MAX_POINTS
+    from hpctf.login.sweeps.start import plan_sweep, start_sweep
+
+    grids = [f"{k}={','.join(value_text(v) for v in vs)}" for k, vs in (grid or {}).items()]
+    range_texts = [f"{k}={v}" for k, v in (ranges or {}).items()]
+    overrides = set_texts(set)
+    points, configs = plan_sweep(
+        Path(experiment), grids, range_texts, draws, seed, max_points or DEFAULT_MAX_POINTS,
+        site, overrides,
+    )  # fmt: skip
+    spec = {"grid": grids, "range": range_texts, "random": draws, "seed": seed,
+            "set": overrides, "max_running": max_running}  # fmt: skip
+    record, _ = start_sweep(Path(experiment), points, configs, spec)
+    return Sweep(record.path)

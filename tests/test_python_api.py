@@ -1,0 +1,128 @@
+"""hpctf from Python (issue #20): ``import hpctf`` stays light, the API goes through the CLI's
+functions (a fake sbatch/scontrol/squeue at the subprocess boundary), ``resubmit --set``
+extends a done run, ``status SWEEP --sort`` ranks the points. The real runs are in
+tests/test_notebook.py (the test cluster) and tests/test_extend_local.py (local workers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import hpctf
+from hpctf.cli import cli
+from hpctf.core.errors import UserError
+from hpctf.core.rundir import RunDir
+from hpctf.core.runstate import run_state
+from hpctf.login.sweeps.ranking import rank
+from tests.conftest import DIGITS, REPO, write
+from tests.test_lifecycle import FakeSlurm, fake_slurm, squeue_line  # noqa: F401
+
+
+def test_import_hpctf_is_light_and_the_api_loads_on_first_use() -> None:
+    code = (
+        "import sys, hpctf\n"
+        "light = not any(m in sys.modules for m in ('tensorflow', 'click', 'hpctf.python_api'))\n"
+        "print(light, hpctf.submit.__module__, hpctf.Sweep.__name__, 'tensorflow' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == ["True", "hpctf.python_api.run_api", "Sweep", "False"]
+    with pytest.raises(AttributeError):
+        hpctf.nothing  # noqa: B018
+
+
+def test_a_run_from_python_submits_reads_and_extends_through_the_cli_functions(
+    runs_root: Path,
+    fake_slurm: FakeSlurm,  # noqa: F811
+) -> None:
+    run = hpctf.submit(DIGITS, site="local-slurm", set={"train.steps": 300})
+    assert run.path.parent == runs_root and len(fake_slurm.calls("sbatch")) == 1
+    fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "Priority"))
+    document = run.status()
+    assert (document["job"], document["state"], document["slurm"]["state"]) == (
+        "4242", "queued", "PENDING"
+    )  # fmt: skip
+    cli_json = CliRunner().invoke(cli, ["status", str(run.path), "--json"])
+    assert json.loads(cli_json.stdout)["runs"][0].keys() == document.keys()
+    with pytest.raises(TimeoutError):
+        run.wait(timeout=0.2, poll=0.1)
+    assert [r.path for r in hpctf.runs()] == [run.path]
+    with pytest.raises(UserError, match="no log of rank 0"):
+        run.logs()
+
+    # The run ends done at step 300, with metrics rows.
+    rows = [{"step": 300, "loss": 0.1}, {"step": 300, "eval": {"accuracy": 0.9}}]
+    write(run.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write(run.path / "DONE", '{"step": 300, "eval": {"accuracy": 0.9}}\n')
+    RunDir(run.path).record("started", job_id="4242", step=0)
+    RunDir(run.path).record("ended", job_id="4242", exit_code=0, reason="done", step=300)
+    fake_slurm.answer("squeue", "")
+    assert run.wait(poll=0.1, check=True) == "done"
+    assert run.metrics(frame=False) == rows
+
+    # A key that changes the model: refused in one line naming it, nothing written.
+    with pytest.raises(UserError) as refused:
+        run.resubmit(set={"train.args.hidden": 8, "train.steps": 600})
+    assert str(refused.value).startswith("--set train.args.hidden: a resubmit may change only ")
+    assert "\n" not in str(refused.value)
+    cli_refused = CliRunner().invoke(cli, ["resubmit", str(run.path), "--set", "resources.nodes=1"])
+    assert cli_refused.exit_code == 2 and "--set resources.nodes: a resubmit" in cli_refused.output
+    assert (run.path / "DONE").exists() and len(fake_slurm.calls("sbatch")) == 1
+
+    # More steps: config rewritten, DONE taken away (kept in the journal), a new job.
+    run.resubmit(set={"train.steps": 600})
+    assert len(fake_slurm.calls("sbatch")) == 2 and not (run.path / "DONE").exists()
+    config = json.loads((run.path / "config.json").read_text())
+    assert config["experiment"]["train"]["steps"] == 600
+    events = [json.loads(p.read_text()) for p in sorted((run.path / "journal").iterdir())]
+    extended = next(e for e in events if e["event"] == "extended")
+    assert extended["changes"] == {"train.steps": [300, 600]}
+    assert extended["previous_done"]["step"] == 300
+    assert run_state(events).state == "queued"  # no longer done: a start after it must be
+    fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "Priority"))
+    text = CliRunner().invoke(cli, ["status", str(run.path)]).stdout
+    assert "extended: " in text and "train.steps 300 -> 600" in text
+    assert run.status()["total_steps"] == 600
+
+
+def test_rank_orders_points_by_a_metric_best_first_missing_last() -> None:
+    points = [
+        {"index": 0, "eval": {"accuracy": 0.5, "loss": 0.9}, "loss": 1.0},
+        {"index": 1, "eval": {}, "loss": None},
+        {"index": 2, "eval": {"accuracy": 0.8, "loss": 0.3}, "loss": 2.0},
+        {"index": 3, "eval": {"accuracy": 0.7, "loss": 0.1}, "loss": 0.5},
+    ]
+    assert [p["index"] for p in rank(points, "eval.accuracy")] == [2, 3, 0, 1]
+    assert [p["index"] for p in rank(points, "eval.loss")] == [3, 2, 0, 1]  # loss: lowest
+    assert [p["index"] for p in rank(points, "accuracy", "min", top=2)] == [0, 3]
+    assert [p["index"] for p in rank(points, "loss")] == [3, 0, 2, 1]
+    with pytest.raises(UserError, match=r"expected eval\.NAME"):
+        rank(points, "evl.accuracy")
+
+
+def test_status_sweep_sort_top_ranks_the_points(
+    runs_root: Path,
+    fake_slurm: FakeSlurm,  # noqa: F811
+) -> None:
+    fake_slurm.answer("scontrol", "MaxArraySize            = 1001\n")
+    sweep = hpctf.sweep(DIGITS, grid={"train.seed": [0, 1, 2]}, site="local-slurm")
+    assert [p.values for p in sweep.points] == [{"train.seed": str(i)} for i in range(3)]
+    for point, accuracy in zip(sweep.points, (0.7, 0.9, 0.8), strict=True):
+        write(point.run.path / "DONE", json.dumps({"step": 300, "eval": {"accuracy": accuracy}}))
+    best = sweep.best("eval.accuracy")
+    assert best is not None and best.index == 1 and best.run.path == sweep.points[1].run.path
+    result = CliRunner().invoke(
+        cli, ["status", str(sweep.path), "--sort", "eval.accuracy", "--top", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert [p["index"] for p in json.loads(result.stdout)["points"]] == [1, 2]
+    text = CliRunner().invoke(cli, ["status", str(sweep.path), "--sort", "eval.accuracy"]).stdout
+    assert [line.split()[0] for line in text.splitlines()[2:5]] == ["1", "2", "0"]
+    top_alone = CliRunner().invoke(cli, ["status", str(sweep.path), "--top", "2"])
+    assert top_alone.exit_code == 2 and "--top K needs --sort" in top_alone.output
