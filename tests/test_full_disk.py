@@ -26,6 +26,22 @@ def checkpointer(directory: Path, asynchronous: bool = False) -> Any:
     return Checkpointer(checkpoint, directory, spec, 3, asynchronous)  # type: ignore[arg-type]
 
 
+def full_disk_said_and_100_kept(said: str, directory: Path) -> None:
+    """The one line for a full disk at step 200, and checkpoint 100 alone on disk, the latest."""
+    import tensorflow as tf
+
+    assert said == (
+        f"cannot save the checkpoint of step 200 in {directory}: No space left on device; the "
+        f"checkpoint of step 100 is kept: free space there, then hpctf resubmit {directory.parent}"
+    )
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "checkpoint",
+        "ckpt-100.data-00000-of-00001",
+        "ckpt-100.index",
+    ]
+    assert tf.train.latest_checkpoint(str(directory)) == str(directory / "ckpt-100")
+
+
 def test_a_full_disk_during_an_asynchronous_save_is_one_line_at_the_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -53,16 +69,7 @@ def test_a_full_disk_during_an_asynchronous_save_is_one_line_at_the_wait(
     assert saver.save(200) == str(directory / "ckpt-200")  # returned before the write
     with pytest.raises(EnvironmentProblem) as caught:
         saver.wait()
-    assert str(caught.value) == (
-        f"cannot save the checkpoint of step 200 in {directory}: No space left on device; the "
-        f"checkpoint of step 100 is kept: free space there, then hpctf resubmit {directory.parent}"
-    )
-    assert sorted(p.name for p in directory.iterdir()) == [
-        "checkpoint",
-        "ckpt-100.data-00000-of-00001",
-        "ckpt-100.index",
-    ]
-    assert tf.train.latest_checkpoint(str(directory)) == str(directory / "ckpt-100")
+    full_disk_said_and_100_kept(str(caught.value), directory)
 
 
 def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
@@ -88,16 +95,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
     monkeypatch.setattr(manager, "save", full)
     with pytest.raises(EnvironmentProblem) as caught:
         saver.save(200)
-    assert str(caught.value) == (
-        f"cannot save the checkpoint of step 200 in {directory}: No space left on device; the "
-        f"checkpoint of step 100 is kept: free space there, then hpctf resubmit {directory.parent}"
-    )
-    assert sorted(p.name for p in directory.iterdir()) == [
-        "checkpoint",
-        "ckpt-100.data-00000-of-00001",
-        "ckpt-100.index",
-    ]
-    assert tf.train.latest_checkpoint(str(directory)) == str(directory / "ckpt-100")
+    full_disk_said_and_100_kept(str(caught.value), directory)
 
     # Read-only: the same; any other OSError is not the filesystem's word and stays as it is.
     def refused(checkpoint_number: int) -> str:

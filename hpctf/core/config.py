@@ -205,7 +205,9 @@ class Checkpoint(_Strict):
     asynchronous: bool = Field(
         True,
         description="write checkpoints while training goes on (the save stalls only to copy "
-        "the variables to host memory); a preemption or the end waits for the write",
+        "the variables to host memory, kept there: one more copy of the weights and optimizer "
+        "state per worker); a preemption or the end waits for the write; the Keras fit loop "
+        "saves synchronously",
     )
 
 
