@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import REPO
 
 RUN = REPO / "benchmarks" / "run.py"
-SECTIONS = {"login", "resolver", "runtime", "preemption", "stall", "soak"}
+SECTIONS = {"login", "sweep", "resolver", "runtime", "preemption", "stall", "soak"}
 PHASES = ["worker_up", "tensorflow_imported", "strategy", "restored", "first_step"]
 
 
@@ -69,10 +69,11 @@ def test_tiny_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> Non
     table = results["table"]
     assert [row["section"] for row in table] == [
         *["login"] * 3,
+        "sweep",
         "resolver",
         "runtime",
         *["preemption"] * 3,
-        *["stall"] * 2,
+        *["stall"] * 3,
         "soak",
     ]
     assert all(isinstance(row["met"], bool | None) for row in table)
@@ -80,7 +81,13 @@ def test_tiny_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> Non
     assert "| nodes x tasks/node |" in stdout
     # Every `hpctf submit` that ran to the end: its workers' exit after DONE, measured.
     lags = results["exit_after_done_s"]
-    assert set(lags) == {"runtime/hpctf-0", "stall/digits", "stall/dense", "soak/soak"}
+    assert set(lags) == {
+        "runtime/hpctf-0",
+        "stall/digits",
+        "stall/dense-sync-0",
+        "stall/dense-async-0",
+        "soak/soak",
+    }
     assert all(lag >= -0.1 for lag in lags.values())
 
 
@@ -193,6 +200,30 @@ def test_tiny_stall(tiny: tuple[dict[str, Any], str]) -> None:
         assert math.isclose(found["save_in_steps"], found["save_s"] / found["step_s"], rel_tol=0.01)
         # Adam: the weights and two slots for each, and a little more.
         assert 3 * found["weights_mb"] - 0.02 <= found["checkpoint_mb"] <= 4 * found["weights_mb"]
+    # The Dense stack saved both ways, alternated: the same checkpoint, and the ratio of the
+    # stalls is the quotient of its sides.
+    pairs = list(zip(stall["dense_async"], stall["dense_sync"], strict=True))
+    assert len(pairs) == sizes["stall_rounds"] and stall["dense"] == stall["dense_sync"][0]
+    ratios = [a["save_s"] / s["save_s"] for a, s in pairs]
+    assert all(close(r, x) for r, x in zip(ratios, stall["async_over_sync_rounds"], strict=True))
+    assert close(stall["async_over_sync"], statistics.median(ratios))
+    for found, sync in pairs:
+        # The same tensors, bit for bit; the index's object graph is a few hundred bytes
+        # smaller when written from the host copies (measured, TF 2.21).
+        assert math.isclose(found["checkpoint_mb"], sync["checkpoint_mb"], rel_tol=0.02)
+        assert found["saves"] == sync["saves"]
+
+
+@pytest.mark.tf
+def test_tiny_sweep(tiny: tuple[dict[str, Any], str]) -> None:
+    results = tiny[0]
+    sweep, rounds = results["sections"]["sweep"], results["sizes"]["sweep_rounds"]
+    assert sweep["points"] == 2500
+    for side in ("sweep_wall_s", "sweep_cpu_s", "render_wall_s", "render_cpu_s"):
+        assert len(sweep[side]) == rounds and positive(*sweep[side])
+    # A process's CPU time cannot exceed its wall time by much (one thread does the work).
+    cpu, wall = sweep["sweep_cpu_s"], sweep["sweep_wall_s"]
+    assert all(c <= w * 1.5 + 0.05 for c, w in zip(cpu, wall, strict=True))
 
 
 @pytest.mark.tf
@@ -218,7 +249,7 @@ def test_tiny_soak(tiny: tuple[dict[str, Any], str]) -> None:
     ("args", "message"),
     [
         (["--gpu"], "--gpu needs NVIDIA GPUs, and this machine has none"),
-        (["--only", "nonsense"], "unknown section(s) nonsense; choose from login, resolver"),
+        (["--only", "nonsense"], "unknown section(s) nonsense; choose from login, sweep, resolver"),
     ],
     ids=["gpu-without-gpus", "unknown-section"],
 )

@@ -16,14 +16,60 @@ from hpctf.core.errors import EnvironmentProblem
 pytestmark = pytest.mark.tf
 
 
-def checkpointer(directory: Path) -> Any:
+def checkpointer(directory: Path, asynchronous: bool = False) -> Any:
     import tensorflow as tf
 
     from hpctf.compute.checkpoints import Checkpointer
 
     checkpoint = tf.train.Checkpoint(v=tf.Variable([1.0, 2.0]))
     spec = SimpleNamespace(task_index=0, is_chief=True)
-    return Checkpointer(checkpoint, directory, spec, keep=3)  # type: ignore[arg-type]
+    return Checkpointer(checkpoint, directory, spec, 3, asynchronous)  # type: ignore[arg-type]
+
+
+def full_disk_said_and_100_kept(said: str, directory: Path) -> None:
+    """The one line for a full disk at step 200, and checkpoint 100 alone on disk, the latest."""
+    import tensorflow as tf
+
+    assert said == (
+        f"cannot save the checkpoint of step 200 in {directory}: No space left on device; the "
+        f"checkpoint of step 100 is kept: free space there, then hpctf resubmit {directory.parent}"
+    )
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "checkpoint",
+        "ckpt-100.data-00000-of-00001",
+        "ckpt-100.index",
+    ]
+    assert tf.train.latest_checkpoint(str(directory)) == str(directory / "ckpt-100")
+
+
+def test_a_full_disk_during_an_asynchronous_save_is_one_line_at_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write fails in TensorFlow's background thread: the save itself returned; the next
+    wait (before a preemption record, DONE or the next save) says it in the same one line."""
+    import tensorflow as tf
+
+    directory = tmp_path / "run" / "checkpoints"
+    saver = checkpointer(directory, asynchronous=True)
+    assert saver.save(100) == str(directory / "ckpt-100")
+    saver.wait()
+    assert tf.train.latest_checkpoint(str(directory)) == str(directory / "ckpt-100")
+    write = tf.train.Checkpoint._write
+
+    def full_in_the_background(self: Any, prefix: str, options: Any = None) -> str:
+        if options is not None and options.experimental_enable_async_checkpoint:
+            return write(self, prefix, options=options)  # the training thread: copy, hand over
+        Path(f"{prefix}_temp").mkdir()
+        raise tf.errors.ResourceExhaustedError(
+            None, None, f"{prefix}_temp/part-00000; No space left on device [Op:SaveV2]"
+        )
+
+    # TensorFlow's writer thread saves through a Checkpoint of its own: patch the class.
+    monkeypatch.setattr(tf.train.Checkpoint, "_write", full_in_the_background)
+    assert saver.save(200) == str(directory / "ckpt-200")  # returned before the write
+    with pytest.raises(EnvironmentProblem) as caught:
+        saver.wait()
+    full_disk_said_and_100_kept(str(caught.value), directory)
 
 
 def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
@@ -49,16 +95,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(
     monkeypatch.setattr(manager, "save", full)
     with pytest.raises(EnvironmentProblem) as caught:
         saver.save(200)
-    assert str(caught.value) == (
-        f"cannot save the checkpoint of step 200 in {directory}: No space left on device; the "
-        f"checkpoint of step 100 is kept: free space there, then hpctf resubmit {directory.parent}"
-    )
-    assert sorted(p.name for p in directory.iterdir()) == [
-        "checkpoint",
-        "ckpt-100.data-00000-of-00001",
-        "ckpt-100.index",
-    ]
-    assert tf.train.latest_checkpoint(str(directory)) == str(directory / "ckpt-100")
+    full_disk_said_and_100_kept(str(caught.value), directory)
 
     # Read-only: the same; any other OSError is not the filesystem's word and stays as it is.
     def refused(checkpoint_number: int) -> str:

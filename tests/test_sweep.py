@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
+from hpctf.login.submitting import readings
 from hpctf.login.sweeps.plan import (
     Grid,
     Point,
@@ -175,6 +176,14 @@ def test_2500_points_split_into_arrays_under_max_array_size_in_a_dry_run(
         sites / "small.yaml", "name: small\nextends: local-slurm\nsweep: {max_array_size: 1001}\n"
     )
     monkeypatch.setenv("HPCTF_SITE_PATH", str(sites))
+    # Planned once (issue #21): the experiment and the site are read and parsed once, not per
+    # point.
+    reads: list[str] = []
+    for name in ("load_yaml", "read_site_file"):
+        real = getattr(readings, name)
+        monkeypatch.setattr(
+            readings, name, lambda *a, _real=real, _name=name: reads.append(_name) or _real(*a)
+        )
     began = time.monotonic()
     result = CliRunner().invoke(
         cli,
@@ -202,6 +211,7 @@ def test_2500_points_split_into_arrays_under_max_array_size_in_a_dry_run(
     assert run_dirs[2][0].endswith("/digits-seed40-log_every_steps3")
     assert len({d for part in run_dirs for d in part}) == 2500
     assert not runs_root.exists()  # nothing written
+    assert sorted(reads) == ["load_yaml", "read_site_file"]
     print(f"2,500-point dry run took {took:.1f} s")
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from hpctf.compute.async_copies import copy_in_place
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.core import checkpoint_files
 from hpctf.core.errors import EnvironmentProblem, UserError
@@ -114,7 +115,12 @@ class Checkpointer:
     """Saves every ``every_steps`` and restores the checkpoint all ranks agree on."""
 
     def __init__(
-        self, checkpoint: tf.train.Checkpoint, directory: Path, spec: ClusterSpec, keep: int
+        self,
+        checkpoint: tf.train.Checkpoint,
+        directory: Path,
+        spec: ClusterSpec,
+        keep: int,
+        asynchronous: bool = False,
     ) -> None:
         self._checkpoint = checkpoint
         self._directory = directory
@@ -123,6 +129,21 @@ class Checkpointer:
         if spec.is_chief:
             repair_state_file(directory)
             self._manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
+        # Asynchronous saves (checkpoint.asynchronous): the save copies every variable to host
+        # memory in this thread (the only part with collectives, so every rank still runs them
+        # in the same order), then TensorFlow writes the copy in a thread of its own while
+        # training goes on. Its CheckpointManager lists the checkpoint in the state file only
+        # once the write is complete (a write callback); files on disk count only once TF's
+        # merge has written the index (:mod:`hpctf.core.checkpoint_files`).
+        self._options = (
+            tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+            if asynchronous and copy_in_place(checkpoint)
+            else None
+        )
+        if asynchronous and self._options is None:
+            log.warning("asynchronous checkpoints are not supported here: saving synchronously")
+        self._in_flight: int | None = None  # the step of a save still being written
+        self._throwaway: str | None = None  # a non-chief's, kept while saves may be in flight
 
     def listed(self) -> dict[int, str]:
         """Checkpoints in the chief's directory as this rank sees its files, by step; a
@@ -161,17 +182,26 @@ class Checkpointer:
         denied) is an EnvironmentProblem, in one line; the newest complete checkpoint stays the
         latest.
         """
+        self.wait()  # the save before: written whole, or its failure said in one line
         if self._manager is not None:
             try:
-                return str(self._manager.save(checkpoint_number=step))
-            except (
-                tf.errors.ResourceExhaustedError,
-                tf.errors.PermissionDeniedError,
-                OSError,
-            ) as exc:
-                if isinstance(exc, OSError) and exc.errno not in _REFUSED:
-                    raise  # not the filesystem's word: ours to report
+                extra = {"options": self._options} if self._options else {}
+                path = str(self._manager.save(checkpoint_number=step, **extra))
+            except _FILESYSTEM_ERRORS as exc:
+                if _ours(exc):
+                    raise
                 raise self._save_failed(step, exc) from exc
+            self._in_flight = step if self._options else None
+            return path
+        if self._options is not None:
+            # Written in the background: the directory must outlive the write (close()).
+            if self._throwaway is None:
+                self._throwaway = tempfile.mkdtemp(prefix=f"hpctf-worker{self._task_index}-ckpt-")
+            tf.train.CheckpointManager(self._checkpoint, self._throwaway, max_to_keep=1).save(
+                checkpoint_number=step, options=self._options
+            )
+            self._in_flight = step
+            return None
         throwaway = tempfile.mkdtemp(prefix=f"hpctf-worker{self._task_index}-ckpt-")
         try:
             tf.train.CheckpointManager(self._checkpoint, throwaway, max_to_keep=1).save(
@@ -180,6 +210,37 @@ class Checkpointer:
         finally:
             shutil.rmtree(throwaway, ignore_errors=True)
         return None
+
+    def wait(self) -> None:
+        """Return once no save is being written; a write that failed raises here as
+        :meth:`save` would have (a full disk: one line, the checkpoint before kept). Every
+        rank calls it where the saved step must be on disk: before the next save, before a
+        preemption is recorded, before the run is marked done."""
+        step, self._in_flight = self._in_flight, None
+        if step is None:
+            return
+        self._checkpoint.sync()
+        # TensorFlow keeps a background write's exception and raises it only at the next
+        # save; take it now, for the step it belongs to.
+        helper = getattr(self._checkpoint, "_async_checkpointer_impl", None)
+        error = getattr(helper, "_async_error", None)
+        if error is None:
+            return
+        helper._async_error = None  # type: ignore[union-attr]
+        if self._manager is None:
+            raise error  # a non-chief's throwaway copy: not the run's checkpoint
+        if isinstance(error, _FILESYSTEM_ERRORS) and not _ours(error):
+            raise self._save_failed(step, error) from error
+        raise error
+
+    def close(self) -> None:
+        """Wait for a save in flight; remove a non-chief's throwaway directory."""
+        try:
+            self.wait()
+        finally:
+            if self._throwaway is not None:
+                shutil.rmtree(self._throwaway, ignore_errors=True)
+                self._throwaway = None
 
     def _save_failed(self, step: int, exc: BaseException) -> EnvironmentProblem:
         """The error for a save the filesystem refused, after removing what it left.
@@ -212,8 +273,14 @@ class Checkpointer:
         )
 
 
+_FILESYSTEM_ERRORS = (tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError, OSError)
 # What a filesystem says when it takes no more: full, over quota, read-only, not ours to write.
 _REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def _ours(exc: BaseException) -> bool:
+    """An OSError that is not the filesystem refusing: hpctf's to report, as a bug."""
+    return isinstance(exc, OSError) and exc.errno not in _REFUSED
 
 
 def repair_state_file(directory: Path) -> None:

@@ -183,8 +183,9 @@ class Session:
         """Checkpoint ``objects`` (model, optimizer, ...) from now on; restore the newest whole
         checkpoint into them; return the step to continue after (0 for a fresh run)."""
         checkpoint = tf.train.Checkpoint(step=self._step, **objects)
+        settings = self._checkpoint_settings
         self._checkpointer = Checkpointer(
-            checkpoint, self.run.checkpoints, self.spec, self._checkpoint_settings.keep
+            checkpoint, self.run.checkpoints, self.spec, settings.keep, settings.asynchronous
         )
         if self.precision_policy == "mixed_float16" and not any(
             isinstance(o, keras.optimizers.LossScaleOptimizer) for o in objects.values()
@@ -226,6 +227,11 @@ class Session:
         if path is not None:
             log.info("checkpoint %s (%.2f s)", path, self._save_seconds)
         self.keepalive(f"checkpoint of step {step}")
+
+    def wait_for_saves(self) -> None:
+        """Return once no checkpoint is being written (``checkpoint.asynchronous``)."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
 
     def distribute(self, source: DataSource, shuffle_buffer: int = 10_000) -> Any:
         """An iterator over ``source``, sharded (FILE or DATA, logged), batched to the global
@@ -288,6 +294,7 @@ class Session:
             return
         if not saved:
             self.save(step)
+        self.wait_for_saves()  # the agreed step on disk before the record says so
         if self.spec.is_chief:
             # The batch script requeues on this record, not on srun's exit status: srun
             # --kill-on-bad-exit may kill a rank that is still exiting after the save.
@@ -357,6 +364,7 @@ class Session:
 
     def finish(self, step: int, results: dict[str, float] | None = None) -> None:
         """Mark the run complete (the chief writes DONE)."""
+        self.wait_for_saves()  # the last checkpoint on disk before DONE says so
         if self._watchdog is not None:
             self._watchdog.stop()
         if self.spec.is_chief:

@@ -203,6 +203,13 @@ class Train(_Strict):
 class Checkpoint(_Strict):
     every_steps: int = Field(100, ge=1)
     keep: int = Field(3, ge=1)
+    asynchronous: bool = Field(
+        True,
+        description="write checkpoints while training goes on (the save stalls only to copy "
+        "the variables to host memory, kept there: one more copy of the weights and optimizer "
+        "state per worker); a preemption or the end waits for the write; the Keras fit loop "
+        "saves synchronously",
+    )
 
 
 class MLflowTracking(_Strict):

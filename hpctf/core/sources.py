@@ -11,6 +11,8 @@ winning.
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -215,6 +217,13 @@ _Loader.add_constructor(_INT_TAG, _yaml12_int)
 
 def parse_yaml(text: str) -> Any:
     """One YAML value with hpctf's safe loader (YAML 1.2 scalars, no duplicate keys)."""
+    # A copy of the value parsed once: a sweep types the same few ``--set`` texts for each of
+    # thousands of points, and parsing was a quarter of its plan (issue #21).
+    return copy.deepcopy(_parse_once(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_once(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # a SafeLoader: builds plain data only
 
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from hpctf.core.config import Experiment, ResolvedConfig, Site
 from hpctf.core.errors import UserError
-from hpctf.core.sites import available, find_site, read_site_file
+from hpctf.core.sites import available
 from hpctf.core.sources import KeyPath, Origin, Origins, load_yaml
 from hpctf.login.submitting.arg_types import type_problems
+from hpctf.login.submitting.readings import Readings
 from hpctf.login.submitting.render import check_site_template
 from hpctf.login.submitting.resolve import ConfigProblems, Loaded, read_experiment, resolve
 from hpctf.login.submitting.tracking_check import tracking_problems
@@ -27,6 +28,12 @@ from hpctf.login.submitting.tracking_check import tracking_problems
 def entry_problem(config: ResolvedConfig) -> str | None:
     """Why ``train.entry`` cannot be found, or None. Never imports the user's module."""
     return _entry_source(config)[0]
+
+
+def _entry_key(config: ResolvedConfig) -> tuple[object, ...]:
+    """Everything :func:`_entry_source`'s answer depends on."""
+    train, site = config.experiment.train, config.site
+    return (train.entry, tuple(train.python_path), not (site.python or site.venv))
 
 
 def _entry_source(config: ResolvedConfig) -> tuple[str | None, ast.Module | None]:
@@ -174,7 +181,11 @@ def _site_reference(
 
 
 def _read_site(
-    experiment_file: Path, name: str | None, choice: Origin, env: Mapping[str, str]
+    experiment_file: Path,
+    name: str | None,
+    choice: Origin,
+    env: Mapping[str, str],
+    readings: Readings,
 ) -> tuple[Site, Origins]:
     """The site ``name`` (chosen where ``choice`` says) and its origins, or a UserError in the
     words of where it was chosen."""
@@ -185,11 +196,11 @@ def _read_site(
             f"{', '.join(sorted(available(env)))}"
         )
     try:
-        path = find_site(name, env)
+        path = readings.site_path(name, env)
     except UserError as exc:
         prefix = "--site" if choice.source == "--site" else f"{choice.where()}: site"
         raise UserError(f"{prefix}: {exc}") from None
-    return read_site_file(path, env)
+    return readings.site(path, env)
 
 
 def load_config(
@@ -198,16 +209,20 @@ def load_config(
     overrides: Sequence[str],
     env: Mapping[str, str],
     python: str | None = None,
+    readings: Readings | None = None,
 ) -> Loaded:
     """Validate the experiment and its site, resolve them, and check what can be checked.
 
     Writes nothing. Raises one UserError holding every problem found, one line each.
+    ``readings``: files already read by an earlier call of the same command (a sweep's points);
+    the answer and the errors are the same as without.
     """
+    readings = readings or Readings()
     problems: list[str] = []
     experiment: Experiment | None = None
     experiment_origins: Origins = {}
     try:
-        experiment, experiment_origins = read_experiment(experiment_file, overrides)
+        experiment, experiment_origins = read_experiment(experiment_file, overrides, readings.yaml)
     except UserError as exc:
         problems.append(str(exc))
     name, choice = _site_reference(experiment_file, site_name, experiment, experiment_origins)
@@ -215,7 +230,7 @@ def load_config(
     site_origins: Origins = {}
     if name or experiment is not None:
         try:
-            site, site_origins = _read_site(experiment_file, name, choice, env)
+            site, site_origins = _read_site(experiment_file, name, choice, env, readings)
         except UserError as exc:
             problems.append(str(exc))
     if problems or experiment is None or site is None:
@@ -228,7 +243,15 @@ def load_config(
         )
     try:
         loaded = resolve(
-            experiment_file, experiment, experiment_origins, site, site_origins, choice, python, env
+            experiment_file,
+            experiment,
+            experiment_origins,
+            site,
+            site_origins,
+            choice,
+            python,
+            env,
+            readings.real,
         )
     except ConfigProblems as exc:
         origins = exc.origins
@@ -242,7 +265,7 @@ def load_config(
             check_site_template(config.site.template)
         except UserError as exc:
             raise UserError(_located(origins, ("template",), str(exc), experiment_file)) from None
-    problem, tree = _entry_source(config)
+    problem, tree = readings.entry(_entry_key(config), lambda: _entry_source(config))
     if problem:
         raise UserError(_located(origins, ("train", "entry"), problem, experiment_file))
     if tree is not None and (wrong := args_problems(config, tree)):

@@ -36,15 +36,20 @@ def script_experiment(script: Path) -> dict[str, Any]:
     return {"name": name, "train": {"script": script.name}}
 
 
-def read_experiment(path: Path, overrides: Iterable[str] = ()) -> tuple[Experiment, Origins]:
+def read_experiment(
+    path: Path,
+    overrides: Iterable[str] = (),
+    read: Callable[[Path], tuple[dict[str, Any], dict[KeyPath, int]]] = load_yaml,
+) -> tuple[Experiment, Origins]:
     """Load, override and validate one experiment file (a ``.py`` file: the experiment that
-    runs it, :func:`script_experiment`); also say where each value came from."""
+    runs it, :func:`script_experiment`); also say where each value came from. ``read`` parses
+    the YAML file (a sweep's reads it once: :mod:`hpctf.login.submitting.readings`)."""
     if path.suffix == ".py":
         if not path.is_file():
             raise UserError(f"{path}: no such file")
         data, lines = script_experiment(path), dict[KeyPath, int]()
     else:
-        data, lines = load_yaml(path)
+        data, lines = read(path)
     origins = file_origins("experiment", path, lines)
     data = apply_overrides(data, overrides, Experiment, origins)
     return validate_model(Experiment, data, origins, str(path)), origins
@@ -277,20 +282,22 @@ def resolve(
     site_choice: Origin,
     python: str | None = None,
     env: Mapping[str, str] | None = None,
+    real: Callable[[Path], Path] = Path.resolve,
 ) -> Loaded:
-    """Combine an experiment with its site, once. Paths become absolute; nothing is written.
+    """Combine an experiment with its site, once. Paths become absolute (``real``: a path's
+    absolute, symlink-free form; a sweep's remembers them); nothing is written.
 
     ``env`` (default: ``os.environ``) expands ``~`` and ``$VARS`` in the site's ``venv``,
     ``python`` and ``runs_root``. Raises :class:`ConfigProblems` for combinations that cannot
     work.
     """
     env = os.environ if env is None else env
-    base = experiment_file.resolve().parent
-    python_path = [str((base / p).resolve()) for p in experiment.train.python_path]
+    base = real(experiment_file).parent
+    python_path = [str(real(base / p)) for p in experiment.train.python_path]
     train_update: dict[str, Any] = {"python_path": python_path}
     script_problem = None
     if experiment.train.script is not None:
-        script = (base / experiment.train.script).resolve()
+        script = real(base / experiment.train.script)
         train_update["script"] = str(script)
         script_problem = check_script(script, python_path)
     train = experiment.train.model_copy(update=train_update)
@@ -319,7 +326,7 @@ def resolve(
     config = ResolvedConfig(
         experiment=experiment,
         site=site,
-        experiment_file=str(experiment_file.resolve()),
+        experiment_file=str(real(experiment_file)),
         python=interpreter,
     )
     return Loaded(config, origins)

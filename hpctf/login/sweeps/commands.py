@@ -29,6 +29,7 @@ from hpctf.core.rundir import RunDir, job_history, runs_root, write_atomic
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login.submitting.launch import start_run
 from hpctf.login.submitting.loader import load_config
+from hpctf.login.submitting.readings import Readings
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
     DEFAULT_MAX_POINTS,
@@ -56,6 +57,7 @@ def resolve_points(
 ) -> list[ResolvedConfig]:
     """Each point's resolved config, or one UserError listing what was refused: each grid value
     on its own first (so a bad value is named once, not once per point), then each point."""
+    readings = Readings()  # the files are read and parsed once, not once per point
     problems: list[str] = []
     keys: dict[str, list[str]] = {}
     for point in points:
@@ -65,7 +67,10 @@ def resolve_points(
     for key, values in keys.items():
         for value in values:
             try:
-                load_config(experiment, site_name, [*overrides, f"{key}={value}"], os.environ)
+                load_config(
+                    experiment, site_name, [*overrides, f"{key}={value}"], os.environ,
+                    readings=readings,
+                )  # fmt: skip
             except UserError as exc:
                 problems.append(
                     f"--grid/--range {key}: value {value!r} refused: {_first_line(exc)}"
@@ -76,7 +81,8 @@ def resolve_points(
         for point in points:
             try:
                 sets = [*overrides, *point.sets()]
-                configs.append(load_config(experiment, site_name, sets, os.environ).config)
+                loaded = load_config(experiment, site_name, sets, os.environ, readings=readings)
+                configs.append(loaded.config)
             except UserError as exc:
                 problems.append(f"point {point.index} ({point.label()}): {_first_line(exc)}")
     if problems:
