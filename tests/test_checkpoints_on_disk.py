@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import checkpoint_files
+from hpctf.core import checkpoint_files, journal
 from hpctf.core.errors import EnvironmentProblem
 from hpctf.core.rundir import RunDir
 from tests.test_lifecycle import FakeSlurm, fake_slurm, new_run  # noqa: F401
@@ -71,7 +71,7 @@ def test_resubmit_from_scratch_moves_the_checkpoints_aside(
     ]
     assert list((path / "checkpoints").iterdir()) == []
     events = [e["event"] for e in RunDir(path).events()]
-    assert events[-2:] == ["checkpoints-discarded", "submitted"]
+    assert events[-2:] == [journal.CHECKPOINTS_DISCARDED, journal.SUBMITTED]
 
 
 # --- with TensorFlow's own files ---------------------------------------------------------------

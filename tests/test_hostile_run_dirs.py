@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import slurm, slurm_queries
+from hpctf.core import journal, slurm, slurm_queries
 from hpctf.core.errors import UserError
+from hpctf.core.journal import problem as journal_problem
 from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import journal_problem
 from tests.conftest import DIGITS
-from tests.test_lifecycle import FakeSlurm, fake_slurm, journal, new_run  # noqa: F401
+from tests.test_lifecycle import FakeSlurm, fake_slurm, new_run, write_events  # noqa: F401
 
 # --- job ids from the journal -----------------------------------------------------------------
 
@@ -38,7 +38,11 @@ def test_a_journal_job_id_that_is_an_option_reaches_no_slurm_command(
         path,
         "submitted",
         json.dumps(
-            {"event": "submitted", "time": "2026-12-01T00:00:00+00:00", "job_id": "--user=root"}
+            {
+                "event": journal.SUBMITTED,
+                "time": "2026-12-01T00:00:00+00:00",
+                "job_id": "--user=root",
+            }
         ).encode(),
     )
     result = CliRunner().invoke(cli, ["cancel", str(path)])
@@ -118,10 +122,10 @@ def test_journal_entries_hpctf_writes_pass_the_check(
     fake_slurm: FakeSlurm,  # noqa: F811
 ) -> None:
     path = new_run(runs_root, fake_slurm)
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "4242_3", "step": 0, "nodes": "node[1-2]"},
-        {"event": "ended", "job_id": "4242_3", "exit_code": 0, "reason": "done", "step": 300},
+        {"event": journal.STARTED, "job_id": "4242_3", "step": 0, "nodes": "node[1-2]"},
+        {"event": journal.ENDED, "job_id": "4242_3", "exit_code": 0, "reason": "done", "step": 300},
     )
     events, damaged = RunDir(path).read_journal()
     assert damaged == [] and [e["event"] for e in events][-2:] == ["started", "ended"]
@@ -244,7 +248,7 @@ def test_a_copied_run_directory_neither_runs_nor_cancels_the_original(
     """`cp -a RUN copy; hpctf resubmit copy` submitted copy/job.sbatch, whose RUN_DIR named RUN:
     the job trained and journalled in the original, and the copy said queued for ever."""
     original = new_run(runs_root, fake_slurm)
-    journal(original, {"event": "started", "job_id": "4242", "step": 0})
+    write_events(original, {"event": journal.STARTED, "job_id": "4242", "step": 0})
     copy = runs_root / "copy"
     shutil.copytree(original, copy, symlinks=True)
     said = (

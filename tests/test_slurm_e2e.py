@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.core import slurm
+from hpctf.core import journal, slurm
 from tests.conftest import (
     DIGITS,
     ENTRIES_PATH,
@@ -300,7 +300,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         "created",
         "submitted",
         "started",
-        "preempted",
+        journal.SAVED_ON_WARNING,
         "ended",
         "requeued",
         "started",
@@ -511,7 +511,7 @@ def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
         capture_output=True,
         text=True,
     ).stdout.strip()
-    while "preempted" not in [e["event"] for e in _events(run_dir)]:
+    while journal.SAVED_ON_WARNING not in [e["event"] for e in _events(run_dir)]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     assert wait_for_job(high)["JobState"] == "COMPLETED"
@@ -519,8 +519,8 @@ def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     events = _events(run_dir)
-    saved = next(int(e["step"]) for e in events if e["event"] == "preempted")  # type: ignore[call-overload]
-    assert next(e for e in events if e["event"] == "preempted")["signal"] == "TERM"
+    saved = next(int(e["step"]) for e in events if e["event"] == journal.SAVED_ON_WARNING)  # type: ignore[call-overload]
+    assert next(e for e in events if e["event"] == journal.SAVED_ON_WARNING)["signal"] == "TERM"
     log = rank0.read_text()
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
     # No step trained twice: every logged step after the resume is past the saved one.

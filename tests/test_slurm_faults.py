@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.core import slurm
+from hpctf.core import journal, slurm
 from tests.conftest import (
     HPCTF,
     checkpoint_steps,
@@ -127,7 +127,7 @@ def test_a_preemption_with_a_grace_time_saves_and_is_requeued_by_hpctf(
         "created",
         "submitted",
         "started",
-        "preempted",
+        journal.SAVED_ON_WARNING,
         "ended",
         "requeued",
         "started",
@@ -184,7 +184,7 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
     events = _events(run_dir)
     ends = [e for e in events if e["event"] == "ended"]
     assert [e["reason"] for e in ends[:2]] == ["timeout", "timeout"], logs_of(run_dir)
-    saves = [e for e in events if e["event"] == "preempted"]
+    saves = [e for e in events if e["event"] == journal.SAVED_ON_WARNING]
     assert [e["signal"] for e in saves[:2]] == ["USR2", "USR2"]
     starts = [int(e["step"]) for e in events if e["event"] == "started"]  # type: ignore[call-overload]
     assert starts[:3] == [0, saves[0]["step"], saves[1]["step"]]
@@ -247,7 +247,7 @@ def test_a_node_set_down_mid_run_is_left_out_of_the_next_start(
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", logs_of(run_dir)
     assert info["NodeList"] == other
     events = _events(run_dir)
-    failed = [e for e in events if e["event"] == "node_failed"]
+    failed = [e for e in events if e["event"] == journal.NODES_DOWN]
     assert [(f["job_id"], f["nodes"]) for f in failed] == [(job_id, [node])]
     starts = [e for e in events if e["event"] == "started"]
     assert [s["nodes"] for s in starts] == [node, other]

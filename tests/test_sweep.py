@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
+from hpctf.core import journal
 from hpctf.login.sweeps.plan import (
     Grid,
     Point,
@@ -296,11 +297,12 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     runs = [Path(p["run_dir"]) for p in record["points"]]
     (runs[1] / "DONE").write_text('{"step": 300, "eval": {"accuracy": 0.9}}\n')
     ended = {"job_id": "4242_1", "exit_code": 0, "reason": "done", "step": 300}
-    started = {"event": "started", "job_id": "4242_1", "step": 0}
+    started = {"event": journal.STARTED, "job_id": "4242_1", "step": 0}
     write(runs[1] / "journal" / "99999999999999999999-1-started.json",
           json.dumps({**started, "time": "2026-12-01T00:00:00+00:00"}))  # fmt: skip
     write(runs[1] / "journal" / "99999999999999999999-2-ended.json",
-          json.dumps({"event": "ended", "time": "2026-12-01T00:00:05+00:00", **ended}))  # fmt: skip
+          json.dumps({"event": journal.ENDED, "time": "2026-12-01T00:00:05+00:00",
+                      **ended}))  # fmt: skip
     result = CliRunner().invoke(cli, ["cancel", str(path)])
     assert result.exit_code == 0, result.output
     assert fake_slurm.calls("scancel") == ["-- 4242_0 4242_2"]

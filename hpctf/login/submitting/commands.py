@@ -15,20 +15,19 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import checkpoint_files, slurm, snapshot
+from hpctf.core import checkpoint_files, journal, slurm, snapshot
 from hpctf.core.config import Experiment, Site
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import (
     RunDir,
     create_run_dir,
-    job_history,
     plan_run_dir,
     remove_new_run_dir,
     with_snapshot,
     write_atomic,
 )
-from hpctf.core.runstate import run_state
+from hpctf.core.runstate import jobs_of, run_state
 from hpctf.core.sites import describe_site, listing, read_site, search_path
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login.submitting import scaffold
@@ -262,14 +261,14 @@ def resubmit(
         raise UserError(f"--exclude needs a Slurm site; {run.path} runs on a local one")
     if config.site.scheduler == "slurm":
         # Two jobs on one run directory would write the same checkpoints.
-        for job in job_history(run.events()):
-            if "ended" in job:
+        for job in jobs_of(run.events()):
+            if job.ended:
                 continue
-            info = slurm.job_info(job["job_id"])
+            info = slurm.job_info(job.job_id)
             state = info.get("JobState", "") if info else ""
             if state and state not in FINAL_STATES:
                 raise UserError(
-                    f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
+                    f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
     if from_scratch:
@@ -279,7 +278,7 @@ def resubmit(
         if not sources:
             raise UserError(f"{run.path} has no code snapshot to update")
         config = with_snapshot(config, run, sources)
-        run.record("code-updated", sources=sources)
+        journal.record_code_updated(run, sources)
         for source in snapshot.read(run.path):
             click.echo(f"code: {source.describe()}")
     failed = run_state(run.events()).failed_nodes
@@ -306,7 +305,7 @@ def discard_checkpoints(run: RunDir) -> None:
     if moved is None:
         click.echo(f"from scratch: {run.checkpoints} holds no checkpoint", err=True)
         return
-    run.record("checkpoints-discarded", moved_to=moved.name)
+    journal.record_checkpoints_discarded(run, moved.name)
     click.echo(f"from scratch: the checkpoints were moved to {moved}; step 0 next", err=True)
 
 

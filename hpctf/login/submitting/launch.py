@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import slurm
+from hpctf.core import journal, slurm
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT
 from hpctf.core.rundir import RunDir, RunDirTaken, create_run_dir, plan_run_dir
@@ -92,7 +92,7 @@ def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -
             "from its experiment and site",
             err=True,
         )
-    run.record("submitted", job_id=job_id, **({"exclude": exclude} if exclude else {}))
+    journal.record_submitted(run, job_id, exclude=exclude)
     click.echo(f"submitted job {job_id}")
     click.echo(f"run directory: {run.path}")
     return 0
