@@ -17,7 +17,7 @@ from hpctf.cli import cli
 from hpctf.core import checkpoint_files, journal
 from hpctf.core.errors import EnvironmentProblem
 from hpctf.core.rundir import RunDir
-from tests.test_lifecycle import FakeSlurm, fake_slurm, new_run  # noqa: F401
+from tests.fake_slurm import FakeSlurm, new_run
 
 GARBAGE = b"\x00\x01garbage{{{\n"  # what the damaged state file held in the report
 
@@ -55,7 +55,7 @@ def test_listing_reads_the_files_not_the_state_file(tmp_path: Path) -> None:
 
 def test_resubmit_from_scratch_moves_the_checkpoints_aside(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     path = new_run(runs_root, fake_slurm)
     fake_checkpoint(path / "checkpoints", 100)

@@ -384,6 +384,5 @@ container: {{runtime: apptainer, image: {image}, python: {sys.executable}}}
             f"{run_dir}:{run_dir},{code}:{code}:ro"
         )
         assert call["argv"][-6:] == [image, sys.executable, "-m", "hpctf", "worker", str(run_dir)]
-    ended = [e for e in map(json.loads, (p.read_text() for p in sorted(
-        (run_dir / "journal").glob("*.json")))) if e["event"] == "ended"]  # fmt: skip
+    ended = [e for e in RunDir(run_dir).events() if e["event"] == journal.ENDED]
     assert [(e["reason"], e["exit_code"]) for e in ended] == [("done", 0)]

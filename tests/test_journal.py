@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,7 +100,7 @@ def test_a_journal_written_by_an_older_hpctf_reads_as_today(tmp_path: Path) -> N
     ``node_failed``, ``code-updated``, ``checkpoints-discarded``."""
     run = RunDir(tmp_path)
     run.journal.mkdir()
-    old = [
+    old: list[dict[str, Any]] = [
         {"event": "submitted", "job_id": "7"},
         {"event": "code-updated", "sources": ["/src"]},
         {"event": "checkpoints-discarded", "moved_to": "checkpoints-discarded-1"},

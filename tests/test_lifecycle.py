@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import slurm, slurm_queries
+from hpctf.core import journal, slurm, slurm_queries
 from hpctf.core.journal import (
     CANCELLED,
     ENDED,
@@ -31,7 +30,6 @@ from hpctf.core.journal import (
     STARTED,
     SUBMITTED,
 )
-from hpctf.core.rundir import RunDir
 from hpctf.core.runstate import starts_of
 from hpctf.core.slurm import SlurmError
 from hpctf.core.slurm_queries import JobRecord
@@ -39,95 +37,14 @@ from hpctf.login.watching import plot, progress
 from hpctf.login.watching.run_report import TABLE_COLUMNS
 from hpctf.login.watching.runs import Run, epoch_seconds
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
-from tests.test_slurm_e2e import release_requeued
+from tests.fake_slurm import FakeSlurm, new_run, sacct_line, squeue_line
+from tests.journal_records import write_events
+from tests.slurm_jobs import release_requeued
 
 # --- fake Slurm commands ---------------------------------------------------------------------
 
 
-class FakeSlurm:
-    """squeue, sacct, scancel, scontrol and sbatch first on PATH: each appends its argv to
-    ``calls/<name>`` and answers from ``answers/<name>.{out,err,rc}``."""
-
-    NAMES = ("squeue", "sacct", "scancel", "scontrol", "sbatch")
-
-    def __init__(self, root: Path) -> None:
-        self.bin = root / "fakeslurm"
-        self.calls_dir = root / "fakeslurm-calls"
-        self.answers = root / "fakeslurm-answers"
-        for directory in (self.bin, self.calls_dir, self.answers):
-            directory.mkdir()
-        for name in self.NAMES:
-            script = self.bin / name
-            script.write_text(
-                "#!/bin/sh\n"
-                f'echo "$*" >> {self.calls_dir / name}\n'
-                f"cat {self.answers / name}.out 2>/dev/null\n"
-                f"cat {self.answers / name}.err >&2 2>/dev/null\n"
-                f"exit $(cat {self.answers / name}.rc 2>/dev/null || echo 0)\n"
-            )
-            script.chmod(script.stat().st_mode | stat.S_IEXEC)
-        self.answer("sbatch", "4242\n")
-        self.answer("sacct", "", "Slurm accounting storage is disabled\n", 1)
-
-    def answer(self, name: str, out: str = "", err: str = "", rc: int = 0) -> None:
-        (self.answers / f"{name}.out").write_text(out)
-        (self.answers / f"{name}.err").write_text(err)
-        (self.answers / f"{name}.rc").write_text(str(rc))
-
-    def calls(self, name: str) -> list[str]:
-        path = self.calls_dir / name
-        return path.read_text().splitlines() if path.exists() else []
-
-    def forget(self) -> None:
-        for path in self.calls_dir.iterdir():
-            path.unlink()
-
-
-@pytest.fixture
-def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
-    fake = FakeSlurm(tmp_path)
-    monkeypatch.setenv("PATH", f"{fake.bin}{os.pathsep}{os.environ['PATH']}")
-    # `hpctf status` looks in every site's runs_root, most of them under ~: not the real one.
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(slurm_queries, "RETRY_PAUSES_S", (0.0, 0.0))
-    return fake
-
-
-def squeue_line(job: str, state: str, reason: str = "None", nodes: str = "node[1-2]") -> str:
-    return f"{job}|{state}|{reason}|2026-12-01T04:29:39|1:02|{nodes}\n"
-
-
-def sacct_line(job: str, state: str, exit_code: str = "0:0") -> str:
-    return (
-        f"{job}|{state}|None|{exit_code}|2026-12-01T04:29:39|2026-12-01T04:31:00|00:01:21|node1\n"
-    )
-
-
 # --- run directories made without a cluster ---------------------------------------------------
-
-
-def new_run(runs_root: Path, fake: FakeSlurm) -> Path:
-    """A run directory on the local-slurm site, as `hpctf submit` leaves it (job 4242)."""
-    before = set(runs_root.iterdir()) if runs_root.exists() else set()
-    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"])
-    assert result.exit_code == 0, result.output
-    (path,) = set(runs_root.iterdir()) - before
-    return path
-
-
-def write_events(path: Path, *events: dict[str, object]) -> None:
-    """Append events to a run's journal, each with its own time (default: now)."""
-    run = RunDir(path)
-    for event in events:
-        fields = dict(event)
-        kind = str(fields.pop("event"))
-        when = fields.pop("time", None)
-        run.record(kind, **fields)
-        if when is not None:  # rewrite the time of the record just written
-            last = sorted(run.journal.glob("*.json"))[-1]
-            data = json.loads(last.read_text())
-            data["time"] = when
-            last.write_text(json.dumps(data))
 
 
 # A start whose batch shell got SIGTERM and recorded its end: Slurm requeues such a job itself.
@@ -144,7 +61,7 @@ def copies(template: Path, count: int) -> list[Path]:
     for i in range(count):
         path = template.parent / f"copy-{i:03d}"
         shutil.copytree(template, path)
-        for file in (path / "journal").glob("*submitted.json"):
+        for file in (path / "journal").glob(journal.files_of(SUBMITTED)):
             file.unlink()
         write_events(path, {"event": SUBMITTED, "job_id": str(5000 + i)})
         paths.append(path)

@@ -11,7 +11,6 @@ from hpctf.core import journal
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
 from hpctf.core.runstate import (
     REASONS,
-    Budgets,
     after_end,
     before_start,
     end_of_start,
@@ -21,29 +20,7 @@ from hpctf.core.runstate import (
     run_state,
     starts_of,
 )
-
-BUDGETS = Budgets(preemption=2, failure=2)
-
-
-def started(step: int = 0, job: str = "7") -> dict[str, Any]:
-    return {"event": journal.STARTED, "job_id": job, "step": step}
-
-
-def ended(reason: str, step: int, code: int = 1, job: str = "7") -> dict[str, Any]:
-    return {
-        "event": journal.ENDED,
-        "job_id": job,
-        "reason": reason,
-        "step": step,
-        "exit_code": code,
-    }
-
-
-def requeued(job: str = "7") -> dict[str, Any]:
-    return {"event": journal.REQUEUED, "job_id": job}
-
-
-SUBMITTED = {"event": journal.SUBMITTED, "job_id": "7"}
+from tests.journal_records import BUDGETS, SUBMITTED, ended, requeued, started
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from hpctf.cli import cli
 from hpctf.core import journal
+from hpctf.core.rundir import RunDir
 from hpctf.login.sweeps.plan import (
     Grid,
     Point,
@@ -26,7 +27,7 @@ from hpctf.login.sweeps.plan import (
     run_names,
 )
 from tests.conftest import DIGITS, require_tool, write
-from tests.test_lifecycle import FakeSlurm, fake_slurm, squeue_line  # noqa: F401
+from tests.fake_slurm import FakeSlurm, squeue_line
 
 # --- the points, pure ---------------------------------------------------------------------------
 
@@ -248,13 +249,9 @@ def _sweep(fake: FakeSlurm, *args: str) -> Path:
     return Path(re.search(r"^sweep directory: (\S+)$", result.output, re.M).group(1))  # type: ignore[union-attr]
 
 
-def _events(run_dir: Path) -> list[dict[str, object]]:
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "journal").iterdir())]
-
-
 def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     fake_slurm.answer("scontrol", "MaxArraySize            = 1001\nMaxJobCount = 10000\n")
     path = _sweep(fake_slurm, "--max-running", "2")
@@ -273,7 +270,7 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
             json.loads((run_dir / "config.json").read_text())["experiment"]["train"]["seed"]
             == index
         )
-        submitted = _events(run_dir)[-1]
+        submitted = RunDir(run_dir).events()[-1]
         assert submitted["event"] == "submitted" and submitted["job_id"] == f"4242_{index}"
 
     # status: one squeue call for every point, one line each.
@@ -306,8 +303,8 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     result = CliRunner().invoke(cli, ["cancel", str(path)])
     assert result.exit_code == 0, result.output
     assert fake_slurm.calls("scancel") == ["-- 4242_0 4242_2"]
-    assert [e["event"] for e in _events(runs[0])][-1] == "cancelled"
-    assert [e["event"] for e in _events(runs[1])][-1] == "ended"
+    assert [e["event"] for e in RunDir(runs[0]).events()][-1] == "cancelled"
+    assert [e["event"] for e in RunDir(runs[1]).events()][-1] == "ended"
 
     fake_slurm.answer("squeue", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
     fake_slurm.answer("sbatch", "4300\n")
@@ -317,7 +314,7 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     script = (path / "array-1.sbatch").read_text()
     assert "#SBATCH --array=0-1%2" in script
     assert re.findall(r"^  '(/[^']+)'$", script, re.M) == [str(runs[0]), str(runs[2])]
-    assert _events(runs[2])[-1]["job_id"] == "4300_1"
+    assert RunDir(runs[2]).events()[-1]["job_id"] == "4300_1"
     assert json.loads((path / "sweep.json").read_text())["arrays"][-1]["indices"] == [0, 2]
 
 
@@ -325,7 +322,7 @@ def test_arrays_after_the_first_wait_for_the_one_before(
     runs_root: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     sites = tmp_path / "sites"
     write(sites / "tiny.yaml", "name: tiny\nextends: local-slurm\nsweep: {max_array_size: 2}\n")

@@ -20,7 +20,7 @@ from hpctf.compute.user_code import UserCodeError, call, region, whose
 from hpctf.core import journal
 from hpctf.core.runstate import after_end, before_start, run_state
 from hpctf.login.watching.run_report import _end
-from tests.test_runstate import BUDGETS, SUBMITTED, ended, started
+from tests.journal_records import BUDGETS, SUBMITTED, ended, started
 
 SEQ = """\
 import json
