@@ -9,14 +9,13 @@ import pytest
 
 from hpctf.core import journal
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
+from hpctf.core.jobs import jobs_of, open_jobs
 from hpctf.core.runstate import (
     REASONS,
     after_end,
     before_start,
     end_of_start,
     end_reason,
-    jobs_of,
-    open_jobs,
     run_state,
     starts_of,
 )

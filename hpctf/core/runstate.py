@@ -8,9 +8,10 @@ were down or drained when it was killed), ``ended`` (with its reason, exit code 
 ``requeued``, ``gave_up``, ``cancelled``. This module is the one interpreter of it: how a start
 ended (:func:`end_of_start`), every start with its times (:func:`starts_of`), the run's state
 (:func:`run_state`); the commands that show a run (status, logs, cancel) derive their views from
-these. Nothing else is consulted, so ``hpctf status`` and the batch script always agree on what
-happened; the one exception is what Slurm's queue adds to the view of ``hpctf status`` (a job
-that Slurm requeued itself before its batch shell could say so), applied in one place:
+these (:mod:`hpctf.core.jobs` folds the starts into jobs). Nothing else is consulted, so
+``hpctf status`` and the batch script always agree on what happened; the one exception is what
+Slurm's queue adds to the view of ``hpctf status`` (a job that Slurm requeued itself before its
+batch shell could say so), applied in one place:
 :func:`hpctf.login.watching.run_report.with_slurm_queue`.
 
 Ends, by reason:
@@ -88,18 +89,6 @@ class Start:
     @property
     def advanced(self) -> bool:
         return self.end_step is not None and self.end_step > self.step
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job of the run, folded from its starts: how often it started, on which nodes, and
-    whether its last start ended for good (not requeued since)."""
-
-    job_id: str
-    starts: int = 0
-    nodes: str | None = None
-    ended: bool = False
-    exit_code: int | None = None
 
 
 @dataclass(frozen=True)
@@ -270,40 +259,6 @@ def _mark_requeued(starts: list[Start], job_id: str) -> None:
         if starts[i].job_id == job_id:
             starts[i] = replace(starts[i], requeued=True)
             return
-
-
-def jobs_of(events: Sequence[Mapping[str, Any]]) -> list[Job]:
-    """One row per job of the run, in the order they were submitted or started: its starts
-    (1 + requeues), the last start's nodes, whether that start ended (and was not requeued)."""
-    jobs: dict[str, Job] = {}
-    for event in events:
-        if event.get("event") == journal.SUBMITTED and event.get("job_id") is not None:
-            jobs.setdefault(str(event["job_id"]), Job(str(event["job_id"])))
-    for start in starts_of(events):
-        job = jobs.get(start.job_id) or Job(start.job_id)
-        ended = start.ended_at is not None and not start.requeued
-        jobs[start.job_id] = Job(
-            start.job_id,
-            starts=job.starts + 1,
-            nodes=start.nodes,
-            ended=ended,
-            exit_code=start.exit_code if ended else None,
-        )
-    return list(jobs.values())
-
-
-def cancelled_by_user(events: Sequence[Mapping[str, Any]], job_id: str) -> bool:
-    """Whether the user cancelled job ``job_id`` (hpctf cancel, a local Ctrl-C)."""
-    return any(e.get("event") == journal.CANCELLED and job_id in e.get("jobs", ()) for e in events)
-
-
-def open_jobs(events: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The run's jobs that may still be queued or running: not ended, not cancelled."""
-    return [
-        job.job_id
-        for job in jobs_of(events)
-        if not job.ended and not cancelled_by_user(events, job.job_id)
-    ]
 
 
 def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:

@@ -18,6 +18,7 @@ import click
 from hpctf.core import checkpoint_files, journal, slurm, snapshot
 from hpctf.core.config import Experiment, Site
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.jobs import jobs_of
 from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import (
     RunDir,
@@ -27,7 +28,7 @@ from hpctf.core.rundir import (
     with_snapshot,
     write_atomic,
 )
-from hpctf.core.runstate import jobs_of, run_state
+from hpctf.core.runstate import run_state
 from hpctf.core.sites import describe_site, listing, read_site, search_path
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login.submitting import scaffold

@@ -24,8 +24,8 @@ import click
 from hpctf.core import journal, slurm, slurm_queries
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.jobs import open_jobs as open_jobs_of
 from hpctf.core.rundir import RunDir, create_run_dir, runs_root, write_atomic
-from hpctf.core.runstate import open_jobs as open_jobs_of
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login.submitting.launch import start_run, warn_if_writable_by_others
 from hpctf.login.submitting.loader import load_config

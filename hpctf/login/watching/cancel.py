@@ -8,8 +8,8 @@ import click
 
 from hpctf.core import journal, slurm
 from hpctf.core.errors import UserError
+from hpctf.core.jobs import open_jobs as open_jobs_of
 from hpctf.core.run_identity import check_not_a_copy
-from hpctf.core.runstate import open_jobs as open_jobs_of
 from hpctf.login.sweeps.commands import sweep_cancel
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
 from hpctf.login.watching.runs import Run

@@ -10,12 +10,12 @@ from dataclasses import replace
 from typing import Any
 
 from hpctf.core import slurm, snapshot
+from hpctf.core.jobs import jobs_of
 from hpctf.core.runstate import (
     FAILURE_REASONS,
     PREEMPTION_REASONS,
     RunState,
     Start,
-    jobs_of,
     starts_of,
 )
 from hpctf.login.watching.progress import code_text, duration, progress, sparkline
