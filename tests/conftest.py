@@ -1,5 +1,6 @@
-"""Shared fixtures: a scratch runs root, a recording fake sbatch, the example experiment, the
-test Slurm cluster, and the system tools the tests need (tests/system-packages.sh installs them).
+"""Shared fixtures: a scratch runs root, a recording fake sbatch, fake Slurm commands
+(tests/fake_slurm.py), the example experiment, the test Slurm cluster, and the system tools the
+tests need (tests/system-packages.sh installs them).
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from hpctf.core import slurm
+from hpctf.core import slurm, slurm_queries
+
+if TYPE_CHECKING:
+    from tests.fake_slurm import FakeSlurm
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
@@ -44,6 +48,18 @@ def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return record
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    from tests.fake_slurm import FakeSlurm  # it imports this module
+
+    fake = FakeSlurm(tmp_path)
+    monkeypatch.setenv("PATH", f"{fake.bin}{os.pathsep}{os.environ['PATH']}")
+    # `hpctf status` looks in every site's runs_root, most of them under ~: not the real one.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(slurm_queries, "RETRY_PAUSES_S", (0.0, 0.0))
+    return fake
 
 
 def write(path: Path, text: str) -> Path:
@@ -134,14 +150,14 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
 
 
 def wait_for_job(job_id: str, timeout: float = 300) -> dict[str, str]:
-    """Poll `scontrol show job -o` (sbatch --wait polls too slowly) until a final state."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = slurm.job_info(job_id)
-        if info and info.get("JobState") in slurm.FINAL_STATES:
-            return info
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} not finished after {timeout} s: {slurm.job_info(job_id)}")
+    """hpctf's own :func:`slurm.wait_for_job` (sbatch --wait polls too slowly), polling every
+    0.5 s; a test failure when the job is not final after ``timeout`` seconds or forgotten."""
+    info = slurm.wait_for_job(job_id, timeout, poll=0.5)
+    if not info:
+        raise AssertionError(
+            f"job {job_id} not finished after {timeout} s: {slurm.job_info(job_id)}"
+        )
+    return info
 
 
 # --- reading what a run left behind (one copy, used by every layer of tests) -----------------

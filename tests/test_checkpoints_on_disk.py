@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import checkpoint_files
+from hpctf.core import checkpoint_files, journal
 from hpctf.core.errors import EnvironmentProblem
 from hpctf.core.rundir import RunDir
-from tests.test_lifecycle import FakeSlurm, fake_slurm, new_run  # noqa: F401
+from tests.fake_slurm import FakeSlurm, new_run
 
 GARBAGE = b"\x00\x01garbage{{{\n"  # what the damaged state file held in the report
 
@@ -55,7 +55,7 @@ def test_listing_reads_the_files_not_the_state_file(tmp_path: Path) -> None:
 
 def test_resubmit_from_scratch_moves_the_checkpoints_aside(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     path = new_run(runs_root, fake_slurm)
     fake_checkpoint(path / "checkpoints", 100)
@@ -71,7 +71,7 @@ def test_resubmit_from_scratch_moves_the_checkpoints_aside(
     ]
     assert list((path / "checkpoints").iterdir()) == []
     events = [e["event"] for e in RunDir(path).events()]
-    assert events[-2:] == ["checkpoints-discarded", "submitted"]
+    assert events[-2:] == [journal.CHECKPOINTS_DISCARDED, journal.SUBMITTED]
 
 
 # --- with TensorFlow's own files ---------------------------------------------------------------

@@ -13,6 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from hpctf.cli import cli
+from hpctf.core.rundir import RunDir
 from tests.conftest import DIGITS, REPO, run_dir_from, write
 
 GOOD = yaml.safe_load(DIGITS.read_text())
@@ -358,7 +359,7 @@ def test_submit_calls_sbatch_parsable_and_records_job(runs_root: Path, fake_sbat
     assert "submitted job 4242" in result.output
     (run_dir,) = runs_root.iterdir()
     assert fake_sbatch.read_text().split() == ["--parsable", str(run_dir / "job.sbatch")]
-    events = [json.loads(p.read_text()) for p in sorted((run_dir / "journal").iterdir())]
+    events = RunDir(run_dir).events()
     assert [e["event"] for e in events] == ["created", "submitted"]
     assert events[1]["job_id"] == "4242"
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from hpctf.core import journal
+from hpctf.core.rundir import RunDir
 from hpctf.core.sbatch_options import normalize_sbatch_option
 from tests.conftest import DIGITS, HPCTF, require_tool, submitted, wait_for_job, write
 
@@ -97,12 +99,13 @@ SCONTROL = _RUNTIME + '\nrecord("scontrol")\n'
 WORKER = (
     _RUNTIME
     + r"""
+from hpctf.core import journal
 from hpctf.core.rundir import RunDir
 run_dir = sys.argv[-1]
 record("worker", cwd=os.getcwd(), mounts=os.environ["HPCTF_TEST_MOUNTS"],
        env={k: os.environ.get(k) for k in ("WANDB_API_KEY", "NCCL_DEBUG", "IMAGE_ONLY")})
-RunDir(__import__("pathlib").Path(run_dir)).record(
-    "preempted", job_id=os.environ["SLURM_JOB_ID"], step=0, signal="USR2")
+journal.record_saved_on_warning(
+    RunDir(__import__("pathlib").Path(run_dir)), os.environ["SLURM_JOB_ID"], 0, "USR2")
 sys.exit(75)
 """
 )
@@ -230,9 +233,8 @@ def test_the_script_starts_the_worker_in_the_container_and_requeues_outside_it(
     # The requeue: scontrol called by job-end on the host, and recorded in the journal.
     (scontrol,) = records(recorded, "scontrol")
     assert scontrol == {"argv": ["requeue", "--", "4242"], "inside": None}
-    journal = sorted((run_dir / "journal").glob("*.json"))
-    events = [json.loads(p.read_text())["event"] for p in journal]
-    assert events[-4:] == ["started", "preempted", "ended", "requeued"], events
+    events = [e["event"] for e in RunDir(run_dir).events()]
+    assert events[-4:] == ["started", journal.SAVED_ON_WARNING, "ended", "requeued"], events
     assert "requeued: " in job.stdout, job.stdout
 
 
@@ -382,6 +384,5 @@ container: {{runtime: apptainer, image: {image}, python: {sys.executable}}}
             f"{run_dir}:{run_dir},{code}:{code}:ro"
         )
         assert call["argv"][-6:] == [image, sys.executable, "-m", "hpctf", "worker", str(run_dir)]
-    ended = [e for e in map(json.loads, (p.read_text() for p in sorted(
-        (run_dir / "journal").glob("*.json")))) if e["event"] == "ended"]  # fmt: skip
+    ended = [e for e in RunDir(run_dir).events() if e["event"] == journal.ENDED]
     assert [(e["reason"], e["exit_code"]) for e in ended] == [("done", 0)]

@@ -12,12 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import slurm, slurm_queries
+from hpctf.core import journal, slurm, slurm_queries
 from hpctf.core.errors import UserError
+from hpctf.core.journal import problem as journal_problem
 from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import journal_problem
 from tests.conftest import DIGITS
-from tests.test_lifecycle import FakeSlurm, fake_slurm, journal, new_run  # noqa: F401
+from tests.fake_slurm import FakeSlurm, new_run
+from tests.journal_records import write_events
 
 # --- job ids from the journal -----------------------------------------------------------------
 
@@ -31,14 +32,18 @@ def raw_entry(path: Path, name: str, data: bytes) -> Path:
 
 def test_a_journal_job_id_that_is_an_option_reaches_no_slurm_command(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     path = new_run(runs_root, fake_slurm)
     entry = raw_entry(
         path,
         "submitted",
         json.dumps(
-            {"event": "submitted", "time": "2026-12-01T00:00:00+00:00", "job_id": "--user=root"}
+            {
+                "event": journal.SUBMITTED,
+                "time": "2026-12-01T00:00:00+00:00",
+                "job_id": "--user=root",
+            }
         ).encode(),
     )
     result = CliRunner().invoke(cli, ["cancel", str(path)])
@@ -76,7 +81,7 @@ DAMAGED_ENTRIES = [
 
 def test_one_damaged_run_never_breaks_a_listing_of_ten(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     template = new_run(runs_root, fake_slurm)
     paths = [template]
@@ -115,13 +120,13 @@ def test_one_damaged_run_never_breaks_a_listing_of_ten(
 
 def test_journal_entries_hpctf_writes_pass_the_check(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     path = new_run(runs_root, fake_slurm)
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "4242_3", "step": 0, "nodes": "node[1-2]"},
-        {"event": "ended", "job_id": "4242_3", "exit_code": 0, "reason": "done", "step": 300},
+        {"event": journal.STARTED, "job_id": "4242_3", "step": 0, "nodes": "node[1-2]"},
+        {"event": journal.ENDED, "job_id": "4242_3", "exit_code": 0, "reason": "done", "step": 300},
     )
     events, damaged = RunDir(path).read_journal()
     assert damaged == [] and [e["event"] for e in events][-2:] == ["started", "ended"]
@@ -135,7 +140,7 @@ def test_journal_entries_hpctf_writes_pass_the_check(
 def test_the_code_snapshot_is_read_only_and_a_shared_run_dir_is_warned_of(
     tmp_path: Path,
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     import os
     import stat
@@ -193,7 +198,7 @@ def test_the_code_snapshot_is_read_only_and_a_shared_run_dir_is_warned_of(
 
 def test_a_sweep_that_loses_its_name_to_another_takes_the_next(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two sweeps of one experiment in the same second plan one name; the one whose mkdir loses
@@ -238,13 +243,13 @@ def test_a_runs_root_with_a_percent_sign_is_refused(
 
 def test_a_copied_run_directory_neither_runs_nor_cancels_the_original(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`cp -a RUN copy; hpctf resubmit copy` submitted copy/job.sbatch, whose RUN_DIR named RUN:
     the job trained and journalled in the original, and the copy said queued for ever."""
     original = new_run(runs_root, fake_slurm)
-    journal(original, {"event": "started", "job_id": "4242", "step": 0})
+    write_events(original, {"event": journal.STARTED, "job_id": "4242", "step": 0})
     copy = runs_root / "copy"
     shutil.copytree(original, copy, symlinks=True)
     said = (

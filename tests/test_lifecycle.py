@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import threading
@@ -20,103 +19,40 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import slurm, slurm_queries
-from hpctf.core.rundir import RunDir
+from hpctf.core import journal, slurm, slurm_queries
+from hpctf.core.journal import (
+    CANCELLED,
+    ENDED,
+    GAVE_UP,
+    REQUEUED,
+    SAVED_ON_WARNING,
+    SIGNALLED,
+    STARTED,
+    SUBMITTED,
+)
+from hpctf.core.runstate import starts_of
 from hpctf.core.slurm import SlurmError
 from hpctf.core.slurm_queries import JobRecord
 from hpctf.login.watching import plot, progress
 from hpctf.login.watching.run_report import TABLE_COLUMNS
 from hpctf.login.watching.runs import Run, epoch_seconds
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
-from tests.test_slurm_e2e import release_requeued
+from tests.fake_slurm import FakeSlurm, new_run, sacct_line, squeue_line
+from tests.journal_records import write_events
+from tests.slurm_jobs import release_requeued
 
 # --- fake Slurm commands ---------------------------------------------------------------------
-
-
-class FakeSlurm:
-    """squeue, sacct, scancel, scontrol and sbatch first on PATH: each appends its argv to
-    ``calls/<name>`` and answers from ``answers/<name>.{out,err,rc}``."""
-
-    NAMES = ("squeue", "sacct", "scancel", "scontrol", "sbatch")
-
-    def __init__(self, root: Path) -> None:
-        self.bin = root / "fakeslurm"
-        self.calls_dir = root / "fakeslurm-calls"
-        self.answers = root / "fakeslurm-answers"
-        for directory in (self.bin, self.calls_dir, self.answers):
-            directory.mkdir()
-        for name in self.NAMES:
-            script = self.bin / name
-            script.write_text(
-                "#!/bin/sh\n"
-                f'echo "$*" >> {self.calls_dir / name}\n'
-                f"cat {self.answers / name}.out 2>/dev/null\n"
-                f"cat {self.answers / name}.err >&2 2>/dev/null\n"
-                f"exit $(cat {self.answers / name}.rc 2>/dev/null || echo 0)\n"
-            )
-            script.chmod(script.stat().st_mode | stat.S_IEXEC)
-        self.answer("sbatch", "4242\n")
-        self.answer("sacct", "", "Slurm accounting storage is disabled\n", 1)
-
-    def answer(self, name: str, out: str = "", err: str = "", rc: int = 0) -> None:
-        (self.answers / f"{name}.out").write_text(out)
-        (self.answers / f"{name}.err").write_text(err)
-        (self.answers / f"{name}.rc").write_text(str(rc))
-
-    def calls(self, name: str) -> list[str]:
-        path = self.calls_dir / name
-        return path.read_text().splitlines() if path.exists() else []
-
-    def forget(self) -> None:
-        for path in self.calls_dir.iterdir():
-            path.unlink()
-
-
-@pytest.fixture
-def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
-    fake = FakeSlurm(tmp_path)
-    monkeypatch.setenv("PATH", f"{fake.bin}{os.pathsep}{os.environ['PATH']}")
-    # `hpctf status` looks in every site's runs_root, most of them under ~: not the real one.
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(slurm_queries, "RETRY_PAUSES_S", (0.0, 0.0))
-    return fake
-
-
-def squeue_line(job: str, state: str, reason: str = "None", nodes: str = "node[1-2]") -> str:
-    return f"{job}|{state}|{reason}|2026-12-01T04:29:39|1:02|{nodes}\n"
-
-
-def sacct_line(job: str, state: str, exit_code: str = "0:0") -> str:
-    return (
-        f"{job}|{state}|None|{exit_code}|2026-12-01T04:29:39|2026-12-01T04:31:00|00:01:21|node1\n"
-    )
 
 
 # --- run directories made without a cluster ---------------------------------------------------
 
 
-def new_run(runs_root: Path, fake: FakeSlurm) -> Path:
-    """A run directory on the local-slurm site, as `hpctf submit` leaves it (job 4242)."""
-    before = set(runs_root.iterdir()) if runs_root.exists() else set()
-    result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"])
-    assert result.exit_code == 0, result.output
-    (path,) = set(runs_root.iterdir()) - before
-    return path
-
-
-def journal(path: Path, *events: dict[str, object]) -> None:
-    """Append events to a run's journal, each with its own time (default: now)."""
-    run = RunDir(path)
-    for event in events:
-        fields = dict(event)
-        kind = str(fields.pop("event"))
-        when = fields.pop("time", None)
-        run.record(kind, **fields)
-        if when is not None:  # rewrite the time of the record just written
-            last = sorted(run.journal.glob("*.json"))[-1]
-            data = json.loads(last.read_text())
-            data["time"] = when
-            last.write_text(json.dumps(data))
+# A start whose batch shell got SIGTERM and recorded its end: Slurm requeues such a job itself.
+KILLED_START = (
+    {"event": STARTED, "job_id": "4242", "step": 0},
+    {"event": SIGNALLED, "job_id": "4242", "signal": "TERM"},
+    {"event": ENDED, "job_id": "4242", "exit_code": 143, "reason": "node_fail", "step": 100},
+)
 
 
 def copies(template: Path, count: int) -> list[Path]:
@@ -125,9 +61,9 @@ def copies(template: Path, count: int) -> list[Path]:
     for i in range(count):
         path = template.parent / f"copy-{i:03d}"
         shutil.copytree(template, path)
-        for file in (path / "journal").glob("*submitted.json"):
+        for file in (path / "journal").glob(journal.files_of(SUBMITTED)):
             file.unlink()
-        journal(path, {"event": "submitted", "job_id": str(5000 + i)})
+        write_events(path, {"event": SUBMITTED, "job_id": str(5000 + i)})
         paths.append(path)
     return paths
 
@@ -306,17 +242,17 @@ def test_sparkline_shows_a_falling_loss_on_a_log_scale() -> None:
 def test_elapsed_counts_time_inside_starts_only() -> None:
     t = "2026-12-01T00:00:{:02d}+00:00"
     events = [
-        {"event": "submitted", "time": t.format(0)},
-        {"event": "started", "time": t.format(10)},
-        {"event": "ended", "time": t.format(20)},
-        {"event": "requeued", "time": t.format(21)},
-        {"event": "started", "time": t.format(40)},
-        {"event": "signalled", "time": t.format(45)},  # killed: no end of its own
-        {"event": "started", "time": t.format(50)},
+        {"event": SUBMITTED, "time": t.format(0)},
+        {"event": STARTED, "time": t.format(10)},
+        {"event": ENDED, "time": t.format(20)},
+        {"event": REQUEUED, "time": t.format(21)},
+        {"event": STARTED, "time": t.format(40)},
+        {"event": SIGNALLED, "time": t.format(45)},  # killed: no end of its own
+        {"event": STARTED, "time": t.format(50)},
     ]
     now = epoch_seconds(t.format(59))
-    assert progress.elapsed_seconds(events, running=True, now=now) == 10 + 5 + 9
-    assert progress.elapsed_seconds(events[:3], running=False, now=now) == 10
+    assert progress.elapsed_seconds(starts_of(events), running=True, now=now) == 10 + 5 + 9
+    assert progress.elapsed_seconds(starts_of(events[:3]), running=False, now=now) == 10
 
 
 # --- status ------------------------------------------------------------------------------------
@@ -328,16 +264,16 @@ def test_status_over_50_runs_makes_one_squeue_and_one_sacct_call(
     template = new_run(runs_root, fake_slurm)
     paths = copies(template, 50)
     shutil.rmtree(template)
-    started = {"event": "started", "step": 0, "nodes": "node[1-2]"}
+    started = {"event": STARTED, "step": 0, "nodes": "node[1-2]"}
     for i, path in enumerate(paths):
         job = str(5000 + i)
         if i % 5 == 1:
-            journal(path, {**started, "job_id": job})
+            write_events(path, {**started, "job_id": job})
         elif i % 5 in (2, 3, 4):
-            journal(
+            write_events(
                 path,
                 {**started, "job_id": job},
-                {"event": "ended", "job_id": job, "exit_code": 0, "reason": "done", "step": 3000},
+                {"event": ENDED, "job_id": job, "exit_code": 0, "reason": "done", "step": 3000},
             )
     # squeue knows the pending, running and one ended job; sacct the next; the journal the rest.
     fake_slurm.answer(
@@ -374,7 +310,7 @@ def test_status_over_50_runs_makes_one_squeue_and_one_sacct_call(
 
 def test_status_json_for_scripts(runs_root: Path, fake_slurm: FakeSlurm) -> None:
     path = new_run(runs_root, fake_slurm)
-    journal(path, {"event": "started", "job_id": "4242", "step": 0, "nodes": "node[1-2]"})
+    write_events(path, {"event": STARTED, "job_id": "4242", "step": 0, "nodes": "node[1-2]"})
     metrics(
         path,
         {"step": 100, "loss": 0.5, "steps_per_s": 10.0},
@@ -420,7 +356,7 @@ def test_status_of_an_epoch_based_run_shows_its_total_and_eta(
     result = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", *epochs])
     assert result.exit_code == 0, result.output
     (path,) = runs_root.iterdir()
-    journal(path, {"event": "started", "job_id": "4242", "step": 0, "nodes": "node[1-2]"})
+    write_events(path, {"event": STARTED, "job_id": "4242", "step": 0, "nodes": "node[1-2]"})
     metrics(path, {"step": 800, "loss": 0.5, "steps_per_s": 10.0, "total_steps": 9300})
     fake_slurm.answer("squeue", squeue_line("4242", "RUNNING"))
     shown = CliRunner().invoke(cli, ["status"])
@@ -436,12 +372,12 @@ def test_status_of_one_run_keeps_its_lines_and_adds_slurm_progress_and_a_sparkli
     runs_root: Path, fake_slurm: FakeSlurm
 ) -> None:
     path = new_run(runs_root, fake_slurm)
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "4242", "step": 0, "nodes": "node[1-2]"},
-        {"event": "preempted", "job_id": "4242", "step": 300, "signal": "TERM"},
-        {"event": "ended", "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 300},
-        {"event": "requeued", "job_id": "4242", "why": "preempted: requeue 1 of 20"},
+        {"event": STARTED, "job_id": "4242", "step": 0, "nodes": "node[1-2]"},
+        {"event": SAVED_ON_WARNING, "job_id": "4242", "step": 300, "signal": "TERM"},
+        {"event": ENDED, "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 300},
+        {"event": REQUEUED, "job_id": "4242", "why": "preempted: requeue 1 of 20"},
     )
     metrics(path, *({"step": s, "loss": 2.0 / s, "steps_per_s": 30.0} for s in range(10, 310, 10)))
     fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
@@ -467,11 +403,9 @@ def test_a_job_slurm_requeued_itself_shows_requeued_not_failed(
     runs_root: Path, fake_slurm: FakeSlurm
 ) -> None:
     path = new_run(runs_root, fake_slurm)
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "4242", "step": 0},
-        {"event": "signalled", "job_id": "4242", "signal": "TERM"},
-        {"event": "ended", "job_id": "4242", "exit_code": 143, "reason": "node_fail", "step": 100},
+        *KILLED_START,
     )
     fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
     (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
@@ -489,7 +423,7 @@ def test_a_job_slurm_requeued_itself_shows_requeued_not_failed(
     (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
     assert (run["state"], run["why"]) == ("failed", "node_fail (exit 143)")
     # Killed before its batch shell could record the end: still running in the journal.
-    journal(path, {"event": "started", "job_id": "4242", "step": 100})
+    write_events(path, {"event": STARTED, "job_id": "4242", "step": 100})
     fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
     (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
     assert (run["state"], run["why"]) == ("requeued", "by Slurm after node_fail")
@@ -502,10 +436,10 @@ def test_status_with_slurm_down_is_one_line_and_the_journals_view(
     runs_root: Path, fake_slurm: FakeSlurm
 ) -> None:
     path = new_run(runs_root, fake_slurm)
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "4242", "step": 0},
-        {"event": "ended", "job_id": "4242", "exit_code": 0, "reason": "done", "step": 3000},
+        {"event": STARTED, "job_id": "4242", "step": 0},
+        {"event": ENDED, "job_id": "4242", "exit_code": 0, "reason": "done", "step": 3000},
     )
     down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
     fake_slurm.answer("squeue", "", down, 1)
@@ -527,18 +461,18 @@ def test_status_with_slurm_down_is_one_line_and_the_journals_view(
     assert single.exit_code == 0 and "job 4242: ENDED exit 0 starts 1" in single.stdout
     # A run requeued after its end, or running again, and Slurm does not answer: said so.
     again = new_run(runs_root, fake_slurm)
-    journal(
+    write_events(
         again,
-        {"event": "started", "job_id": "4242", "step": 0},
-        {"event": "ended", "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 300},
-        {"event": "requeued", "job_id": "4242"},
+        {"event": STARTED, "job_id": "4242", "step": 0},
+        {"event": ENDED, "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 300},
+        {"event": REQUEUED, "job_id": "4242"},
     )
     single = CliRunner().invoke(cli, ["status", str(again)])
     assert "slurm: job 4242 UNKNOWN (Slurm did not answer)" in single.stdout
-    journal(
+    write_events(
         path,
-        {"event": "requeued", "job_id": "4242"},
-        {"event": "started", "job_id": "4242", "step": 3000},
+        {"event": REQUEUED, "job_id": "4242"},
+        {"event": STARTED, "job_id": "4242", "step": 3000},
     )
     single = CliRunner().invoke(cli, ["status", str(path)])
     assert "slurm: job 4242 UNKNOWN (Slurm did not answer)" in single.stdout
@@ -565,11 +499,11 @@ def test_status_shows_recent_and_active_runs_unless_all(
             data = json.loads(file.read_text())
             data["time"] = long_ago
             file.write_text(json.dumps(data))
-    journal(
+    write_events(
         old_done,
-        {"event": "started", "job_id": "4242", "step": 0, "time": long_ago},
+        {"event": STARTED, "job_id": "4242", "step": 0, "time": long_ago},
         {
-            "event": "ended",
+            "event": ENDED,
             "job_id": "4242",
             "exit_code": 0,
             "reason": "done",
@@ -577,7 +511,7 @@ def test_status_shows_recent_and_active_runs_unless_all(
             "time": long_ago,
         },
     )
-    journal(old_running, {"event": "started", "job_id": "4242", "step": 0, "time": long_ago})
+    write_events(old_running, {"event": STARTED, "job_id": "4242", "step": 0, "time": long_ago})
     fake_slurm.answer("squeue", squeue_line("4242", "RUNNING"))
     shown = CliRunner().invoke(cli, ["status", "--json"])
     names = [r["run"] for r in json.loads(shown.stdout)["runs"]]
@@ -645,9 +579,9 @@ def test_status_without_arguments_covers_every_sites_runs_root_and_sweeps(
     assert result.exit_code == 0, result.output
     sweep = Path(re.search(r"^sweep directory: (\S+)$", result.output, re.M).group(1))  # type: ignore[union-attr]
     points = sorted(p for p in sweep.iterdir() if (p / "config.json").is_file())
-    journal(points[0], {"event": "started", "job_id": "4242_0", "step": 0})
-    journal(points[0], {"event": "ended", "job_id": "4242_0", "exit_code": 0, "reason": "done"})
-    journal(points[1], {"event": "started", "job_id": "4242_1", "step": 0})
+    write_events(points[0], {"event": STARTED, "job_id": "4242_0", "step": 0})
+    write_events(points[0], {"event": ENDED, "job_id": "4242_0", "exit_code": 0, "reason": "done"})
+    write_events(points[1], {"event": STARTED, "job_id": "4242_1", "step": 0})
     shutil.copytree(in_env, other / "in-other")
     shutil.copytree(in_env, tmp_path / "home" / "hpctf-runs" / "in-home")  # the local site's
 
@@ -674,7 +608,7 @@ def test_runs_lists_newest_first_without_asking_slurm(
     first = new_run(runs_root, fake_slurm)
     time.sleep(1.1)  # created records have 1 s resolution
     second = new_run(runs_root, fake_slurm)
-    journal(first, {"event": "started", "job_id": "4242", "step": 0})
+    write_events(first, {"event": STARTED, "job_id": "4242", "step": 0})
     metrics(first, {"step": 120, "loss": 1.0})
     (runs_root / "not-a-run").mkdir()
     result = CliRunner().invoke(cli, ["runs"])
@@ -722,17 +656,17 @@ def header(rank: int, pid: int) -> str:
 
 def three_starts(path: Path) -> None:
     """Job 4242 preempted and requeued, then job 4343 (a resubmit) after a gave_up start."""
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "4242", "step": 0},
-        {"event": "ended", "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 100},
-        {"event": "requeued", "job_id": "4242"},
-        {"event": "started", "job_id": "4242", "step": 100},
-        {"event": "ended", "job_id": "4242", "exit_code": 1, "reason": "failed", "step": 100},
-        {"event": "started", "job_id": "4242", "step": 100},
-        {"event": "gave_up", "job_id": "4242", "why": "failed without progress"},
-        {"event": "submitted", "job_id": "4343"},
-        {"event": "started", "job_id": "4343", "step": 100},
+        {"event": STARTED, "job_id": "4242", "step": 0},
+        {"event": ENDED, "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 100},
+        {"event": REQUEUED, "job_id": "4242"},
+        {"event": STARTED, "job_id": "4242", "step": 100},
+        {"event": ENDED, "job_id": "4242", "exit_code": 1, "reason": "failed", "step": 100},
+        {"event": STARTED, "job_id": "4242", "step": 100},
+        {"event": GAVE_UP, "job_id": "4242", "why": "failed without progress"},
+        {"event": SUBMITTED, "job_id": "4343"},
+        {"event": STARTED, "job_id": "4343", "step": 100},
     )
     (path / "logs" / "rank-1.log").write_text(
         "noise before any start\n"
@@ -782,32 +716,26 @@ def test_logs_follow_across_a_requeue_and_stop_when_the_run_ends(
     def job() -> None:
         """What the batch script and the worker write, a requeue in the middle."""
         time.sleep(0.5)
-        journal(path, {"event": "started", "job_id": "4242", "step": 0})
+        write_events(path, {"event": STARTED, "job_id": "4242", "step": 0})
         with log.open("a") as handle:
             handle.write(header(0, 1) + "step 100/300\n")
         time.sleep(1.5)
-        journal(
+        write_events(
             path,
-            {
-                "event": "ended",
-                "job_id": "4242",
-                "exit_code": 75,
-                "reason": "preempted",
-                "step": 100,
-            },
-            {"event": "requeued", "job_id": "4242"},
+            {"event": ENDED, "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 100},
+            {"event": REQUEUED, "job_id": "4242"},
         )
         time.sleep(1.5)
-        journal(path, {"event": "started", "job_id": "4242", "step": 100})
+        write_events(path, {"event": STARTED, "job_id": "4242", "step": 100})
         with log.open("a") as handle:
             handle.write(header(0, 2) + "step 300/300\ntraining comp")
             handle.flush()
             time.sleep(1.5)
             handle.write("lete\n")
         (path / "DONE").write_text('{"step": 300}\n')
-        journal(
+        write_events(
             path,
-            {"event": "ended", "job_id": "4242", "exit_code": 0, "reason": "done", "step": 300},
+            {"event": ENDED, "job_id": "4242", "exit_code": 0, "reason": "done", "step": 300},
         )
 
     writer = threading.Thread(target=job)
@@ -832,10 +760,10 @@ def test_logs_follow_stops_when_slurm_has_ended_a_failed_job_and_waits_for_one_i
     runs_root: Path, fake_slurm: FakeSlurm
 ) -> None:
     path = new_run(runs_root, fake_slurm)
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "4242", "step": 0},
-        {"event": "ended", "job_id": "4242", "exit_code": 143, "reason": "node_fail", "step": 50},
+        {"event": STARTED, "job_id": "4242", "step": 0},
+        {"event": ENDED, "job_id": "4242", "exit_code": 143, "reason": "node_fail", "step": 50},
     )
     (path / "logs" / "rank-0.log").write_text(header(0, 1) + "step 50\n")
     fake_slurm.answer("squeue", squeue_line("4242", "FAILED"))
@@ -846,10 +774,10 @@ def test_logs_follow_stops_when_slurm_has_ended_a_failed_job_and_waits_for_one_i
 
     def next_start() -> None:
         time.sleep(1.5)
-        journal(path, {"event": "started", "job_id": "4242", "step": 50})
+        write_events(path, {"event": STARTED, "job_id": "4242", "step": 50})
         with (path / "logs" / "rank-0.log").open("a") as handle:
             handle.write(header(0, 2) + "resumed\n")
-        journal(path, {"event": "gave_up", "job_id": "4242", "why": "test"})
+        write_events(path, {"event": GAVE_UP, "job_id": "4242", "why": "test"})
 
     writer = threading.Thread(target=next_start)
     writer.start()
@@ -866,10 +794,10 @@ def test_logs_follow_of_a_local_run_stops_once_it_ended(
     assert rendered.exit_code == 0
     (path,) = runs_root.iterdir()
     (path / "logs" / "rank-0.log").write_text("step 1\n")
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "77", "step": 0},
-        {"event": "ended", "job_id": "77", "exit_code": 1, "reason": "failed", "step": 0},
+        {"event": STARTED, "job_id": "77", "step": 0},
+        {"event": ENDED, "job_id": "77", "exit_code": 1, "reason": "failed", "step": 0},
     )
     result = CliRunner().invoke(cli, ["logs", str(path), "-f"])
     assert result.exit_code == 0 and result.output == "step 1\n"
@@ -884,9 +812,9 @@ def test_logs_follow_waits_for_a_log_not_written_yet(
 
     def later() -> None:
         time.sleep(1.5)
-        journal(path, {"event": "started", "job_id": "4242", "step": 0})
+        write_events(path, {"event": STARTED, "job_id": "4242", "step": 0})
         (path / "logs" / "rank-0.log").write_text(header(0, 1) + "hello\n")
-        journal(path, {"event": "cancelled", "jobs": ["4242"]})
+        write_events(path, {"event": CANCELLED, "jobs": ["4242"]})
 
     writer = threading.Thread(target=later)
     writer.start()
@@ -902,7 +830,7 @@ def test_cancel_records_the_end_status_shows_it_and_resubmit_still_works(
     runs_root: Path, fake_slurm: FakeSlurm
 ) -> None:
     path = new_run(runs_root, fake_slurm)
-    journal(path, {"event": "started", "job_id": "4242", "step": 0})
+    write_events(path, {"event": STARTED, "job_id": "4242", "step": 0})
     result = CliRunner().invoke(cli, ["cancel", str(path)])
     assert result.exit_code == 0 and result.output == "cancelled: 4242\n"
     assert fake_slurm.calls("scancel") == ["-- 4242"]
@@ -961,13 +889,13 @@ def test_cancel_of_a_local_run_says_how_to_stop_it(tmp_path: Path, runs_root: Pa
 
 
 def preempted_once(path: Path) -> None:
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "4242", "step": 0},
-        {"event": "ended", "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 150},
-        {"event": "requeued", "job_id": "4242"},
-        {"event": "started", "job_id": "4242", "step": 150},
-        {"event": "ended", "job_id": "4242", "exit_code": 0, "reason": "done", "step": 300},
+        {"event": STARTED, "job_id": "4242", "step": 0},
+        {"event": ENDED, "job_id": "4242", "exit_code": 75, "reason": "preempted", "step": 150},
+        {"event": REQUEUED, "job_id": "4242"},
+        {"event": STARTED, "job_id": "4242", "step": 150},
+        {"event": ENDED, "job_id": "4242", "exit_code": 0, "reason": "done", "step": 300},
     )
     metrics(
         path,
@@ -1010,11 +938,9 @@ def test_plot_titles_a_run_with_the_state_status_shows(
 ) -> None:
     """The journal says the start failed; Slurm has requeued the job: both say requeued."""
     path = new_run(runs_root, fake_slurm)
-    journal(
+    write_events(
         path,
-        {"event": "started", "job_id": "4242", "step": 0},
-        {"event": "signalled", "job_id": "4242", "signal": "TERM"},
-        {"event": "ended", "job_id": "4242", "exit_code": 143, "reason": "node_fail", "step": 100},
+        *KILLED_START,
     )
     fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
     (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]

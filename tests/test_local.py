@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctf.core.rundir import RunDir
 from tests.conftest import (
     DIGITS,
     ENTRIES_PATH,
@@ -91,7 +92,7 @@ def test_a_raise_in_the_users_data_function_is_named_as_theirs(
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert f"rank 0: error: {line}\n" in log, log
     assert f'entries.py", line {number}, in train_data' in log and "bug in hpctf" not in log
-    events = [json.loads(p.read_text()) for p in sorted((run_dir / "journal").glob("*.json"))]
+    events = RunDir(run_dir).events()
     raised = [e for e in events if e["event"] == "user_code_failed"]
     assert [(e["rank"], e["error"], e["at"], e["line"]) for e in raised] == [
         (0, "KeyError", f"entries.py:{number}", line)
@@ -196,7 +197,7 @@ def _workers(run_dir: Path) -> list[int]:
 
 
 def _ends(run_dir: Path) -> list[dict[str, object]]:
-    events = [json.loads(p.read_text()) for p in sorted((run_dir / "journal").glob("*.json"))]
+    events = RunDir(run_dir).events()
     return [e for e in events if e["event"] == "ended"]
 
 

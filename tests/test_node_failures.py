@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import slurm
+from hpctf.core import journal, slurm
 from hpctf.core.rundir import RunDir
 from tests.conftest import DIGITS
 
@@ -69,7 +69,11 @@ def test_the_trap_records_a_failed_node_and_keeps_the_requeued_job_off_it(
     assert "job 4242 will not start on failed node(s) node2" in output
     assert scontrol.read_text() == "update JobId=4242 ExcNodeList=node2\n"
     events = RunDir(run_dir).events()
-    assert [e["event"] for e in events][-3:] == ["signalled", "node_failed", "excluded"]
+    assert [e["event"] for e in events][-3:] == [
+        journal.SIGNALLED,
+        journal.NODES_DOWN,
+        journal.EXCLUDED,
+    ]
     assert events[-2]["nodes"] == ["node2"] and events[-1]["nodes"] == ["node2"]
 
     # A second failure under a later start: the job is kept off both.
@@ -90,7 +94,7 @@ def test_the_trap_says_so_when_the_job_cannot_be_kept_off_a_node(
     assert code == 0
     assert "hpctf: job 4242 keeps its nodes: scontrol failed (exit 1): Job is no longer" in output
     kinds = [e["event"] for e in RunDir(run_dir).events()]
-    assert kinds[-2:] == ["signalled", "node_failed"]
+    assert kinds[-2:] == [journal.SIGNALLED, journal.NODES_DOWN]
 
     # Healthy nodes: nothing but the signal is recorded; Slurm unreachable: a line, no failure.
     fake(bin_dir, "sinfo", "echo 'node1|allocated'")
@@ -99,7 +103,7 @@ def test_the_trap_says_so_when_the_job_cannot_be_kept_off_a_node(
     code, output = job_signal(run_dir)
     assert code == 0 and "cannot tell whether a node of job 4242 failed" in output
     kinds = [e["event"] for e in RunDir(run_dir).events()]
-    assert kinds[-3:] == ["node_failed", "signalled", "signalled"]
+    assert kinds[-3:] == [journal.NODES_DOWN, journal.SIGNALLED, journal.SIGNALLED]
 
 
 def test_resubmit_leaves_out_the_nodes_that_failed_unless_told_otherwise(
@@ -107,8 +111,8 @@ def test_resubmit_leaves_out_the_nodes_that_failed_unless_told_otherwise(
 ) -> None:
     fake(fake_sbatch.parent / "fakebin", "scontrol", "echo 'JobId=4242 JobState=FAILED'")
     run = RunDir(run_dir)
-    run.record("node_failed", job_id="4242", nodes=["node2"])
-    run.record("node_failed", job_id="4242", nodes=["node3", "node2"])
+    journal.record_nodes_down(run, "4242", ["node2"], "TERM")
+    journal.record_nodes_down(run, "4242", ["node3", "node2"], "TERM")
     result = CliRunner().invoke(cli, ["resubmit", str(run_dir), "--exclude", "node7"])
     assert result.exit_code == 0, result.output
     assert "note: leaving out node2,node3, which failed under earlier jobs" in result.output

@@ -15,12 +15,13 @@ from click.testing import CliRunner
 
 import hpctf
 from hpctf.cli import cli
+from hpctf.core import journal
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import RunDir
 from hpctf.core.runstate import run_state
 from hpctf.login.sweeps.ranking import rank
 from tests.conftest import DIGITS, REPO, write
-from tests.test_lifecycle import FakeSlurm, fake_slurm, squeue_line  # noqa: F401
+from tests.fake_slurm import FakeSlurm, squeue_line
 
 
 def test_import_hpctf_is_light_and_the_api_loads_on_first_use() -> None:
@@ -39,7 +40,7 @@ def test_import_hpctf_is_light_and_the_api_loads_on_first_use() -> None:
 
 def test_a_run_from_python_submits_reads_and_extends_through_the_cli_functions(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     run = hpctf.submit(DIGITS, site="local-slurm", set={"train.steps": 300})
     assert run.path.parent == runs_root and len(fake_slurm.calls("sbatch")) == 1
@@ -81,7 +82,7 @@ def test_a_run_from_python_submits_reads_and_extends_through_the_cli_functions(
     config = json.loads((run.path / "config.json").read_text())
     assert config["experiment"]["train"]["steps"] == 600
     events = [json.loads(p.read_text()) for p in sorted((run.path / "journal").iterdir())]
-    extended = next(e for e in events if e["event"] == "extended")
+    extended = next(e for e in events if e["event"] == journal.EXTENDED)
     assert extended["changes"] == {"train.steps": [300, 600]}
     assert extended["previous_done"]["step"] == 300
     assert run_state(events).state == "queued"  # no longer done: a start after it must be
@@ -108,7 +109,7 @@ def test_rank_orders_points_by_a_metric_best_first_missing_last() -> None:
 
 def test_status_sweep_sort_top_ranks_the_points(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     fake_slurm.answer("scontrol", "MaxArraySize            = 1001\n")
     sweep = hpctf.sweep(DIGITS, grid={"train.seed": [0, 1, 2]}, site="local-slurm")

@@ -18,7 +18,8 @@ import pytest
 
 from hpctf.compute.cluster import ClusterSpec, cluster_spec
 from hpctf.compute.node_checks import Check
-from hpctf.compute.quick_preflight import EVENT, before_tensorflow, failure_line, judge
+from hpctf.compute.quick_preflight import before_tensorflow, failure_line, judge
+from hpctf.core import journal
 from hpctf.core.errors import NODE_CHECK_EXIT
 from hpctf.core.rundir import RunDir
 from hpctf.login.submitting.local import task_environment
@@ -93,7 +94,7 @@ def test_a_taken_port_ends_the_rank_naming_node_and_check(taken: tuple[RunDir, i
     ), line
     assert f"; fix: find the listener with `ss -ltnp 'sport = :{port}'` on localhost" in line
     assert "import tensorflow" not in proc.stdout and "Traceback" not in proc.stderr
-    (record,) = events(run, EVENT)
+    (record,) = events(run, journal.NODE_CHECK_FAILED)
     assert {k: record[k] for k in ("job_id", "node", "rank", "check")} == {
         "job_id": str(JOB_ID),
         "node": "localhost",
@@ -111,7 +112,7 @@ def test_with_preflight_off_a_taken_port_is_the_plain_error_it_was(
         listener.listen()
         proc = worker(run)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "is taken" in proc.stderr and not events(run, EVENT)
+    assert "is taken" in proc.stderr and not events(run, journal.NODE_CHECK_FAILED)
 
 
 def test_infiniband_named_by_the_site_but_absent_fails_the_node(tmp_path: Path) -> None:
@@ -127,7 +128,7 @@ def test_infiniband_named_by_the_site_but_absent_fails_the_node(tmp_path: Path) 
         "node check failed on localhost (rank 0): infiniband: NCCL_IB_HCA==mlx5_0 but this "
         "node has no /sys/class/infiniband" in proc.stdout
     ), proc.stdout
-    assert [e["check"] for e in events(run, EVENT)] == ["infiniband"]
+    assert [e["check"] for e in events(run, journal.NODE_CHECK_FAILED)] == ["infiniband"]
 
 
 def test_the_checks_before_tensorflow_pass_here_and_a_warning_goes_on(
@@ -143,7 +144,7 @@ def test_the_checks_before_tensorflow_pass_here_and_a_warning_goes_on(
     assert judge(run, spec, [warned, Check("port", "ok", "free")]) is None
     assert "node check memlock on localhost: 64 KiB with InfiniBand" in caplog.text
     assert "node checks on localhost: memlock warn, port ok" in caplog.text
-    assert not events(run, EVENT)
+    assert not events(run, journal.NODE_CHECK_FAILED)
     failed = Check("infiniband", "fail", "mlx5_0:1 DOWN", "check the link")
     assert failure_line(spec, failed) == (
         "node check failed on localhost (rank 0): infiniband: mlx5_0:1 DOWN; fix: check the link"
@@ -153,14 +154,14 @@ def test_the_checks_before_tensorflow_pass_here_and_a_warning_goes_on(
 def test_job_end_records_the_nodes_that_failed_a_check(tmp_path: Path) -> None:
     """srun reports 143 when it killed the healthy ranks; the records still name the node."""
     run = make_run(tmp_path)
-    run.record_start("41")
-    run.record(EVENT, job_id="41", node="node2", rank=1, check="port", detail="d", fix="f")
+    journal.record_started(run, "41", None, "USR2")
+    journal.record_node_check_failed(run, "41", "node2", 1, "port", "d", "f")
     assert run.record_end("41", 143, "USR2") == "failed"
-    (ended,) = events(run, "ended")
+    (ended,) = events(run, journal.ENDED)
     assert ended["node_checks_failed"] == [{"node": "node2", "rank": 1, "check": "port"}]
-    run.record_start("41")
+    journal.record_started(run, "41", None, "USR2")
     run.record_end("41", 0, "USR2")
-    assert "node_checks_failed" not in events(run, "ended")[-1]
+    assert "node_checks_failed" not in events(run, journal.ENDED)[-1]
     assert json.loads(run.config_file.read_text())["experiment"]["train"]["preflight"] == "quick"
 
 
@@ -182,7 +183,7 @@ def test_two_tensorflow_packages_fail_the_node_before_the_import(tmp_path: Path)
     both = sorted([_installed_tensorflow(), "tensorflow-intel"])
     assert f": {', '.join(both)}; they overwrite each other's files" in line, line
     assert f"-m pip uninstall -y {' '.join(both)}, then install one" in line, line
-    assert [e["check"] for e in events(run, EVENT)] == ["tensorflow"]
+    assert [e["check"] for e in events(run, journal.NODE_CHECK_FAILED)] == ["tensorflow"]
 
 
 def _installed_tensorflow() -> str:

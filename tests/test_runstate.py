@@ -7,33 +7,19 @@ from typing import Any
 
 import pytest
 
+from hpctf.core import journal
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
+from hpctf.core.jobs import jobs_of, open_jobs
 from hpctf.core.runstate import (
     REASONS,
-    Budgets,
     after_end,
     before_start,
+    end_of_start,
     end_reason,
     run_state,
     starts_of,
 )
-
-BUDGETS = Budgets(preemption=2, failure=2)
-
-
-def started(step: int = 0, job: str = "7") -> dict[str, Any]:
-    return {"event": "started", "job_id": job, "step": step}
-
-
-def ended(reason: str, step: int, code: int = 1, job: str = "7") -> dict[str, Any]:
-    return {"event": "ended", "job_id": job, "reason": reason, "step": step, "exit_code": code}
-
-
-def requeued(job: str = "7") -> dict[str, Any]:
-    return {"event": "requeued", "job_id": job}
-
-
-SUBMITTED = {"event": "submitted", "job_id": "7"}
+from tests.journal_records import BUDGETS, SUBMITTED, ended, requeued, started
 
 
 @pytest.mark.parametrize(
@@ -89,12 +75,17 @@ def test_the_walltime_signal_is_the_sites() -> None:
             "saved step 230; hpctf resubmit resumes it",
         ),
         (
-            [SUBMITTED, started(), ended("failed", 0), {"event": "gave_up", "why": "no progress"}],
+            [
+                SUBMITTED,
+                started(),
+                ended("failed", 0),
+                {"event": journal.GAVE_UP, "why": "no progress"},
+            ],
             "gave_up",
             "no progress",
         ),
         (
-            [SUBMITTED, started(), {"event": "cancelled", "jobs": ["7"]}],
+            [SUBMITTED, started(), {"event": journal.CANCELLED, "jobs": ["7"]}],
             "cancelled",
             "cancelled by the user",
         ),
@@ -104,8 +95,8 @@ def test_the_walltime_signal_is_the_sites() -> None:
                 SUBMITTED,
                 started(),
                 ended("failed", 0),
-                {"event": "gave_up", "why": "x"},
-                {"event": "submitted", "job_id": "8"},
+                {"event": journal.GAVE_UP, "why": "x"},
+                {"event": journal.SUBMITTED, "job_id": "8"},
             ],
             "queued",
             "",
@@ -119,6 +110,85 @@ def test_run_state(events: list[dict[str, Any]], state: str, why: str) -> None:
     assert (result.state, result.why) == (state, why)
 
 
+def saved(signal: str, step: int = 100) -> dict[str, Any]:
+    return {"event": journal.SAVED_ON_WARNING, "job_id": "7", "step": step, "signal": signal}
+
+
+SIGNALLED = {"event": journal.SIGNALLED, "job_id": "7", "signal": "TERM"}
+CANCELLED = {"event": journal.CANCELLED, "jobs": ["7"]}
+
+
+@pytest.mark.parametrize(
+    ("since", "code", "done", "walltime", "reason"),
+    [
+        ([], 0, True, "USR2", "done"),
+        ([], 0, False, "USR2", "done"),  # a script that exits 0 without DONE
+        ([saved("USR2")], PREEMPTED_EXIT, False, "USR2", "timeout"),
+        ([saved("TERM")], PREEMPTED_EXIT, False, "USR2", "preempted"),
+        # A site whose walltime warning is SIGTERM cannot tell the two: a preemption.
+        ([saved("TERM")], PREEMPTED_EXIT, False, "TERM", "preempted"),
+        ([saved("USR2"), SIGNALLED], 137, False, "USR2", "timeout"),
+        ([], STALLED_EXIT, False, "USR2", "stalled"),
+        ([SIGNALLED], 143, False, "USR2", "node_fail"),
+        ([], 143, False, "USR2", "failed"),
+        ([SIGNALLED, CANCELLED], 143, False, "USR2", "cancelled"),
+        ([saved("TERM"), SIGNALLED, CANCELLED], PREEMPTED_EXIT, False, "USR2", "cancelled"),
+        # No exit code: the batch shell was killed before job-end (Slurm requeued the job).
+        ([], None, False, "USR2", "node_fail"),
+        ([SIGNALLED], None, False, "USR2", "node_fail"),
+        ([saved("TERM")], None, False, "USR2", "preempted"),
+        ([saved("USR2")], None, False, "USR2", "timeout"),
+        ([saved("USR2")], None, False, "TERM", "preempted"),
+        # The chief's last record decides which warning the ranks saved on.
+        ([saved("TERM"), saved("USR2")], None, False, "USR2", "timeout"),
+    ],
+)
+def test_end_of_start(
+    since: list[dict[str, Any]], code: int | None, done: bool, walltime: str, reason: str
+) -> None:
+    assert end_of_start(since, code, done, walltime) == reason
+
+
+def test_a_killed_start_is_closed_with_its_own_walltime_signal() -> None:
+    """The start records the site's walltime signal: a start killed after saving on SIGTERM at
+    a site that warns of the time limit with SIGTERM ended preempted, at USR2 sites timeout."""
+    term = {**started(0), "walltime_signal": "TERM"}
+    assert starts_of([term, saved("TERM"), started(100)])[0].reason == "preempted"
+    usr2 = {**started(0), "walltime_signal": "USR2"}
+    assert starts_of([usr2, saved("USR2"), started(100)])[0].reason == "timeout"
+
+
+def test_starts_carry_their_times_and_the_jobs_fold_from_them() -> None:
+    def at(event: dict[str, Any], second: int) -> dict[str, Any]:
+        return {**event, "time": f"2026-12-01T00:00:{second:02d}+00:00"}
+
+    events = [
+        at(SUBMITTED, 0),
+        at(started(0), 1),
+        at(ended("failed", 50), 2),
+        at(requeued(), 3),
+        at(started(50), 4),
+        at(SIGNALLED, 5),
+        at({"event": journal.SUBMITTED, "job_id": "8"}, 6),
+        at(started(0, job="8"), 7),
+        at({"event": journal.GAVE_UP, "job_id": "8", "why": "x"}, 8),
+    ]
+    first, second, third = starts_of(events)
+    assert (first.started_at[-8:-6], first.ended_at, first.requeued) == (
+        "01",
+        "2026-12-01T00:00:02+00:00",
+        True,
+    )
+    assert (second.ended_at, second.last_at[-8:-6], second.signalled) == (None, "06", True)
+    assert third.refused and not second.refused
+    assert [(j.job_id, j.starts, j.ended) for j in jobs_of(events)] == [
+        ("7", 2, False),
+        ("8", 1, False),
+    ]
+    assert open_jobs([*events, CANCELLED]) == ["8"]
+    assert starts_of(events[:6], close_last=True)[-1].reason == "node_fail"
+
+
 def test_a_start_without_an_end_that_was_restarted_ended_as_node_fail() -> None:
     starts = starts_of([started(0), started(100), ended("done", 300, 0)])
     assert [s.reason for s in starts] == ["node_fail", "done"]
@@ -128,7 +198,7 @@ def test_a_start_without_an_end_that_was_restarted_ended_as_node_fail() -> None:
 def test_a_start_killed_after_its_ranks_saved_ended_at_that_step() -> None:
     """Slurm preempted the job: the chief recorded the agreed save, then the batch shell was
     killed before job-end ran, and Slurm requeued the job itself."""
-    saved = {"event": "preempted", "job_id": "7", "step": 110, "signal": "TERM"}
+    saved = {"event": journal.SAVED_ON_WARNING, "job_id": "7", "step": 110, "signal": "TERM"}
     starts = starts_of([started(0), saved, started(110), ended("done", 300, 0)])
     assert [(s.reason, s.end_step) for s in starts] == [("preempted", 110), ("done", 300)]
     state = run_state([started(0), saved, started(110)])
@@ -184,9 +254,10 @@ def test_after_end(ends: list[tuple[str, int, int]], go: bool, gave_up: bool) ->
 def test_slurm_ending_the_job_is_not_requeued_twice() -> None:
     """A preemption by a higher-priority partition signals the batch shell too: the ranks
     saved, but Slurm requeues the job itself."""
-    state = run_state(history(("preempted", 100, 75)))
-    assert after_end(state, BUDGETS).go
-    decision = after_end(state, BUDGETS, slurm_ends_it=True)
+    events = history(("preempted", 100, 75))
+    assert after_end(run_state(events), BUDGETS).go
+    signalled = {"event": journal.SIGNALLED, "job_id": "7", "signal": "TERM"}
+    decision = after_end(run_state([*events[:-1], signalled, events[-1]]), BUDGETS)
     assert (decision.go, decision.gave_up) == (False, False)
 
 
@@ -216,9 +287,17 @@ def test_after_end_says_why() -> None:
         ),
         ([*history(("preempted", 100, 75), ("preempted", 200, 75))], True, False),
         # A run that gave up does not start again when Slurm restarts it ...
-        ([*history(("failed", 0, 1)), {"event": "gave_up", "why": "no progress"}], False, True),
+        (
+            [*history(("failed", 0, 1)), {"event": journal.GAVE_UP, "why": "no progress"}],
+            False,
+            True,
+        ),
         # ... but does after hpctf resubmit.
-        ([*history(("failed", 0, 1)), {"event": "gave_up", "why": "x"}, SUBMITTED], True, False),
+        (
+            [*history(("failed", 0, 1)), {"event": journal.GAVE_UP, "why": "x"}, SUBMITTED],
+            True,
+            False,
+        ),
         ([*history(("done", 300, 0))], False, False),
     ],
 )
@@ -227,8 +306,8 @@ def test_before_start(events: list[dict[str, Any]], go: bool, gave_up: bool) -> 
     assert (decision.go, decision.gave_up) == (go, gave_up), decision.why
 
 
-def node_failed(*nodes: str, job: str = "7") -> dict[str, Any]:
-    return {"event": "node_failed", "job_id": job, "nodes": list(nodes)}
+def nodes_down(*nodes: str, job: str = "7") -> dict[str, Any]:
+    return {"event": journal.NODES_DOWN, "job_id": job, "nodes": list(nodes)}
 
 
 @pytest.mark.parametrize(
@@ -237,18 +316,18 @@ def node_failed(*nodes: str, job: str = "7") -> dict[str, Any]:
         ([SUBMITTED, started(0)], ()),
         # Recorded by the batch shell's trap while Slurm requeued the job after a node failure;
         # the ranks saved on the SIGTERM, so the start ended preempted, not node_fail.
-        ([SUBMITTED, started(0), node_failed("node1"), started(100)], ("node1",)),
+        ([SUBMITTED, started(0), nodes_down("node1"), started(100)], ("node1",)),
         # Every failure of the run, first first, each node once, across jobs and resubmits.
         (
             [
                 SUBMITTED,
                 started(0),
-                node_failed("node3", "node1"),
+                nodes_down("node3", "node1"),
                 started(100),
-                node_failed("node1"),
-                {"event": "submitted", "job_id": "8"},
+                nodes_down("node1"),
+                {"event": journal.SUBMITTED, "job_id": "8"},
                 started(200, job="8"),
-                node_failed("node2", job="8"),
+                nodes_down("node2", job="8"),
             ],
             ("node3", "node1", "node2"),
         ),
@@ -260,8 +339,8 @@ def test_failed_nodes(events: list[dict[str, Any]], nodes: tuple[str, ...]) -> N
 
 def test_a_node_failure_is_not_a_failure_of_the_run() -> None:
     """The node is left out of later starts; the start itself ended as its ranks saw it."""
-    saved = {"event": "preempted", "job_id": "7", "step": 100, "signal": "TERM"}
-    state = run_state([SUBMITTED, started(0), node_failed("node1"), saved, started(100)])
+    saved = {"event": journal.SAVED_ON_WARNING, "job_id": "7", "step": 100, "signal": "TERM"}
+    state = run_state([SUBMITTED, started(0), nodes_down("node1"), saved, started(100)])
     assert [s.reason for s in state.starts] == ["preempted", None]
     assert (state.state, state.failure_requeues, state.preemption_requeues) == ("running", 0, 1)
 
@@ -278,12 +357,12 @@ def test_a_start_the_environment_stopped_is_not_requeued(
     why = "cannot save the checkpoint of step 200 in /r/checkpoints: No space left on device"
     step = 100 if advanced else 0
     plain = [SUBMITTED, started(0), ended("failed", step, 3)]
-    stopped = [SUBMITTED, started(0), {"event": "environment_failed", "why": why}, plain[-1]]
+    stopped = [SUBMITTED, started(0), {"event": journal.ENVIRONMENT_FAILED, "why": why}, plain[-1]]
     assert after_end(run_state(plain), BUDGETS).go is requeued_without_it
     decision = after_end(run_state(stopped), BUDGETS)
     assert (decision.go, decision.gave_up) == (False, True)
     assert decision.why == f"failed: {why}"
     assert run_state(stopped).starts[0].environment == why
     # Recorded before the start: it belongs to no start, and stops none.
-    early = [SUBMITTED, {"event": "environment_failed", "why": why}, started(0), plain[-1]]
+    early = [SUBMITTED, {"event": journal.ENVIRONMENT_FAILED, "why": why}, started(0), plain[-1]]
     assert run_state(early).starts[0].environment is None

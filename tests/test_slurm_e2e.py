@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.core import slurm
+from hpctf.core import journal
+from hpctf.core.rundir import RunDir
+from hpctf.core.values import slurm_time_seconds
 from tests.conftest import (
     DIGITS,
     ENTRIES_PATH,
@@ -28,41 +30,19 @@ from tests.conftest import (
     submitted,
     wait_for_job,
 )
+from tests.slurm_jobs import (
+    LONG,
+    job_state,
+    logs_of,
+    release_requeued,
+    report_fault,
+    submit,
+    submit_digits,
+    wait_for_first_checkpoint,
+    wait_for_log,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
-# Steps of the runs that are interrupted: long enough to interrupt after a checkpoint, short
-# enough to finish soon after the resume.
-LONG = 1500
-
-
-def submit(env: dict[str, str], *args: str) -> tuple[str, Path]:
-    proc = subprocess.run(
-        [*HPCTF, "submit", *args], env=env, capture_output=True, text=True, check=False
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    job_id, run_dir = submitted(proc.stdout)
-    assert job_id, proc.stdout
-    return job_id, run_dir
-
-
-def submit_digits(env: dict[str, str], *sets: str, site: str = "local-slurm") -> tuple[str, Path]:
-    """Submit examples/digits to ``site``, each ``KEY=VALUE`` of ``sets`` as a ``--set``."""
-    return submit(env, str(DIGITS), "--site", site, *(a for s in sets for a in ("--set", s)))
-
-
-def wait_for_first_checkpoint(run_dir: Path, timeout: float = 300) -> list[int]:
-    """The run's checkpoint steps, once there is one (the rank logs if none comes)."""
-    deadline = time.monotonic() + timeout
-    while not (steps := checkpoint_steps(run_dir)):
-        assert time.monotonic() < deadline, logs_of(run_dir)
-        time.sleep(0.2)
-    return steps
-
-
-def logs_of(run_dir: Path) -> str:
-    return "\n".join(
-        f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((run_dir / "logs").iterdir())
-    )
 
 
 def test_digits_trains_on_two_slurm_nodes(slurm_cluster: dict[str, str], tmp_path: Path) -> None:
@@ -93,7 +73,7 @@ def test_digits_trains_on_two_slurm_nodes(slurm_cluster: dict[str, str], tmp_pat
         f"ckpt-{s}.{x}" for s in (100, 200, 300) for x in ("data-00000-of-00001", "index")
     ]
     assert list(node_tmp.iterdir()) == []
-    events = [e["event"] for e in _events(run_dir)]
+    events = [e["event"] for e in RunDir(run_dir).events()]
     assert events == ["created", "submitted", "started", "ended"]
 
     status = subprocess.run(
@@ -127,7 +107,7 @@ def test_script_from_render_o_trains_when_sbatched_by_hand(
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     assert json.loads((run_dir / "DONE").read_text())["step"] == 300
-    started = [e for e in _events(run_dir) if e["event"] == "started"]
+    started = [e for e in RunDir(run_dir).events() if e["event"] == "started"]
     assert [e["job_id"] for e in started] == [job_id]  # the job recorded itself
 
 
@@ -196,74 +176,6 @@ def test_second_job_resumes_from_latest_checkpoint(
     assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
 
 
-def job_state(job_id: str) -> str | None:
-    return (slurm.job_info(job_id) or {}).get("JobState")
-
-
-def release_requeued(job_id: str, env: dict[str, str], deadline: float) -> None:
-    """Wait until requeued job ``job_id`` is pending again, then let it start at once.
-
-    A requeued job waits for a BeginTime ~120 s away on Slurm 22.05; release it sooner, but
-    not within the second of the requeue: slurmd revokes the job's old credential with
-    1-second resolution, and a start in that same second fails ("Job credential revoked").
-    """
-    while (state := job_state(job_id)) != "PENDING":
-        assert time.monotonic() < deadline, f"job {job_id} is {state}, not requeued"
-        time.sleep(0.2)
-    time.sleep(2)
-    while (state := job_state(job_id)) not in ("RUNNING", "COMPLETED", "FAILED"):
-        assert time.monotonic() < deadline, f"job {job_id} stays {state}"
-        if state == "PENDING":
-            subprocess.run(
-                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                env=env,
-                check=False,
-                capture_output=True,
-            )
-        time.sleep(0.5)
-
-
-def wait_for_log(path: Path, text: str, run_dir: Path, deadline: float) -> str:
-    while not (path.exists() and text in path.read_text()):
-        assert time.monotonic() < deadline, logs_of(run_dir)
-        time.sleep(0.2)
-    return path.read_text()
-
-
-def report_fault(case: str, run_dir: Path, **measured: object) -> None:
-    """With HPCTF_FAULT_REPORT=FILE, append what a fault test saw: each start's end, the steps
-    trained twice (0 when every logged step is unique), the seconds from an end to the next
-    start, and what else the test ``measured``. For the README's fault matrix; tests assert on
-    the same records."""
-    target = os.environ.get("HPCTF_FAULT_REPORT")
-    if not target:
-        return
-    events = _events(run_dir)
-    metrics = run_dir / "metrics.jsonl"
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
-    steps = [r["step"] for r in map(json.loads, lines) if "loss" in r]
-    ends = [(e["reason"], e.get("step")) for e in events if e["event"] == "ended"]
-    times = [(e["event"], str(e["time"])) for e in events]
-    with open(target, "a", encoding="utf-8") as handle:
-        handle.write(
-            json.dumps(
-                {
-                    "case": case,
-                    "ends": ends,
-                    "events": times,
-                    "logged_twice": len(steps) - len(set(steps)),
-                    "starts": [e.get("step") for e in events if e["event"] == "started"],
-                    **measured,
-                }
-            )
-            + "\n"
-        )
-
-
-def _events(run_dir: Path) -> list[dict[str, object]]:
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "journal").iterdir())]
-
-
 def test_preempted_job_saves_requeues_itself_and_resumes(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
@@ -281,7 +193,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     # What Slurm does before a preemption or the time limit (--signal=USR2@T): the signal goes
     # to the job steps only, here to rank 1 alone.
     subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True)
-    while "requeued" not in [e["event"] for e in _events(run_dir)]:
+    while "requeued" not in [e["event"] for e in RunDir(run_dir).events()]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     release_requeued(job_id, env, deadline)
@@ -295,12 +207,12 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
     assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
     # scontrol requeue signals the batch shell too: its trap records that, after the requeue.
-    events = [e for e in _events(run_dir) if e["event"] != "signalled"]
+    events = [e for e in RunDir(run_dir).events() if e["event"] != "signalled"]
     assert [e["event"] for e in events] == [
         "created",
         "submitted",
         "started",
-        "preempted",
+        journal.SAVED_ON_WARNING,
         "ended",
         "requeued",
         "started",
@@ -313,13 +225,6 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     )
     assert f"job {job_id}: ENDED exit 0 starts 2" in status.stdout
     report_fault("test_preempted_job_saves_requeues_itself_and_resumes", run_dir)
-
-
-def _seconds(slurm_time: str) -> int:
-    """Slurm's [D-]HH:MM:SS as seconds."""
-    days, _, clock = slurm_time.rpartition("-")
-    hours, minutes, seconds = (int(part) for part in clock.split(":"))
-    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
 @pytest.mark.parametrize(
@@ -355,8 +260,8 @@ def test_gpu_job_that_cannot_use_its_gpus_fails_at_once(
     assert info["Restarts"] == "0"
     # Stopped before the first collective: no training, no checkpoint. Most of the time is two
     # `import tensorflow` side by side on 2 cores (20-30 s here).
-    assert _seconds(info["RunTime"]) < 60, info["RunTime"]
-    ended, gave_up = _events(run_dir)[-2:]
+    assert slurm_time_seconds(info["RunTime"]) < 60, info["RunTime"]
+    ended, gave_up = RunDir(run_dir).events()[-2:]
     assert ended["event"] == "ended" and ended["exit_code"] != 0 and ended["reason"] == "failed"
     assert gave_up["event"] == "gave_up"  # no progress: not requeued
     assert not (run_dir / "metrics.jsonl").exists()
@@ -395,7 +300,7 @@ def test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue(
     )
     info = wait_for_job(job_id)
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", logs_of(run_dir)
-    events = _events(run_dir)
+    events = RunDir(run_dir).events()
     # The entry raised: the user's code, named as theirs (each rank that got to say it).
     number = line_of(REPO / "tests" / "entries.py", 'raise RuntimeError("a bug in the user')
     line = (
@@ -436,13 +341,13 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)  # the "nodes" share this machine's process table
-    while "requeued" not in [e["event"] for e in _events(run_dir)]:
+    while "requeued" not in [e["event"] for e in RunDir(run_dir).events()]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
-    events = _events(run_dir)
+    events = RunDir(run_dir).events()
     ends = [e for e in events if e["event"] == "ended"]
     assert [e["reason"] for e in ends] == ["failed", "done"]
     saved = int(ends[0]["step"])  # type: ignore[call-overload]
@@ -469,7 +374,7 @@ def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
     release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
-    starts = [e for e in _events(run_dir) if e["event"] == "started"]
+    starts = [e for e in RunDir(run_dir).events() if e["event"] == "started"]
     assert len(starts) == 2 and int(starts[1]["step"]) >= 100  # type: ignore[call-overload]
     status = subprocess.run(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
@@ -511,16 +416,16 @@ def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
         capture_output=True,
         text=True,
     ).stdout.strip()
-    while "preempted" not in [e["event"] for e in _events(run_dir)]:
+    while journal.SAVED_ON_WARNING not in [e["event"] for e in RunDir(run_dir).events()]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     assert wait_for_job(high)["JobState"] == "COMPLETED"
     release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
-    events = _events(run_dir)
-    saved = next(int(e["step"]) for e in events if e["event"] == "preempted")  # type: ignore[call-overload]
-    assert next(e for e in events if e["event"] == "preempted")["signal"] == "TERM"
+    events = RunDir(run_dir).events()
+    saved = next(int(e["step"]) for e in events if e["event"] == journal.SAVED_ON_WARNING)  # type: ignore[call-overload]
+    assert next(e for e in events if e["event"] == journal.SAVED_ON_WARNING)["signal"] == "TERM"
     log = rank0.read_text()
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
     # No step trained twice: every logged step after the resume is past the saved one.

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.core import slurm
+from hpctf.core import journal, slurm
+from hpctf.core.rundir import RunDir
 from tests.conftest import (
     HPCTF,
     checkpoint_steps,
@@ -26,9 +27,8 @@ from tests.conftest import (
     submitted,
     wait_for_job,
 )
-from tests.test_slurm_e2e import (
+from tests.slurm_jobs import (
     LONG,
-    _events,
     logs_of,
     release_requeued,
     report_fault,
@@ -48,7 +48,7 @@ def scontrol(env: dict[str, str], *args: str) -> None:
 
 
 def wait_for_event(run_dir: Path, event: str, deadline: float, count: int = 1) -> None:
-    while sum(e["event"] == event for e in _events(run_dir)) < count:
+    while sum(e["event"] == event for e in RunDir(run_dir).events()) < count:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
 
@@ -69,7 +69,7 @@ def resumes(run_dir: Path) -> list[tuple[int, int]]:
 def seconds_between(run_dir: Path, first: str, then: str, after: int = 0) -> int:
     """Seconds (journal resolution: 1 s) from the first ``first`` event to the next ``then``
     event after it; ``after`` skips that many ``first`` events."""
-    events = _events(run_dir)
+    events = RunDir(run_dir).events()
     start = [i for i, e in enumerate(events) if e["event"] == first][after]
     end = next(i for i, e in enumerate(events) if i > start and e["event"] == then)
     stamp = [_stamp(str(events[i]["time"])) for i in (start, end)]
@@ -121,13 +121,13 @@ def test_a_preemption_with_a_grace_time_saves_and_is_requeued_by_hpctf(
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     # The grace time was not used up: hpctf requeued the job long before Slurm would kill it.
     assert requeued_after < 30, requeued_after
-    events = [e for e in _events(run_dir) if e["event"] != "signalled"]
+    events = [e for e in RunDir(run_dir).events() if e["event"] != "signalled"]
     kinds = [e["event"] for e in events]
     assert kinds == [
         "created",
         "submitted",
         "started",
-        "preempted",
+        journal.SAVED_ON_WARNING,
         "ended",
         "requeued",
         "started",
@@ -174,17 +174,17 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
         wait_for_event(run_dir, "requeued", deadline, count=requeue)
         release_requeued(job_id, env, deadline)
     wait_for_event(run_dir, "started", deadline, count=3)
-    third = int([e for e in _events(run_dir) if e["event"] == "started"][2]["step"])  # type: ignore[call-overload]
+    third = int([e for e in RunDir(run_dir).events() if e["event"] == "started"][2]["step"])  # type: ignore[call-overload]
     rank0 = run_dir / "logs" / "rank-0.log"
     while max(losses(run_dir), default=0) <= third:  # until the third start trains on
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.5)
     subprocess.run([*HPCTF, "cancel", str(run_dir)], env=env, check=True, capture_output=True)
     wait_for_job(job_id)
-    events = _events(run_dir)
+    events = RunDir(run_dir).events()
     ends = [e for e in events if e["event"] == "ended"]
     assert [e["reason"] for e in ends[:2]] == ["timeout", "timeout"], logs_of(run_dir)
-    saves = [e for e in events if e["event"] == "preempted"]
+    saves = [e for e in events if e["event"] == journal.SAVED_ON_WARNING]
     assert [e["signal"] for e in saves[:2]] == ["USR2", "USR2"]
     starts = [int(e["step"]) for e in events if e["event"] == "started"]  # type: ignore[call-overload]
     assert starts[:3] == [0, saves[0]["step"], saves[1]["step"]]
@@ -246,8 +246,8 @@ def test_a_node_set_down_mid_run_is_left_out_of_the_next_start(
         )
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", logs_of(run_dir)
     assert info["NodeList"] == other
-    events = _events(run_dir)
-    failed = [e for e in events if e["event"] == "node_failed"]
+    events = RunDir(run_dir).events()
+    failed = [e for e in events if e["event"] == journal.NODES_DOWN]
     assert [(f["job_id"], f["nodes"]) for f in failed] == [(job_id, [node])]
     starts = [e for e in events if e["event"] == "started"]
     assert [s["nodes"] for s in starts] == [node, other]
@@ -331,7 +331,7 @@ def test_a_full_disk_at_save_time_keeps_the_last_checkpoint_and_resumes_after_a_
         info = wait_for_job(job_id)
         failed_after = time.monotonic() - filled_at
         assert info["JobState"] == "FAILED" and info["Restarts"] == "0", logs_of(run_dir)
-        events = _events(run_dir)
+        events = RunDir(run_dir).events()
         kinds = [e["event"] for e in events]
         assert kinds[-3:] == ["environment_failed", "ended", "gave_up"], kinds
         ended = events[-2]

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from hpctf.core import journal
+from hpctf.core.rundir import RunDir
 from tests.conftest import HPCTF, REPO, checkpoint_steps, wait_for_job
-from tests.test_slurm_e2e import _events, logs_of, release_requeued, submit
+from tests.slurm_jobs import logs_of, release_requeued, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 
@@ -44,8 +46,8 @@ def test_keras_fit_runs_on_two_nodes_and_comes_back_from_a_requeue(
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in lines]
     assert len(steps) == len(set(steps)) and steps[-1] == total, steps  # no step logged twice
-    events = _events(run_dir)
-    (preempted,) = [e for e in events if e["event"] == "preempted"]
+    events = RunDir(run_dir).events()
+    (preempted,) = [e for e in events if e["event"] == journal.SAVED_ON_WARNING]
     ends = [e["reason"] for e in events if e["event"] == "ended"]
     assert ends == ["preempted", "done"], events
     (resumed,) = [e for e in events if e["event"] == "started"][1:]

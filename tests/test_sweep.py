@@ -14,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
+from hpctf.core import journal
+from hpctf.core.rundir import RunDir
 from hpctf.login.submitting import readings
 from hpctf.login.sweeps.plan import (
     Grid,
@@ -26,7 +28,7 @@ from hpctf.login.sweeps.plan import (
     run_names,
 )
 from tests.conftest import DIGITS, ENTRIES_PATH, require_tool, write
-from tests.test_lifecycle import FakeSlurm, fake_slurm, squeue_line  # noqa: F401
+from tests.fake_slurm import FakeSlurm, squeue_line
 
 # --- the points, pure ---------------------------------------------------------------------------
 
@@ -270,13 +272,9 @@ def _sweep(fake: FakeSlurm, *args: str) -> Path:
     return Path(re.search(r"^sweep directory: (\S+)$", result.output, re.M).group(1))  # type: ignore[union-attr]
 
 
-def _events(run_dir: Path) -> list[dict[str, object]]:
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "journal").iterdir())]
-
-
 def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     runs_root: Path,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     fake_slurm.answer("scontrol", "MaxArraySize            = 1001\nMaxJobCount = 10000\n")
     path = _sweep(fake_slurm, "--max-running", "2")
@@ -295,7 +293,7 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
             json.loads((run_dir / "config.json").read_text())["experiment"]["train"]["seed"]
             == index
         )
-        submitted = _events(run_dir)[-1]
+        submitted = RunDir(run_dir).events()[-1]
         assert submitted["event"] == "submitted" and submitted["job_id"] == f"4242_{index}"
 
     # status: one squeue call for every point, one line each.
@@ -319,16 +317,17 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     runs = [Path(p["run_dir"]) for p in record["points"]]
     (runs[1] / "DONE").write_text('{"step": 300, "eval": {"accuracy": 0.9}}\n')
     ended = {"job_id": "4242_1", "exit_code": 0, "reason": "done", "step": 300}
-    started = {"event": "started", "job_id": "4242_1", "step": 0}
+    started = {"event": journal.STARTED, "job_id": "4242_1", "step": 0}
     write(runs[1] / "journal" / "99999999999999999999-1-started.json",
           json.dumps({**started, "time": "2026-12-01T00:00:00+00:00"}))  # fmt: skip
     write(runs[1] / "journal" / "99999999999999999999-2-ended.json",
-          json.dumps({"event": "ended", "time": "2026-12-01T00:00:05+00:00", **ended}))  # fmt: skip
+          json.dumps({"event": journal.ENDED, "time": "2026-12-01T00:00:05+00:00",
+                      **ended}))  # fmt: skip
     result = CliRunner().invoke(cli, ["cancel", str(path)])
     assert result.exit_code == 0, result.output
     assert fake_slurm.calls("scancel") == ["-- 4242_0 4242_2"]
-    assert [e["event"] for e in _events(runs[0])][-1] == "cancelled"
-    assert [e["event"] for e in _events(runs[1])][-1] == "ended"
+    assert [e["event"] for e in RunDir(runs[0]).events()][-1] == "cancelled"
+    assert [e["event"] for e in RunDir(runs[1]).events()][-1] == "ended"
 
     fake_slurm.answer("squeue", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
     fake_slurm.answer("sbatch", "4300\n")
@@ -338,7 +337,7 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     script = (path / "array-1.sbatch").read_text()
     assert "#SBATCH --array=0-1%2" in script
     assert re.findall(r"^  '(/[^']+)'$", script, re.M) == [str(runs[0]), str(runs[2])]
-    assert _events(runs[2])[-1]["job_id"] == "4300_1"
+    assert RunDir(runs[2]).events()[-1]["job_id"] == "4300_1"
     assert json.loads((path / "sweep.json").read_text())["arrays"][-1]["indices"] == [0, 2]
 
 
@@ -346,7 +345,7 @@ def test_arrays_after_the_first_wait_for_the_one_before(
     runs_root: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    fake_slurm: FakeSlurm,  # noqa: F811
+    fake_slurm: FakeSlurm,
 ) -> None:
     sites = tmp_path / "sites"
     write(sites / "tiny.yaml", "name: tiny\nextends: local-slurm\nsweep: {max_array_size: 2}\n")

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from hpctf.core import slurm
+from hpctf.core.rundir import RunDir
 from tests.conftest import DIGITS, HPCTF, checkpoint_steps
-from tests.test_slurm_e2e import logs_of, release_requeued
+from tests.slurm_jobs import logs_of, release_requeued
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 STEPS = 2000
@@ -48,7 +49,7 @@ def until(condition: object, sample: Sampler, deadline: float, what: str) -> Non
 
 
 def events(run_dir: Path) -> list[str]:
-    return [json.loads(p.read_text())["event"] for p in sorted((run_dir / "journal").iterdir())]
+    return [e["event"] for e in RunDir(run_dir).events()]
 
 
 def finished(run_dir: Path) -> bool:
@@ -116,7 +117,7 @@ def test_a_sweep_is_one_throttled_array_whose_tasks_requeue_alone(
     assert "resumed from" not in (runs[1] / "logs" / "rank-0.log").read_text()
     assert re.search(r"resumed from \S+/ckpt-\d+ at step [1-9]\d*",
                      (runs[2] / "logs" / "rank-0.log").read_text())  # fmt: skip
-    starts = [json.loads(p.read_text()) for p in sorted((runs[2] / "journal").iterdir())]
+    starts = RunDir(runs[2]).events()
     assert [e["job_id"] for e in starts if e["event"] == "started"] == [
         f"{array}_2",
         f"{second[0]}_0",

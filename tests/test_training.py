@@ -17,7 +17,7 @@ import pytest
 
 from hpctf.core.errors import STALLED_EXIT
 from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import Start, run_state
+from hpctf.core.runstate import run_state
 from hpctf.login.submitting.local import task_environment
 from tests.conftest import (
     DIGITS,
@@ -86,8 +86,15 @@ def test_resumed_run_matches_uninterrupted_run_step_by_step(
     saved = checkpoint_steps(run_dir)[-1]
     assert saved < 120 and not (run_dir / "DONE").exists()
     state = run_state(RunDir(run_dir).events())
-    assert state.last == Start(
-        str(launcher.pid), 0, "preempted", 75, saved, nodes=socket.gethostname()
+    last = state.last
+    assert last is not None
+    assert (last.job_id, last.step, last.reason, last.exit_code, last.end_step, last.nodes) == (
+        str(launcher.pid),
+        0,
+        "preempted",
+        75,
+        saved,
+        socket.gethostname(),
     )
     assert (state.state, state.why) == (
         "preempted",

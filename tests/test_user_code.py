@@ -17,9 +17,10 @@ import pytest
 
 from hpctf.compute import user_code
 from hpctf.compute.user_code import UserCodeError, call, region, whose
+from hpctf.core import journal
 from hpctf.core.runstate import after_end, before_start, run_state
 from hpctf.login.watching.run_report import _end
-from tests.test_runstate import BUDGETS, SUBMITTED, ended, started
+from tests.journal_records import BUDGETS, SUBMITTED, ended, started
 
 SEQ = """\
 import json
@@ -139,7 +140,7 @@ def test_the_report_shows_the_users_traceback_records_and_exits_65(
     assert "user_code.py" not in shown  # hpctf's frames around the call are left out
     assert records == [
         {
-            "event": "user_code_failed",
+            "event": journal.USER_CODE_FAILED,
             "job_id": "41",
             "node": "node017",
             "rank": 3,
@@ -151,7 +152,7 @@ def test_the_report_shows_the_users_traceback_records_and_exits_65(
 
 
 LINE = "your code raised KeyError at seq.py:9 in broken: 'lr'"
-RAISED = {"event": "user_code_failed", "job_id": "7", "rank": 1, "line": LINE}
+RAISED = {"event": journal.USER_CODE_FAILED, "job_id": "7", "rank": 1, "line": LINE}
 
 
 @pytest.mark.parametrize("step", [0, 100])

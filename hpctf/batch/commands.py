@@ -15,9 +15,9 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import slurm
+from hpctf.core import journal, slurm
 from hpctf.core.config import ResolvedConfig
-from hpctf.core.errors import UserError
+from hpctf.core.errors import GAVE_UP_EXIT, UserError
 from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import RunDir
 from hpctf.core.runstate import Budgets, after_end, before_start, run_state
@@ -31,15 +31,15 @@ def budgets(config: ResolvedConfig) -> Budgets:
 
 
 def _job_id(command: str) -> str:
-    """This job's id as the journal and Slurm commands take it (:func:`slurm.job_handle`)."""
-    job_id = slurm.job_handle(os.environ)
+    """This job's id as the journal and Slurm commands take it (:func:`journal.job_handle`)."""
+    job_id = journal.job_handle(os.environ)
     if not job_id:
         raise UserError(f"SLURM_JOB_ID is not set: {command} runs inside a Slurm batch job")
     return job_id
 
 
 class _GaveUp(click.ClickException):
-    exit_code = 1
+    exit_code = GAVE_UP_EXIT
 
 
 @click.command("job-start", hidden=True)
@@ -49,17 +49,20 @@ def job_start(run_dir: Path) -> None:
     run = RunDir.open(run_dir)
     check_not_a_copy(run)
     job_id = _job_id("job-start")
-    decision = before_start(run_state(run.events()), budgets(run.load_config()))
-    run.record_start(
+    config = run.load_config()
+    decision = before_start(run_state(run.events()), budgets(config))
+    journal.record_started(
+        run,
         job_id,
-        **({"slurm_job_id": os.environ["SLURM_JOB_ID"]} if "_" in job_id else {}),
         nodes=os.environ.get("SLURM_JOB_NODELIST"),
+        walltime_signal=config.site.preemption.signal,
+        slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
         restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
     )
     if decision.go:
         return
     if decision.gave_up:
-        run.record("gave_up", job_id=job_id, why=decision.why)
+        journal.record_gave_up(run, job_id, decision.why)
         raise _GaveUp(f"hpctf: not starting job {job_id}: {decision.why}")
     click.echo(f"hpctf: not starting job {job_id}: {decision.why}")
 
@@ -73,7 +76,7 @@ def job_signal(run_dir: Path, name: str) -> None:
     it (:func:`exclude_failed_nodes`)."""
     run = RunDir.open(run_dir)
     job_id = _job_id("job-signal")
-    run.record("signalled", job_id=job_id, signal=name)
+    journal.record_signalled(run, job_id, name)
     nodes = os.environ.get("SLURM_JOB_NODELIST")
     if not nodes:
         return
@@ -83,7 +86,7 @@ def job_signal(run_dir: Path, name: str) -> None:
         click.echo(f"hpctf: cannot tell whether a node of job {job_id} failed: {exc}", err=True)
         return
     if failed:
-        run.record("node_failed", job_id=job_id, nodes=failed, signal=name)
+        journal.record_nodes_down(run, job_id, failed, name)
         exclude_failed_nodes(run, job_id)
 
 
@@ -99,7 +102,7 @@ def exclude_failed_nodes(run: RunDir, job_id: str) -> None:
     except (slurm.SlurmFailure, UserError) as exc:
         click.echo(f"hpctf: job {job_id} keeps its nodes: {exc}", err=True)
         return
-    run.record("excluded", job_id=job_id, nodes=list(nodes))
+    journal.record_excluded(run, job_id, nodes)
     click.echo(f"hpctf: job {job_id} will not start on failed node(s) {','.join(nodes)}")
 
 
@@ -112,9 +115,8 @@ def job_end(run_dir: Path, exit_code: int) -> None:
     run = RunDir.open(run_dir)
     config = run.load_config()
     job_id = _job_id("job-end")
-    signalled = any(e["event"] == "signalled" for e in run.events_since_last_start())
     run.record_end(job_id, exit_code, config.site.preemption.signal)
-    decision = after_end(run_state(run.events()), budgets(config), slurm_ends_it=signalled)
+    decision = after_end(run_state(run.events()), budgets(config))
     if decision.go:
         # scontrol requeue ends this very job: Slurm sends SIGTERM to the batch script's
         # processes, this one included (SIGKILL after KillWait). Hold it off until the requeue
@@ -122,7 +124,7 @@ def job_end(run_dir: Path, exit_code: int) -> None:
         previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             slurm.requeue(job_id)
-            run.record("requeued", job_id=job_id, why=decision.why)
+            journal.record_requeued(run, job_id, decision.why)
             exclude_failed_nodes(run, job_id)
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -130,7 +132,7 @@ def job_end(run_dir: Path, exit_code: int) -> None:
     elif not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ended: {decision.why}")
     elif decision.gave_up:
-        run.record("gave_up", job_id=job_id, why=decision.why)
+        journal.record_gave_up(run, job_id, decision.why)
         message = f"hpctf: job {job_id} not requeued: {decision.why}"
         if "hpctf resubmit" not in decision.why:  # a full disk's line already says it
             message += f"; after a fix, resume with hpctf resubmit {run.path}"

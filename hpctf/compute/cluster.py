@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hpctf.compute.gpus import gpu_binding
+from hpctf.core import journal
 from hpctf.core.errors import UserError
 from hpctf.core.hostnames import check_hostname_template, expand_nodelist
 
@@ -61,13 +62,9 @@ class ClusterSpec:
     job_id: int
     step_id: int
     hostname_template: str = "{host}"
-    # ``<array>_<task>`` for a task of a job array (hpctf.core.slurm.job_handle says why).
-    array_task: str | None = None
-
-    @property
-    def journal_job(self) -> str:
-        """The job as the run's journal names it: the array task, else the job id."""
-        return self.array_task or str(self.job_id)
+    # The job as the run's journal and Slurm commands name it (hpctf.core.journal.job_handle:
+    # ``<array>_<task>`` for a task of a job array, else the job id).
+    journal_job: str = ""
 
     @property
     def is_chief(self) -> bool:
@@ -339,7 +336,7 @@ def cluster_spec(
         job_id=job_id,
         step_id=step_id,
         hostname_template=hostname_template,
-        array_task=_array_task(env),
+        journal_job=journal.job_handle(env) or str(job_id),
     )
 
 
@@ -360,11 +357,6 @@ def _worker_addresses(
     return tuple(
         f"{addresses[node]}:{port_of(slot)}" for node, slot in zip(node_of, slots, strict=True)
     )
-
-
-def _array_task(env: Mapping[str, str]) -> str | None:
-    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    return f"{array}_{task}" if array and task else None
 
 
 def _self_check(

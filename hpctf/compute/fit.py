@@ -33,6 +33,7 @@ from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.preemption import Preempted, PreemptionWatch, make_gather
 from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
+from hpctf.core import journal
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.launcher import launcher_for
@@ -201,11 +202,8 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             self._save(step)
         if self._spec.is_chief:
             # The batch script requeues on this record (as after Session.step_done's save).
-            self._run.record(
-                "preempted",
-                job_id=self._spec.journal_job,
-                step=step,
-                signal=name.removeprefix("SIG"),
+            journal.record_saved_on_warning(
+                self._run, self._spec.journal_job, step, name.removeprefix("SIG")
             )
         self._preemption.agree(0.0)  # a barrier: no rank leaves before the chief's record
         log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)

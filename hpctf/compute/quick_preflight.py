@@ -35,12 +35,11 @@ from hpctf.compute.node_checks import (
     resolve_reason,
     tensorflow_check,
 )
+from hpctf.core import journal
 from hpctf.core.errors import NODE_CHECK_EXIT
 from hpctf.core.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
-
-EVENT = "node_check_failed"
 
 
 def before_tensorflow(
@@ -90,14 +89,8 @@ def judge(run: RunDir, spec: ClusterSpec, checks: Iterable[Check]) -> int | None
         log.info("node checks on %s: %s", spec.node, shown)
         return None
     log.error("%s", failure_line(spec, failed))
-    run.record(
-        EVENT,
-        job_id=spec.journal_job,
-        node=spec.node,
-        rank=spec.task_index,
-        check=failed.check,
-        detail=failed.detail,
-        fix=failed.fix,
+    journal.record_node_check_failed(
+        run, spec.journal_job, spec.node, spec.task_index, failed.check, failed.detail, failed.fix
     )
     return NODE_CHECK_EXIT
 

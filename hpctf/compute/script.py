@@ -39,6 +39,7 @@ from pathlib import Path
 from hpctf.compute import user_code
 from hpctf.compute.cluster import ClusterSpec
 from hpctf.compute.preemption import early_signal
+from hpctf.core import journal
 from hpctf.core.config import ResolvedConfig, Train
 from hpctf.core.errors import (
     BUG_EXIT,
@@ -50,6 +51,7 @@ from hpctf.core.errors import (
     UserError,
 )
 from hpctf.core.rundir import RunDir, write_atomic
+from hpctf.core.runstate import saved_on_warning, since_last_start
 
 log = logging.getLogger("hpctf.worker")
 
@@ -147,12 +149,12 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
 
 
 def _record_preempted(run: RunDir, spec: ClusterSpec) -> None:
-    """On the chief, the ``preempted`` record the batch script requeues on, unless the script
+    """On the chief, the ``saved_on_warning`` record the batch script requeues on, unless the script
     (through ``hpctf.keras.callbacks()``) made it already."""
     if not spec.is_chief:
         return
-    if any(e["event"] == "preempted" for e in run.events_since_last_start()):
+    if saved_on_warning(since_last_start(run.events())) is not None:
         return
     received = early_signal()
     name = signal.Signals(received).name.removeprefix("SIG") if received else "TERM"
-    run.record("preempted", job_id=spec.journal_job, step=None, signal=name)
+    journal.record_saved_on_warning(run, spec.journal_job, None, name)

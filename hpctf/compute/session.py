@@ -42,6 +42,7 @@ from hpctf.compute.joining import Connection, connect
 from hpctf.compute.preemption import Preempted, PreemptionWatch, make_gather
 from hpctf.compute.procstat import process_usage
 from hpctf.compute.watchdog import ProgressWatchdog
+from hpctf.core import journal
 from hpctf.core.config import Checkpoint, Train
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.rundir import RunDir, write_atomic
@@ -298,11 +299,11 @@ class Session:
         if self.spec.is_chief:
             # The batch script requeues on this record, not on srun's exit status: srun
             # --kill-on-bad-exit may kill a rank that is still exiting after the save.
-            self.run.record(
-                "preempted",
-                job_id=self.spec.journal_job,
-                step=step,
-                signal=name.removeprefix("SIG"),  # as the site names it: USR2, TERM
+            journal.record_saved_on_warning(
+                self.run,
+                self.spec.journal_job,
+                step,
+                name.removeprefix("SIG"),  # as the site names it: USR2, TERM
             )
         # No rank leaves before the chief has written the checkpoint and the record: the
         # caller's close() is the barrier.

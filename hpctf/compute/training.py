@@ -28,6 +28,7 @@ from hpctf.compute.peers import PeerLost, lost_peer
 from hpctf.compute.preemption import Preempted
 from hpctf.compute.session import Session, open_session, with_loss_scaling
 from hpctf.compute.task_callbacks import TaskCallbacks
+from hpctf.core import journal
 from hpctf.core.config import ResolvedConfig, Train
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.launcher import launcher_for
@@ -106,7 +107,7 @@ def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec, session: Sess
     except EnvironmentProblem as exc:
         if spec.is_chief:  # the batch script does not requeue a run the environment stopped
             with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full too
-                run.record("environment_failed", job_id=spec.journal_job, why=str(exc))
+                journal.record_environment_failed(run, spec.journal_job, str(exc))
         raise
     # Bounded, whatever the last barrier and TensorFlow's heartbeats do (a peer gone silent
     # is detected only by heartbeats, seconds later).

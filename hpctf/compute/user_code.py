@@ -46,11 +46,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from hpctf.core import journal
 from hpctf.core.errors import USER_CODE_EXIT, EnvironmentProblem, UserError
 
 log = logging.getLogger("hpctf.worker")
 
-EVENT = "user_code_failed"
 T = TypeVar("T")
 
 _HPCTF = str(Path(__file__).resolve().parents[1]) + "/"
@@ -326,14 +326,8 @@ def report(error: UserCodeError, run: Any, spec: Any) -> int:
     sys.stdout.flush()
     log.error("%s", error.line)
     try:
-        run.record(
-            EVENT,
-            job_id=spec.journal_job,
-            node=spec.node,
-            rank=spec.task_index,
-            error=error.error,
-            at=error.at,
-            line=error.line,
+        journal.record_user_code_failed(
+            run, spec.journal_job, spec.node, spec.task_index, error.error, error.at, error.line
         )
     except EnvironmentProblem as exc:  # the journal's disk may be full: the log still says it
         log.error("could not record it in the journal: %s", exc)

@@ -20,7 +20,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from hpctf.core.values import ENV_NAME_RE
 
-RUNTIMES = ("pyxis", "apptainer")
 # The mount options both runtimes understand (pyxis joins its flags with "+", apptainer takes a
 # comma list, and they share no other spelling).
 MOUNT_OPTIONS = ("ro", "rw")

@@ -25,6 +25,9 @@ BUG_EXIT = 70  # sysexits.h EX_SOFTWARE
 PREEMPTED_EXIT = 75
 # timeout(1)'s "timed out": a rank's watchdog saw no progress (a stuck peer or collective).
 STALLED_EXIT = 124
+# job-start or job-end: the run gave up (its budgets, a full disk, the user's code); the batch
+# script exits with it before srun, or after job-end, so Slurm ends the job FAILED.
+GAVE_UP_EXIT = 1
 # sysexits.h EX_UNAVAILABLE: a rank's node failed a check of train.preflight: quick (the rank
 # log and the journal's node_check_failed record say which node and check).
 NODE_CHECK_EXIT = 69

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hpctf.core import journal
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import journal_problem
 
 
 def made_in(run: RunDir) -> Path | None:
@@ -27,11 +27,11 @@ def made_in(run: RunDir) -> Path | None:
     was recorded, or without a readable ``created`` record). Reads that one record only: every
     worker of a job asks, and a journal on a parallel filesystem may hold hundreds."""
     try:
-        first = min(run.journal.glob("*-created.json"), default=None)
+        first = min(run.journal.glob(journal.files_of(journal.CREATED)), default=None)
         entry = json.loads(first.read_bytes().decode("utf-8")) if first else None
     except (OSError, ValueError):
         return None
-    if journal_problem(entry) is not None or not isinstance(entry, dict):
+    if journal.problem(entry) is not None or not isinstance(entry, dict):
         return None
     where = entry.get("run_dir")
     return Path(where) if isinstance(where, str) and where else None

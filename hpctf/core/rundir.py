@@ -29,10 +29,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hpctf.core import checkpoint_files, snapshot
+from hpctf.core import checkpoint_files, journal, snapshot
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.runstate import end_reason, journal_problem
+from hpctf.core.runstate import end_of_start, failed_node_checks, since_last_start
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -127,7 +127,8 @@ class RunDir:
             ) from None
 
     def record(self, event: str, **fields: Any) -> None:
-        """Append one event to the journal (atomic, safe from several writers at once)."""
+        """Append one event to the journal (atomic, safe from several writers at once); its
+        writers are :mod:`hpctf.core.journal`'s ``record_*`` functions."""
         self.journal.mkdir(parents=True, exist_ok=True)
         stamp = time.time_ns()
         entry = {
@@ -135,55 +136,16 @@ class RunDir:
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             **fields,
         }
-        write_atomic(self.journal / f"{stamp:020d}-{os.getpid()}-{event}.json", json.dumps(entry))
-
-    def record_start(self, job_id: str, **fields: Any) -> None:
-        """A job (or a local launch) starts: with the checkpoint step it resumes from."""
-        self.record("started", job_id=job_id, step=self.checkpoint_step(), **fields)
+        write_atomic(self.journal / journal.file_name(stamp, os.getpid(), event), json.dumps(entry))
 
     def record_end(self, job_id: str, exit_code: int, walltime_signal: str) -> str:
-        """A start ended with ``exit_code``: record why (:func:`hpctf.core.runstate.end_reason`)
-        and the checkpoint step reached; returns the reason."""
-        since_start = self.events_since_last_start()
-        # The signal the ranks saved on, as the chief recorded it with the agreed checkpoint.
-        warned = next(
-            (
-                str(e.get("signal", "TERM"))
-                for e in reversed(since_start)
-                if e["event"] == "preempted"
-            ),
-            None,
-        )
-        reason = end_reason(
-            exit_code,
-            done=self.done.exists(),
-            warned_by=warned,
-            signalled=any(e["event"] == "signalled" for e in since_start),
-            cancelled=any(e["event"] == "cancelled" for e in since_start),
-            walltime_signal=walltime_signal,
-        )
-        # Which nodes failed a check of train.preflight: quick: srun's exit status cannot say
-        # (it reports the ranks it killed afterwards, 143 or 137), the ranks' records can.
-        failed_checks = [
-            {"node": e.get("node"), "rank": e.get("rank"), "check": e.get("check")}
-            for e in since_start
-            if e["event"] == "node_check_failed"
-        ]
-        extra = {"node_checks_failed": failed_checks} if failed_checks else {}
-        self.record(
-            "ended",
-            job_id=job_id,
-            exit_code=exit_code,
-            reason=reason,
-            step=self.checkpoint_step(),
-            **extra,
-        )
+        """A start ended with ``exit_code``: record why (:func:`hpctf.core.runstate.
+        end_of_start`), the checkpoint step reached and the nodes that failed a quick check;
+        returns the reason."""
+        since_start = since_last_start(self.events())
+        reason = end_of_start(since_start, exit_code, self.done.exists(), walltime_signal)
+        journal.record_ended(self, job_id, exit_code, reason, failed_node_checks(since_start))
         return reason
-
-    def events_since_last_start(self) -> list[dict[str, Any]]:
-        events = self.events()
-        last = max((i for i, e in enumerate(events) if e["event"] == "started"), default=-1)
-        return events[last + 1 :]
 
     def events(self) -> list[dict[str, Any]]:
         """All journal events, oldest first; damaged entries are left out
@@ -192,7 +154,8 @@ class RunDir:
 
     def read_journal(self) -> tuple[list[dict[str, Any]], list[str]]:
         """The journal's events, oldest first, and one line per entry left out as damaged
-        (:func:`journal_problem`). The journal is data anyone who can write the run directory
+        (:func:`hpctf.core.journal.problem`; older event names read as
+        today's). The journal is data anyone who can write the run directory
         controls: one bad entry must not break a status, nor a listing of many runs."""
         if not self.journal.is_dir():
             return [], []
@@ -206,9 +169,9 @@ class RunDir:
             except ValueError:  # not JSON, not UTF-8: our writers never leave partial files
                 damaged.append(f"{file}: not a JSON document")
                 continue
-            problem = journal_problem(entry)
+            problem = journal.problem(entry)
             if problem is None:
-                events.append(entry)
+                events.append(journal.upgraded(entry))
             else:
                 damaged.append(f"{file}: {problem}")
         return events, damaged
@@ -274,12 +237,7 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> Resolved
         frozen = with_snapshot(config, run)
         write_atomic(run.script, script)
         run.script.chmod(0o755)
-        run.record(  # run_dir: hpctf.core.run_identity refuses a copy of it
-            "created",
-            experiment=config.experiment_file,
-            site=config.site.name,
-            run_dir=str(run.path),
-        )
+        journal.record_created(run, config.experiment_file, config.site.name)
     except (OSError, EnvironmentProblem, UserError) as exc:
         remove_new_run_dir(run)  # nothing half-made is left behind
         if isinstance(exc, EnvironmentProblem | UserError):
@@ -312,44 +270,3 @@ def with_snapshot(
 def remove_new_run_dir(run: RunDir) -> None:
     """Remove a run directory this process has just created and nothing has run in."""
     shutil.rmtree(run.path, ignore_errors=True)
-
-
-def job_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fold journal events into one row per job: id, starts (1 + requeues), nodes, exit."""
-    jobs: dict[str, dict[str, Any]] = {}
-    for event in events:
-        job_id = event.get("job_id")
-        if job_id is None:
-            continue
-        row = jobs.setdefault(str(job_id), {"job_id": str(job_id), "starts": 0})
-        if event["event"] == "submitted":
-            row["submitted"] = event["time"]
-        elif event["event"] == "started":
-            # A requeued job starts again under the same id: it is running again.
-            row.pop("ended", None)
-            row.pop("exit_code", None)
-            row["starts"] += 1
-            row["started"] = event["time"]
-            row["nodes"] = event.get("nodes")
-        elif event["event"] == "requeued":
-            # Back in the queue: not ended any more, whatever its last exit was.
-            row.pop("ended", None)
-            row.pop("exit_code", None)
-            row["requeued"] = event["time"]
-        elif event["event"] == "ended":
-            row["ended"] = event["time"]
-            row["exit_code"] = event.get("exit_code")
-    return list(jobs.values())
-
-
-def preempted_in_last_start(events: list[dict[str, Any]], job_id: str) -> bool:
-    """Whether the chief recorded a preemption checkpoint since job ``job_id`` last started."""
-    preempted = False
-    for event in events:
-        if event.get("job_id") != job_id:
-            continue
-        if event["event"] == "started":
-            preempted = False
-        elif event["event"] == "preempted":
-            preempted = True
-    return preempted

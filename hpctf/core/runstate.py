@@ -1,11 +1,18 @@
 """A run's state, derived from its journal alone: a pure function, and the requeue decision.
 
-The journal holds one event per fact (:meth:`hpctf.core.rundir.RunDir.record`): ``submitted``,
-``started`` (with the checkpoint step the start resumes from), ``preempted`` (the chief saved
-an agreed step after a warning), ``signalled`` (the batch shell got SIGTERM), ``node_failed``
-(nodes of the job that Slurm said were down or drained when it was killed), ``ended`` (with
-its reason, exit code and step), ``requeued``, ``gave_up``, ``cancelled``. Nothing
-else is consulted, so ``hpctf status`` and the batch script always agree on what happened.
+The journal holds one event per fact (:mod:`hpctf.core.journal` names them and writes them):
+``submitted``, ``started`` (with the checkpoint step the start resumes from and the site's
+walltime signal), ``saved_on_warning`` (the chief saved an agreed step after a warning),
+``signalled`` (the batch shell got SIGTERM), ``nodes_down`` (nodes of the job that Slurm said
+were down or drained when it was killed), ``ended`` (with its reason, exit code and step),
+``requeued``, ``gave_up``, ``cancelled``. This module is the one interpreter of it: how a start
+ended (:func:`end_of_start`), every start with its times (:func:`starts_of`), the run's state
+(:func:`run_state`); the commands that show a run (status, logs, cancel) derive their views from
+these (:mod:`hpctf.core.jobs` folds the starts into jobs). Nothing else is consulted, so
+``hpctf status`` and the batch script always agree on what happened; the one exception is what
+Slurm's queue adds to the view of ``hpctf status`` (a job that Slurm requeued itself before its
+batch shell could say so), applied in one place:
+:func:`hpctf.login.watching.run_report.with_slurm_queue`.
 
 Ends, by reason:
 
@@ -33,16 +40,18 @@ node failure is not the code's fault and is retried within the failure budget al
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hpctf.core import journal
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
 
 REASONS = ("done", "preempted", "timeout", "stalled", "failed", "node_fail", "cancelled")
 PREEMPTION_REASONS = frozenset({"preempted", "timeout"})
 FAILURE_REASONS = frozenset({"stalled", "failed", "node_fail"})
+# The walltime signal of a start recorded by an hpctf that did not keep it (the site default).
+OLD_WALLTIME_SIGNAL = "USR2"
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,15 @@ class Start:
     environment: str | None = None
     # The line of the first rank that recorded an exception raised in the user's code.
     user_code: str | None = None
+    # When it started, when it recorded its end (None: it did not), its last record's time.
+    started_at: str = ""
+    ended_at: str | None = None
+    last_at: str = ""
+    # hpctf requeued its job after it ended; job-start refused to go on (it ran no worker);
+    # the batch shell got SIGTERM (Slurm is ending the job itself).
+    requeued: bool = False
+    refused: bool = False
+    signalled: bool = False
 
     @property
     def advanced(self) -> bool:
@@ -91,29 +109,6 @@ class RunState:
     @property
     def last(self) -> Start | None:
         return self.starts[-1] if self.starts else None
-
-
-# A job id in the journal: a Slurm job, an array task (<job>_<task>) or a local launcher's pid.
-_JOURNAL_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
-
-
-def journal_problem(entry: object) -> str | None:
-    """What is wrong with one parsed journal entry, or None when it has the shape hpctf's
-    writers give it (:meth:`RunDir.record`): an object with a string ``event`` and ``time``, a
-    ``job_id`` of Slurm's forms, whole numbers for ``step`` and ``exit_code``."""
-    if not isinstance(entry, dict):
-        return f"not an object but {type(entry).__name__}"
-    for key in ("event", "time"):
-        if not isinstance(entry.get(key), str) or not entry[key]:
-            return f"no {key!r} string"
-    job_id = entry.get("job_id")
-    if job_id is not None and not _JOURNAL_JOB_ID.fullmatch(str(job_id)):
-        return f"job_id {str(job_id)[:60]!r} is not a job id"
-    for key in ("step", "exit_code"):
-        value = entry.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            return f"{key} {str(value)[:60]!r} is not a whole number"
-    return None
 
 
 def end_reason(
@@ -144,53 +139,126 @@ def end_reason(
     return "failed" if exit_code != 0 else "done"
 
 
-def starts_of(events: Sequence[Mapping[str, Any]]) -> list[Start]:
-    """Every start of every job of the run, in order, with how each ended.
+def since_last_start(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The events after the last ``started`` record (all of them when there is none)."""
+    last = max((i for i, e in enumerate(events) if e.get("event") == journal.STARTED), default=-1)
+    return list(events[last + 1 :])
+
+
+def saved_on_warning(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The chief's last ``saved_on_warning`` record among ``events``, or None."""
+    return next((e for e in reversed(events) if e.get("event") == journal.SAVED_ON_WARNING), None)
+
+
+def end_of_start(
+    events: Sequence[Mapping[str, Any]], exit_code: int | None, done: bool, walltime_signal: str
+) -> str:
+    """Why a start ended (:func:`end_reason`), from ``events``, the journal since its
+    ``started`` record. ``exit_code`` None: the start recorded no end, its batch shell was
+    killed first (Slurm requeued the job: a preemption, a lost node, ``scontrol requeue``);
+    then it ended ``preempted`` or ``timeout`` when the ranks saved an agreed step, else
+    ``node_fail``."""
+    saved = saved_on_warning(events)
+    warned = None if saved is None else str(saved.get("signal") or "TERM")
+    if exit_code is None:
+        if warned is None:
+            return "node_fail"
+        exit_code = PREEMPTED_EXIT
+    return end_reason(
+        exit_code,
+        done=done,
+        warned_by=warned,
+        signalled=any(e.get("event") == journal.SIGNALLED for e in events),
+        cancelled=any(e.get("event") == journal.CANCELLED for e in events),
+        walltime_signal=walltime_signal,
+    )
+
+
+def failed_node_checks(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Which nodes failed a check of ``train.preflight: quick`` among ``events``: srun's exit
+    status cannot say (it reports the ranks it killed afterwards, 143 or 137), the ranks'
+    records can."""
+    return [
+        {"node": e.get("node"), "rank": e.get("rank"), "check": e.get("check")}
+        for e in events
+        if e.get("event") == journal.NODE_CHECK_FAILED
+    ]
+
+
+def starts_of(events: Sequence[Mapping[str, Any]], close_last: bool = False) -> list[Start]:
+    """Every start of every job of the run, in order, with how each ended and when.
 
     A start whose job was started again without an ``ended`` record had its batch shell killed
-    before it could say so (Slurm requeued it: a preemption, a node failure, ``scontrol
-    requeue``): it ended ``preempted`` (or ``timeout`` for a USR2 warning) at the step the
-    chief recorded, when the ranks saved an agreed step; ``node_fail`` otherwise.
+    before it could say so: it is closed by :func:`end_of_start` with no exit code, at the step
+    the chief recorded when the ranks saved an agreed step. ``close_last``: close the last
+    start so too, when something outside the journal says its job is back in the queue.
     """
-    starts: list[dict[str, Any]] = []
-    saved: Mapping[str, Any] | None = None
+    starts: list[Start] = []
+    since: list[Mapping[str, Any]] = []
+    walltime = OLD_WALLTIME_SIGNAL
+
+    def close() -> None:
+        if starts and starts[-1].reason is None:
+            saved = saved_on_warning(since)
+            starts[-1] = replace(
+                starts[-1],
+                reason=end_of_start(since, None, False, walltime),
+                end_step=None if saved is None else saved.get("step"),
+            )
+
     for event in events:
         kind = event.get("event")
-        if kind == "started":
-            if starts and starts[-1]["reason"] is None:
-                _close_unended(starts[-1], saved)
-            saved = None
+        time = str(event.get("time", ""))
+        if kind == journal.STARTED:
+            close()
+            since = []
+            walltime = str(event.get("walltime_signal") or OLD_WALLTIME_SIGNAL)
             starts.append(
-                {
-                    "job_id": str(event.get("job_id")),
-                    "step": int(event.get("step") or 0),
-                    "reason": None,
-                    "exit_code": None,
-                    "end_step": None,
-                    "nodes": event.get("nodes"),
-                    "environment": None,
-                    "user_code": None,
-                }
+                Start(
+                    job_id=str(event.get("job_id")),
+                    step=int(event.get("step") or 0),
+                    nodes=event.get("nodes"),
+                    started_at=time,
+                    last_at=time,
+                )
             )
-        elif kind == "preempted":
-            saved = event
-        elif kind == "environment_failed" and starts and starts[-1]["reason"] is None:
-            starts[-1]["environment"] = str(event.get("why") or "the environment failed")
-        elif kind == "user_code_failed" and starts and starts[-1]["user_code"] is None:
-            starts[-1]["user_code"] = str(event.get("line") or "your code raised an exception")
-        elif kind == "ended" and starts and starts[-1]["reason"] is None:
-            starts[-1]["reason"] = event.get("reason") or "failed"
-            starts[-1]["exit_code"] = event.get("exit_code")
-            starts[-1]["end_step"] = event.get("step")
-    return [Start(**start) for start in starts]
+            continue
+        since.append(event)
+        if not starts:
+            continue
+        start = starts[-1]
+        start = replace(start, last_at=time)
+        if kind == journal.ENVIRONMENT_FAILED and start.reason is None:
+            start = replace(start, environment=str(event.get("why") or "the environment failed"))
+        elif kind == journal.USER_CODE_FAILED and start.user_code is None:
+            start = replace(
+                start, user_code=str(event.get("line") or "your code raised an exception")
+            )
+        elif kind == journal.ENDED and start.reason is None:
+            start = replace(
+                start,
+                reason=event.get("reason") or "failed",
+                exit_code=event.get("exit_code"),
+                end_step=event.get("step"),
+                ended_at=time,
+            )
+        elif kind == journal.SIGNALLED:
+            start = replace(start, signalled=True)
+        elif kind == journal.GAVE_UP and len(since) == 1 and event.get("job_id") == start.job_id:
+            start = replace(start, refused=True)
+        starts[-1] = start
+        if kind == journal.REQUEUED:
+            _mark_requeued(starts, str(event.get("job_id")))
+    if close_last:
+        close()
+    return starts
 
 
-def _close_unended(start: dict[str, Any], saved: Mapping[str, Any] | None) -> None:
-    if saved is None:
-        start["reason"] = "node_fail"
-        return
-    start["reason"] = "timeout" if saved.get("signal") == "USR2" else "preempted"
-    start["end_step"] = saved.get("step")
+def _mark_requeued(starts: list[Start], job_id: str) -> None:
+    for i in range(len(starts) - 1, -1, -1):
+        if starts[i].job_id == job_id:
+            starts[i] = replace(starts[i], requeued=True)
+            return
 
 
 def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
@@ -215,10 +283,10 @@ def _spends_failure_budget(start: Start) -> bool:
 
 
 def failed_nodes(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
-    """Every node a ``node_failed`` record names, first failure first, each once."""
+    """Every node a ``nodes_down`` record names, first failure first, each once."""
     nodes: dict[str, None] = {}
     for event in events:
-        if event.get("event") == "node_failed":
+        if event.get("event") == journal.NODES_DOWN:
             nodes.update(dict.fromkeys(str(n) for n in event.get("nodes") or ()))
     return tuple(nodes)
 
@@ -230,22 +298,23 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
     word = next(
         (
             e
-            for e in reversed(_since_last_start(events))
-            if e.get("event") in ("gave_up", "cancelled", "submitted", "requeued")
+            for e in reversed(since_last_start(events))
+            if e.get("event")
+            in (journal.GAVE_UP, journal.CANCELLED, journal.SUBMITTED, journal.REQUEUED)
         ),
         None,
     )
     kind = word.get("event") if word is not None else None
-    if word is not None and kind == "gave_up":
+    if word is not None and kind == journal.GAVE_UP:
         return "gave_up", str(word.get("why", ""))
-    if kind == "cancelled":
+    if kind == journal.CANCELLED:
         return "cancelled", "cancelled by the user"
-    if not starts or kind == "submitted":
+    if not starts or kind == journal.SUBMITTED:
         return "queued", ""
     last = starts[-1]
     if last.reason is None:
         return "running", ""
-    if kind == "requeued":
+    if kind == journal.REQUEUED:
         return "requeued", f"after {last.reason}"
     if last.user_code is not None:
         return "failed", last.user_code
@@ -257,13 +326,8 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
 def _starts_before_extension(events: Sequence[Mapping[str, Any]]) -> int:
     """How many starts came before the last ``extended`` record (``resubmit --set
     train.steps=``): a done run extended is done again only once a later start is."""
-    last = max((i for i, e in enumerate(events) if e.get("event") == "extended"), default=-1)
-    return sum(1 for e in events[: last + 1] if e.get("event") == "started")
-
-
-def _since_last_start(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    last = max((i for i, e in enumerate(events) if e.get("event") == "started"), default=-1)
-    return list(events[last + 1 :])
+    last = max((i for i, e in enumerate(events) if e.get("event") == journal.EXTENDED), default=-1)
+    return sum(1 for e in events[: last + 1] if e.get("event") == journal.STARTED)
 
 
 @dataclass(frozen=True)
@@ -276,11 +340,11 @@ class Decision:
     why: str
 
 
-def after_end(state: RunState, budgets: Budgets, slurm_ends_it: bool = False) -> Decision:
+def after_end(state: RunState, budgets: Budgets) -> Decision:
     """Whether hpctf should requeue the start that just ended, within the run's budgets.
 
     ``state`` must include the ended start as its last one (:func:`run_state` of the journal
-    after the ``ended`` record). ``slurm_ends_it``: the batch shell got SIGTERM, so Slurm is
+    after the ``ended`` record). When the batch shell got SIGTERM (``Start.signalled``), Slurm is
     ending this job itself (a preemption, a lost node, ``scontrol requeue``, scancel) and
     requeues it where its configuration says so; hpctf does not requeue it a second time, and
     the next start checks the budgets (:func:`before_start`).
@@ -291,7 +355,7 @@ def after_end(state: RunState, budgets: Budgets, slurm_ends_it: bool = False) ->
     reason = last.reason
     if reason in ("done", "cancelled"):
         return Decision(False, False, reason)
-    if slurm_ends_it or reason == "node_fail":
+    if last.signalled or reason == "node_fail":
         return Decision(False, False, f"{reason}: Slurm ended the job and requeues it if it can")
     if last.environment is not None:
         # A full disk or a read-only filesystem stays so: a requeue would fail at the next save.

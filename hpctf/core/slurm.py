@@ -76,7 +76,8 @@ class SlurmRefused(SlurmFailure, UserError):
     a node has, a time limit over the partition's (exit 2)."""
 
 
-# The job ids hpctf hands to Slurm commands: a job, or a task of a job array (job_handle).
+# The job ids hpctf hands to Slurm commands: a job, or a task of a job array
+# (hpctf.core.journal.job_handle).
 _JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
 
 
@@ -202,21 +203,6 @@ def wait_for_job(
         if time.monotonic() >= deadline:
             return None
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
-
-
-def job_handle(env: Mapping[str, str]) -> str | None:
-    """The id Slurm commands take for the job of ``env`` (a job's own SLURM_* variables).
-
-    For a task of a job array (a sweep's point) that is ``<array>_<task>``, as sbatch's
-    submission names it and squeue shows it. The task's own SLURM_JOB_ID is unique, but the
-    last task to start gets the array's own id, and ``scontrol requeue <array id>`` requeued
-    every task of the array on the test cluster (Slurm 22.05), as scancel and ``scontrol
-    update`` act on all of them: the trap of Lightning-AI/pytorch-lightning#15022. The journal,
-    the requeue and ``hpctf cancel`` all use this handle."""
-    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    if array and task:
-        return f"{array}_{task}"
-    return env.get("SLURM_JOB_ID") or None
 
 
 def requeue(job_id: str, env: Mapping[str, str] | None = None) -> None:

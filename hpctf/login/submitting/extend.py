@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from hpctf.core import journal
 from hpctf.core.config import Experiment, ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir, write_atomic
@@ -95,7 +96,7 @@ def extend_run(run: RunDir, config: ResolvedConfig, overrides: Sequence[str]) ->
             done = None
     try:
         write_atomic(run.config_file, extended.model_dump_json(indent=2))
-        run.record("extended", changes=changes(config, extended), previous_done=done)
+        journal.record_extended(run, changes(config, extended), done)
         run.done.unlink(missing_ok=True)  # the worker would otherwise stop at once: complete
     except OSError as exc:
         raise EnvironmentProblem(f"cannot extend {run.path}: {exc.strerror or exc}") from exc

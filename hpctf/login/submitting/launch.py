@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import slurm
+from hpctf.core import journal, slurm
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT
 from hpctf.core.launcher import LocalLauncher, SlurmLauncher, launcher_for
@@ -102,7 +102,7 @@ def _start_slurm(run: RunDir, config: ResolvedConfig, exclude: str | None) -> in
             "from its experiment and site",
             err=True,
         )
-    run.record("submitted", job_id=job_id, **({"exclude": exclude} if exclude else {}))
+    journal.record_submitted(run, job_id, exclude=exclude)
     click.echo(f"submitted job {job_id}")
     click.echo(f"run directory: {run.path}")
     return 0

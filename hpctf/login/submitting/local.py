@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
+from hpctf.core import journal
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT
 from hpctf.core.rundir import RunDir
@@ -131,7 +132,7 @@ def _warn(run: RunDir, job_id: int, procs: list[subprocess.Popen[bytes]], signum
     rather than ``preempted``. Returns what to tell the user."""
     name = signal.Signals(signum).name
     if signum == signal.SIGINT:
-        run.record("cancelled", jobs=[str(job_id)])
+        journal.record_cancelled(run, [str(job_id)])
     _signal_workers(procs)
     again = "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
     return (
@@ -151,7 +152,7 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
     job_id = os.getpid()
     ntasks = config.ntasks
     base = {**env, **config.site.env, **config.experiment.env, LAUNCHER_PID_ENV: str(job_id)}
-    run.record_start(str(job_id), nodes=socket.gethostname())
+    journal.record_started(run, str(job_id), socket.gethostname(), config.site.preemption.signal)
     stop = _StopSignals()
     procs: list[subprocess.Popen[bytes]] = []
     status = 0

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import checkpoint_files, slurm, snapshot
+from hpctf.core import checkpoint_files, journal, slurm, snapshot
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.jobs import jobs_of
 from hpctf.core.launcher import launcher_for
 from hpctf.core.run_identity import check_not_a_copy
-from hpctf.core.rundir import RunDir, job_history, with_snapshot
+from hpctf.core.rundir import RunDir, with_snapshot
 from hpctf.core.runstate import run_state
 from hpctf.core.slurm import FINAL_STATES
 from hpctf.login.submitting.extend import extend_run, extended_config
@@ -58,14 +59,14 @@ def resubmit_run(
     launcher.check_exclude(exclude, run.path)
     if launcher.slurm:
         # Two jobs on one run directory would write the same checkpoints.
-        for job in job_history(run.events()):
-            if "ended" in job:
+        for job in jobs_of(run.events()):
+            if job.ended:
                 continue
-            info = slurm.job_info(job["job_id"])
+            info = slurm.job_info(job.job_id)
             state = info.get("JobState", "") if info else ""
             if state and state not in FINAL_STATES:
                 raise UserError(
-                    f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
+                    f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
     if overrides:
@@ -78,7 +79,7 @@ def resubmit_run(
         if not sources:
             raise UserError(f"{run.path} has no code snapshot to update")
         config = with_snapshot(config, run, sources)
-        run.record("code-updated", sources=sources)
+        journal.record_code_updated(run, sources)
         for source in snapshot.read(run.path):
             click.echo(f"code: {source.describe()}")
     failed = [] if retry_failed_nodes else run_state(run.events()).failed_nodes
@@ -105,5 +106,5 @@ def discard_checkpoints(run: RunDir) -> None:
     if moved is None:
         click.echo(f"from scratch: {run.checkpoints} holds no checkpoint", err=True)
         return
-    run.record("checkpoints-discarded", moved_to=moved.name)
+    journal.record_checkpoints_discarded(run, moved.name)
     click.echo(f"from scratch: the checkpoints were moved to {moved}; step 0 next", err=True)

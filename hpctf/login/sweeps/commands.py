@@ -21,11 +21,12 @@ from typing import Any
 
 import click
 
-from hpctf.core import slurm, slurm_queries
+from hpctf.core import journal, slurm, slurm_queries
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.jobs import open_jobs as open_jobs_of
 from hpctf.core.launcher import is_slurm, launcher_for
-from hpctf.core.rundir import RunDir, job_history, runs_root, write_atomic
+from hpctf.core.rundir import RunDir, runs_root, write_atomic
 from hpctf.core.slurm import FINAL_STATES, SlurmFailure
 from hpctf.login.submitting.launch import start_run
 from hpctf.login.submitting.loader import load_config
@@ -39,8 +40,7 @@ from hpctf.login.sweeps.plan import (
     run_names,
 )
 from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
-from hpctf.login.watching.runs import Run
-from hpctf.login.watching.slurm_view import cancelled_by_user, job_states, slurm_records
+from hpctf.login.watching.slurm_view import job_states, slurm_records
 
 # A stand-in run directory: every point's script, rendered for it, must be the same script.
 _SAME_SCRIPT = Path("/hpctf-sweep-point")
@@ -169,8 +169,8 @@ def submit_arrays(
         if dropped and not ids:
             click.echo(f"note: left out {', '.join(dropped)} from your shell", err=True)
         for task, index in enumerate(chunk_indices):
-            RunDir(run_dirs[index]).record(
-                "submitted", job_id=f"{job_id}_{task}", array_job_id=job_id, array_task_id=task
+            journal.record_submitted(
+                RunDir(run_dirs[index]), f"{job_id}_{task}", array_job_id=job_id, array_task_id=task
             )
         sweep.data.setdefault("arrays", []).append(
             {"job_id": job_id, "indices": list(chunk_indices), "script": str(path)}
@@ -309,21 +309,13 @@ def sweep_status(
         click.echo(status_text(record, documents), nl=False)
 
 
-def _open_jobs(run: Run) -> list[str]:
-    return [
-        job["job_id"]
-        for job in job_history(run.events)
-        if "ended" not in job and not cancelled_by_user(run.events, job["job_id"])
-    ]
-
-
 def sweep_cancel(path: Path) -> None:
     """``hpctf cancel SWEEP_DIR``: one scancel of every point's open job, recorded per run."""
     record = SweepDir.read(path)
     if not is_slurm(record.data.get("scheduler")):
         raise UserError(f"{record.path} runs on a local site: stop its launcher (Ctrl-C) instead")
     runs = record.runs()
-    open_jobs = {run.run.path: _open_jobs(run) for run in runs}
+    open_jobs = {run.run.path: open_jobs_of(run.events) for run in runs}
     every = [job for jobs in open_jobs.values() for job in jobs]
     if not every:
         click.echo(f"nothing to cancel: no point of {record.path} has an open job")
@@ -331,7 +323,7 @@ def sweep_cancel(path: Path) -> None:
     slurm.cancel(every)
     for run in runs:
         if open_jobs[run.run.path]:
-            run.run.record("cancelled", jobs=open_jobs[run.run.path])
+            journal.record_cancelled(run.run, open_jobs[run.run.path])
     click.echo(
         f"cancelled {len(every)} job(s) of {sum(1 for j in open_jobs.values() if j)} point(s)"
     )

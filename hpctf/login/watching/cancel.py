@@ -6,14 +6,13 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import slurm
+from hpctf.core import journal, slurm
 from hpctf.core.errors import UserError
+from hpctf.core.jobs import open_jobs as open_jobs_of
 from hpctf.core.run_identity import check_not_a_copy
-from hpctf.core.rundir import job_history
 from hpctf.login.sweeps.commands import sweep_cancel
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
 from hpctf.login.watching.runs import Run
-from hpctf.login.watching.slurm_view import cancelled_by_user
 
 
 @click.command()
@@ -43,12 +42,8 @@ def cancel_run(run_dir: Path) -> list[str]:
     run.run.check_journal()  # which jobs are open must come from a whole journal
     if not run.slurm:
         raise UserError(f"{run.run.path} runs on a local site: stop its launcher (Ctrl-C) instead")
-    open_jobs = [
-        job["job_id"]
-        for job in job_history(run.events)
-        if "ended" not in job and not cancelled_by_user(run.events, job["job_id"])
-    ]
+    open_jobs = open_jobs_of(run.events)
     if open_jobs:
         slurm.cancel(open_jobs)  # scancel of a job that has just ended succeeds too
-        run.run.record("cancelled", jobs=open_jobs)
+        journal.record_cancelled(run.run, open_jobs)
     return open_jobs

@@ -14,6 +14,7 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import RunDir
+from hpctf.core.runstate import Start, starts_of
 from hpctf.login.watching.runs import FINAL_RUN_STATES, Run
 from hpctf.login.watching.slurm_view import slurm_records
 
@@ -23,26 +24,16 @@ WORKER_HEADER = re.compile(
 )
 
 
-def worker_starts(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, Any]]]:
-    """The ``started`` records (numbered from 1) whose start ran the worker: not those that
-    ``job-start`` stopped at once (a ``gave_up`` of the same job right after)."""
-    found: list[tuple[int, Mapping[str, Any]]] = []
-    number = 0
-    for i, event in enumerate(events):
-        if event.get("event") != "started":
-            continue
-        number += 1
-        after = events[i + 1] if i + 1 < len(events) else {}
-        if after.get("event") == "gave_up" and after.get("job_id") == event.get("job_id"):
-            continue
-        found.append((number, event))
-    return found
+def worker_starts(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, Start]]:
+    """The starts (numbered from 1) that ran the worker: not those that ``job-start`` stopped
+    at once (:attr:`hpctf.core.runstate.Start.refused`)."""
+    return [(n, s) for n, s in enumerate(starts_of(events), 1) if not s.refused]
 
 
-def separator(number: int, started: Mapping[str, Any], rank: int) -> str:
+def separator(number: int, start: Start, rank: int) -> str:
     return (
-        f"===== start {number}: job {started.get('job_id')}, rank {rank}, started "
-        f"{started.get('time')}, from step {started.get('step', 0)} =====\n"
+        f"===== start {number}: job {start.job_id}, rank {rank}, started "
+        f"{start.started_at}, from step {start.step} =====\n"
     )
 
 
@@ -81,10 +72,14 @@ class LogReader:
                 # The n-th worker header begins the n-th start that ran the worker; a header
                 # the journal does not know of yet belongs to its latest start.
                 index = min(self.headers, len(starts)) - 1
-                number, started = starts[index] if starts else (self.headers, {})
-                self.showing = self.job is None or str(started.get("job_id")) == self.job
+                if starts:
+                    number, start = starts[index]
+                    self.showing = self.job is None or start.job_id == self.job
+                else:
+                    number, start = self.headers, Start(job_id="?", step=0)
+                    self.showing = self.job is None
                 if self.showing:
-                    yield separator(number, started, self.rank)
+                    yield separator(number, start, self.rank)
             if self.showing:
                 yield line.decode("utf-8", errors="replace") + "\n"
 

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.login.watching.run_report import shown_state
+from hpctf.login.watching.run_report import with_slurm_queue
 from hpctf.login.watching.runs import Run, metric_records
 from hpctf.login.watching.slurm_view import job_states, slurm_state
 
@@ -119,5 +119,7 @@ def mark_restarts(axes: Any, run: Run) -> None:
 def title(run: Run) -> str:
     """The plot's title: the run's state as `hpctf status` says it (Slurm's word included, one
     squeue call), and its starts."""
-    state, _ = shown_state(run, slurm_state(run, run.job, job_states([run], all_jobs=False)))
+    state = with_slurm_queue(
+        run, slurm_state(run, run.job, job_states([run], all_jobs=False))
+    ).state
     return f"{run.name}: {state}, {len(run.state.starts)} start(s)"

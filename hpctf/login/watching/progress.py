@@ -10,31 +10,24 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hpctf.core.runstate import Start
 from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, epoch_seconds, metric_records
 
-SPARK = "▁▂▃▄▅▆▇█"
 
-
-def elapsed_seconds(events: Sequence[Mapping[str, Any]], running: bool, now: float) -> float:
-    """Time spent in starts, over all of them: each from its ``started`` record to its
-    ``ended`` one (a start killed without one: to its last record; the running one: to
-    ``now``)."""
+def elapsed_seconds(starts: Sequence[Start], running: bool, now: float) -> float:
+    """Time spent in ``starts`` (:func:`hpctf.core.runstate.starts_of`), over all of them: each
+    from its start to its ``ended`` record (a start killed without one: to its last record; the
+    running one: to ``now``)."""
     total = 0.0
-    since: float | None = None
-    last = 0.0
-    for event in events:
-        moment = epoch_seconds(str(event.get("time", "")))
-        if event.get("event") == "started":
-            if since is not None:
-                total += last - since
-            since = last = moment
-        elif since is not None:
-            last = moment
-            if event.get("event") == "ended":
-                total += moment - since
-                since = None
-    if since is not None:
-        total += (now if running else last) - since
+    for number, start in enumerate(starts, 1):
+        begin = epoch_seconds(start.started_at)
+        if start.ended_at is not None:
+            end = epoch_seconds(start.ended_at)
+        elif running and number == len(starts):
+            end = now
+        else:
+            end = epoch_seconds(start.last_at)
+        total += end - begin
     return max(total, 0.0)
 
 
@@ -72,7 +65,7 @@ def progress(
         "total_steps": total,
         "loss": last.get("loss"),
         "steps_per_s": rate,
-        "elapsed_s": round(elapsed_seconds(run.events, running, now)),
+        "elapsed_s": round(elapsed_seconds(run.state.starts, running, now)),
         "eta_s": None if eta is None else round(eta),
     }
 
@@ -88,6 +81,10 @@ def duration(seconds: float | None) -> str:
     if days:
         return f"{days}d{hours:02d}:{minutes:02d}:{secs:02d}"
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+# The eight block heights of a sparkline, lowest first.
+BLOCKS = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: Sequence[float], width: int = 40) -> str:
@@ -106,7 +103,7 @@ def sparkline(values: Sequence[float], width: int = 40) -> str:
         means.append(sum(part) / len(part))
     low, high = min(means), max(means)
     span = high - low or 1.0
-    return "".join(SPARK[min(int((m - low) / span * len(SPARK)), len(SPARK) - 1)] for m in means)
+    return "".join(BLOCKS[min(int((m - low) / span * len(BLOCKS)), len(BLOCKS) - 1)] for m in means)
 
 
 def code_text(code: Sequence[Mapping[str, Any]]) -> str:

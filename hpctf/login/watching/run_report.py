@@ -6,58 +6,55 @@ lines. The commands that read runs and ask Slurm are in :mod:`hpctf.login.watchi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from hpctf.core import slurm, snapshot
-from hpctf.core.rundir import job_history
-from hpctf.core.runstate import FAILURE_REASONS, PREEMPTION_REASONS, Start
+from hpctf.core import journal, slurm, snapshot
+from hpctf.core.jobs import jobs_of
+from hpctf.core.runstate import (
+    FAILURE_REASONS,
+    PREEMPTION_REASONS,
+    RunState,
+    Start,
+    starts_of,
+)
 from hpctf.login.watching.progress import code_text, duration, progress, sparkline
 from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records
 from hpctf.login.watching.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
 
 
-def shown_state(run: Run, current: Mapping[str, str] | None) -> tuple[str, str]:
-    """The run's state and why, as every command shows it (status, plot): the journal's,
-    unless Slurm has the job back in its queue (``current``: :func:`slurm_state` of the
-    run's job)."""
-    state, why = run.state.state, run.state.why
+def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
+    """The run's state as every command shows it (status, plot): the journal's
+    (:func:`hpctf.core.runstate.run_state`) with what Slurm's queue adds, the one place it is
+    applied. ``current`` is :func:`slurm_state` of the run's job.
+
+    Slurm requeues a job itself after a node failure, a preemption or ``scontrol requeue``: the
+    journal says the start failed, or (its batch shell killed first) is still running, while
+    the job is back in the queue; its next start records itself. Then the run is shown
+    ``requeued``, its last start closed as that next start will close it. A requeue (Slurm's or
+    the journal's) counts against its budget as soon as it is decided, not only once the next
+    start has begun."""
+    state = run.state
     if (
-        state in ("failed", "preempted", "running")
+        state.state in ("failed", "preempted", "running")
         and current
         and current["state"] in REQUEUED_STATES
     ):
-        # Slurm requeues a job itself after a node failure, a preemption or scontrol requeue:
-        # the journal says the start failed, or (its batch shell killed first) is still
-        # running, while the job is back in the queue; its next start records itself.
         reason = _last_end(run)
-        state, why = "requeued", f"by Slurm after {reason}"
-    return state, why
+        state = replace(state, state="requeued", why=f"by Slurm after {reason}")
+    if state.state == "requeued" and state.last is not None:
+        reason = _last_end(run)
+        state = replace(
+            state,
+            preemption_requeues=state.preemption_requeues + (reason in PREEMPTION_REASONS),
+            failure_requeues=state.failure_requeues + (reason in FAILURE_REASONS),
+        )
+    return state
 
 
 def _last_end(run: Run) -> str:
-    """How the last start ended, also when its batch shell was killed before it could say:
-    as the next start will close it (:func:`hpctf.core.runstate.starts_of`)."""
-    last = run.state.last
-    if last is not None and last.reason:
-        return last.reason
-    started = [i for i, e in enumerate(run.events) if e.get("event") == "started"]
-    since = run.events[started[-1] + 1 :] if started else []
-    saved = next((e for e in reversed(since) if e.get("event") == "preempted"), None)
-    if saved is None:
-        return "node_fail"
-    return "timeout" if saved.get("signal") == "USR2" else "preempted"
-
-
-def requeues_used(run: Run, state: str) -> tuple[int, int]:
-    """Preemption and failure requeues used, counting the last start's requeue as soon as it
-    is decided (the journal's ``requeued``, or Slurm's own), not only once the next start
-    has begun."""
-    preemption, failure = run.state.preemption_requeues, run.state.failure_requeues
-    if state == "requeued" and run.state.last is not None:
-        reason = _last_end(run)
-        preemption += reason in PREEMPTION_REASONS
-        failure += reason in FAILURE_REASONS
-    return preemption, failure
+    """How the last start ended, also when its batch shell was killed before it could say."""
+    return str(starts_of(run.events, close_last=True)[-1].reason)
 
 
 def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> dict[str, Any]:
@@ -65,8 +62,9 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
     records = metric_records(run.run.metrics, None if full else METRICS_TAIL_BYTES)
     budgets = run.config.site.preemption
     current = slurm_state(run, run.job, view)
-    state, why = shown_state(run, current)
-    preemption, failure = requeues_used(run, state)
+    shown = with_slurm_queue(run, current)
+    state, why = shown.state, shown.why
+    preemption, failure = shown.preemption_requeues, shown.failure_requeues
     document: dict[str, Any] = {
         "run": run.name,
         "path": str(run.run.path),
@@ -102,18 +100,18 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
         "extended": [
             {"time": e.get("time"), "changes": e.get("changes") or {}}
             for e in run.events
-            if e.get("event") == "extended"
+            if e.get("event") == journal.EXTENDED
         ],
     }
-    for job in job_history(run.events):
+    for job in jobs_of(run.events):
         document["jobs"].append(
             {
-                "job": job["job_id"],
-                "slurm": slurm_state(run, job["job_id"], view),
-                "ended": "ended" in job,
-                "exit_code": job.get("exit_code"),
-                "starts": job["starts"],
-                "nodes": job.get("nodes"),
+                "job": job.job_id,
+                "slurm": slurm_state(run, job.job_id, view),
+                "ended": job.ended,
+                "exit_code": job.exit_code,
+                "starts": job.starts,
+                "nodes": job.nodes,
             }
         )
     if full:

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from hpctf.core import journal
 from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.launcher import launcher_for
@@ -106,7 +107,7 @@ class Run:
 
     @property
     def created(self) -> str:
-        first = next((e for e in self.events if e.get("event") == "created"), None)
+        first = next((e for e in self.events if e.get("event") == journal.CREATED), None)
         return str(first["time"]) if first else iso_time(self.run.config_file.stat().st_mtime)
 
     @property

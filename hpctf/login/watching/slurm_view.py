@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import click
 
 from hpctf.core.errors import UserError
+from hpctf.core.jobs import cancelled_by_user
 from hpctf.core.slurm import SlurmFailure
 from hpctf.core.slurm_queries import JobRecord, sacct_jobs, squeue_jobs
 from hpctf.login.watching.runs import ACTIVE_RUN_STATES, Run
@@ -95,10 +95,6 @@ def slurm_state(run: Run, job_id: str | None, view: SlurmView) -> dict[str, str]
         return {"state": "ENDED", "reason": "cancelled", "source": "journal"}
     reason = "gone from Slurm" if view.answered else "Slurm did not answer"
     return {"state": "UNKNOWN", "reason": reason, "source": "journal"}
-
-
-def cancelled_by_user(events: Sequence[Mapping[str, Any]], job_id: str) -> bool:
-    return any(e.get("event") == "cancelled" and job_id in e.get("jobs", ()) for e in events)
 
 
 def slurm_text(state: Mapping[str, str] | None) -> str:

@@ -42,8 +42,6 @@ from hpctf.login.watching.slurm_view import (
 # whose journal moved within this many days (--all: every run).
 RECENT_DAYS = 7
 
-SPARK = "▁▂▃▄▅▆▇█"
-
 _runs_option = click.argument(
     "run_dirs", nargs=-1, type=click.Path(path_type=Path, file_okay=False), metavar="[RUN]..."
 )
