@@ -63,19 +63,28 @@ def test_the_trap_records_a_failed_node_and_keeps_the_requeued_job_off_it(
 ) -> None:
     bin_dir = fake_sbatch.parent / "fakebin"
     fake(bin_dir, "sinfo", "echo 'node1|allocated'; echo 'node2|down'")
-    scontrol = fake(bin_dir, "scontrol", "exit 0")
+    scontrol = fake(
+        bin_dir, "scontrol", "[ \"$1\" = show ] && echo 'KillWait                = 5 sec'; exit 0"
+    )
     code, output = job_signal(run_dir)
     assert code == 0, output
     assert "job 4242 will not start on failed node(s) node2" in output
-    assert scontrol.read_text() == "update JobId=4242 ExcNodeList=node2\n"
+    # Then Slurm's hold on the requeued job is cut to KillWait (its processes are gone by
+    # then) + 3 s: Slurm keeps a start time already in the future when the requeue completes.
+    assert scontrol.read_text().splitlines() == [
+        "update JobId=4242 ExcNodeList=node2",
+        "show config",
+        "update JobId=4242 StartTime=now+8",
+    ]
     events = RunDir(run_dir).events()
-    assert [e["event"] for e in events][-3:] == ["signalled", "node_failed", "excluded"]
-    assert events[-2]["nodes"] == ["node2"] and events[-1]["nodes"] == ["node2"]
+    kinds = [e["event"] for e in events]
+    assert kinds[-4:] == ["signalled", "node_failed", "excluded", "released"]
+    assert events[-3]["nodes"] == ["node2"] and events[-2]["nodes"] == ["node2"]
 
     # A second failure under a later start: the job is kept off both.
     fake(bin_dir, "sinfo", "echo 'node1|down*'")
     assert job_signal(run_dir)[0] == 0
-    assert scontrol.read_text().splitlines()[-1] == "update JobId=4242 ExcNodeList=node2,node1"
+    assert scontrol.read_text().splitlines()[-3] == "update JobId=4242 ExcNodeList=node2,node1"
 
 
 def test_the_trap_says_so_when_the_job_cannot_be_kept_off_a_node(

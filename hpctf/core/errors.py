@@ -24,6 +24,9 @@ STALLED_EXIT = 124
 # sysexits.h EX_UNAVAILABLE: a rank's node failed a check of train.preflight: quick (the rank
 # log and the journal's node_check_failed record say which node and check).
 NODE_CHECK_EXIT = 69
+# ``hpctf job-start``: this job has nothing to do (another job owns the run, or the run is
+# complete). The batch script then ends the job with 0: it is no failure, of the job or the run.
+NOT_STARTING_EXIT = 99
 
 
 class UserError(Exception):

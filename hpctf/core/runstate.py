@@ -4,8 +4,9 @@ The journal holds one event per fact (:meth:`hpctf.core.rundir.RunDir.record`): 
 ``started`` (with the checkpoint step the start resumes from), ``preempted`` (the chief saved
 an agreed step after a warning), ``signalled`` (the batch shell got SIGTERM), ``node_failed``
 (nodes of the job that Slurm said were down or drained when it was killed), ``ended`` (with
-its reason, exit code and step), ``requeued``, ``gave_up``, ``cancelled``. Nothing
-else is consulted, so ``hpctf status`` and the batch script always agree on what happened.
+its reason, exit code and step), ``requeued``, ``gave_up``, ``cancelled``, ``not_started`` (a
+job that found the run owned by another ended at once: no start of the run). Nothing else is
+consulted, so ``hpctf status`` and the batch script always agree on what happened.
 
 Ends, by reason:
 
@@ -189,11 +190,14 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
     if any(start.reason == "done" for start in starts):
         return "done", ""
     # The last word since the last start: the budget's, the user's, a new submission, a requeue.
+    # A job that found the run owned by another ended at once: its submission says nothing.
+    not_started = {e.get("job_id") for e in events if e.get("event") == "not_started"}
     word = next(
         (
             e
             for e in reversed(_since_last_start(events))
             if e.get("event") in ("gave_up", "cancelled", "submitted", "requeued")
+            and not (e.get("event") == "submitted" and e.get("job_id") in not_started)
         ),
         None,
     )

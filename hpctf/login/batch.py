@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import click
 
-from hpctf.core import slurm
+from hpctf.core import ownership, slurm
 from hpctf.core.config import ResolvedConfig
-from hpctf.core.errors import UserError
+from hpctf.core.errors import NOT_STARTING_EXIT, EnvironmentProblem, UserError
 from hpctf.core.rundir import RunDir
 from hpctf.core.runstate import Budgets, after_end, before_start, run_state
 
@@ -44,22 +46,43 @@ class _GaveUp(click.ClickException):
 @click.command("job-start", hidden=True)
 @_run_dir_argument
 def job_start(run_dir: Path) -> None:
-    """Record the start of a batch job in RUN_DIR; exit 1 if the run must not go on."""
+    """Record the start of a batch job in RUN_DIR; exit 1 if the run must not go on, and
+    NOT_STARTING_EXIT (the batch script then ends the job with 0) when this job has nothing to
+    do: another job owns the run (:mod:`hpctf.core.ownership`), or the run is complete."""
     run = RunDir.open(run_dir)
     job_id = _job_id("job-start")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    nodes = os.environ.get("SLURM_JOB_NODELIST")
+    # The job's own output is appended across its starts (--open-mode=append): mark each one.
+    click.echo(f"===== hpctf: job {job_id} start (restart {restart}) on {nodes} at {_now()} =====")
+    try:
+        owner = ownership.take(run.path, ownership.claim_of("job", job_id), ownership.alive)
+    except slurm.SlurmFailure as exc:
+        raise EnvironmentProblem(f"cannot tell who owns {run.path}: {exc}") from exc
+    if owner is not None:
+        run.record("not_started", job_id=job_id, owner=owner.describe())
+        # A job's claim ends with the job; a process elsewhere nobody here can see.
+        claims = ownership.claims_dir(run.path)
+        hint = "" if owner.kind == "job" else f"; if it is gone: rm {claims}/*"
+        click.echo(f"hpctf: job {job_id} ends at once: {owner.describe()} owns {run.path}{hint}")
+        sys.exit(NOT_STARTING_EXIT)
     decision = before_start(run_state(run.events()), budgets(run.load_config()))
+    if not decision.go and not decision.gave_up:
+        click.echo(f"hpctf: job {job_id} ends at once: {decision.why}")
+        sys.exit(NOT_STARTING_EXIT)
     run.record_start(
         job_id,
         **({"slurm_job_id": os.environ["SLURM_JOB_ID"]} if "_" in job_id else {}),
-        nodes=os.environ.get("SLURM_JOB_NODELIST"),
-        restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        nodes=nodes,
+        restart_count=restart,
     )
-    if decision.go:
-        return
     if decision.gave_up:
         run.record("gave_up", job_id=job_id, why=decision.why)
         raise _GaveUp(f"hpctf: not starting job {job_id}: {decision.why}")
-    click.echo(f"hpctf: not starting job {job_id}: {decision.why}")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @click.command("job-signal", hidden=True)
@@ -83,6 +106,26 @@ def job_signal(run_dir: Path, name: str) -> None:
     if failed:
         run.record("node_failed", job_id=job_id, nodes=failed, signal=name)
         exclude_failed_nodes(run, job_id)
+    # Slurm may have requeued the job (a preemption, a lost node, scontrol requeue): let it
+    # start again once its processes are gone, KillWait at the latest, not ~2 minutes later.
+    try:
+        after = slurm.kill_wait() + slurm.RELEASE_AFTER_S
+    except (slurm.SlurmFailure, UserError):
+        after = 30 + slurm.RELEASE_AFTER_S
+    release(run, job_id, after)
+
+
+def release(run: RunDir, job_id: str, after_s: int) -> None:
+    """Let job ``job_id``, if Slurm holds it after a requeue, start ``after_s`` seconds from
+    now (:func:`slurm.release_requeued`); record it. A job that is not pending (cancelled,
+    still running) is left as it is, silently: Slurm requeued nothing."""
+    try:
+        slurm.release_requeued(job_id, after_s)
+    except (slurm.SlurmFailure, UserError) as exc:
+        if "not pending" not in str(exc) and "no longer pending" not in str(exc):
+            click.echo(f"hpctf: job {job_id} waits for Slurm's requeue hold: {exc}", err=True)
+        return
+    run.record("released", job_id=job_id, after_s=after_s)
 
 
 def exclude_failed_nodes(run: RunDir, job_id: str) -> None:
@@ -111,7 +154,7 @@ def job_end(run_dir: Path, exit_code: int) -> None:
     config = run.load_config()
     job_id = _job_id("job-end")
     signalled = any(e["event"] == "signalled" for e in run.events_since_last_start())
-    run.record_end(job_id, exit_code, config.site.preemption.signal)
+    reason = run.record_end(job_id, exit_code, config.site.preemption.signal)
     decision = after_end(run_state(run.events()), budgets(config), slurm_ends_it=signalled)
     if decision.go:
         # scontrol requeue ends this very job: Slurm sends SIGTERM to the batch script's
@@ -122,11 +165,17 @@ def job_end(run_dir: Path, exit_code: int) -> None:
             slurm.requeue(job_id)
             run.record("requeued", job_id=job_id, why=decision.why)
             exclude_failed_nodes(run, job_id)
+            click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
+            # Last: the batch shell ends right after this (it ignores SIGTERM by now).
+            release(run, job_id, slurm.RELEASE_AFTER_S)
         finally:
             signal.signal(signal.SIGTERM, previous)
-        click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
     elif not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ended: {decision.why}")
+        if signalled and reason not in ("cancelled", "done"):
+            # Slurm ends this job itself and may have requeued it: the trap gave it a start
+            # time past KillWait; this shell ends now, so sooner will do.
+            release(run, job_id, slurm.RELEASE_AFTER_S)
     elif decision.gave_up:
         run.record("gave_up", job_id=job_id, why=decision.why)
         message = f"hpctf: job {job_id} not requeued: {decision.why}"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import slurm, snapshot
-from hpctf.core.config import Experiment, Site
+from hpctf.core import ownership, slurm, snapshot
+from hpctf.core.config import Experiment, ResolvedConfig, Site
 from hpctf.core.errors import UserError
 from hpctf.core.rundir import (
     RunDir,
@@ -256,6 +256,34 @@ def resubmit(
                     f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
+    claim = ownership.claim_of("submit") if config.site.scheduler == "slurm" else None
+    if claim is not None:
+        # Atomic, unlike the check above: of two resubmits at one instant, one submits.
+        owner = ownership.take(run.path, claim, ownership.alive, wait_for_submit_s=0)
+        if owner is not None:
+            raise UserError(
+                f"{owner.describe()} owns {run.path}; wait for it, or stop it with: "
+                f"hpctf cancel {run.path}"
+            )
+    try:
+        status = _resubmit(run, config, exclude, retry_failed_nodes, update_code)
+    except BaseException:
+        if claim is not None:
+            ownership.give_up(run.path, claim)
+        raise
+    if claim is not None:
+        submitted = [e for e in run.events() if e.get("event") == "submitted"]
+        ownership.hand_over(run.path, claim, str(submitted[-1]["job_id"]))
+    sys.exit(status)
+
+
+def _resubmit(
+    run: RunDir,
+    config: ResolvedConfig,
+    exclude: str | None,
+    retry_failed_nodes: bool,
+    update_code: bool,
+) -> int:
     if update_code:
         sources = [source.source for source in snapshot.read(run.path)]
         if not sources:
@@ -272,7 +300,7 @@ def resubmit(
             err=True,
         )
         exclude = ",".join([*([exclude] if exclude else []), *failed])
-    sys.exit(start_run(run, config, exclude))
+    return start_run(run, config, exclude)
 
 
 COMMANDS = (
