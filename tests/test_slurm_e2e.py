@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def test_digits_trains_on_two_slurm_nodes(slurm_cluster: dict[str, str], tmp_pat
     assert f"job {job_id}: ENDED exit 0 starts 1 nodes node[1-2]" in status.stdout
 
 
-def test_script_from_render_o_trains_when_sbatched_by_hand(
+def test_script_from_render_o_trains_when_sbatched_by_hand_once_however_often_sbatched(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
@@ -111,21 +112,49 @@ def test_script_from_render_o_trains_when_sbatched_by_hand(
         capture_output=True,
     )
     (run_dir,) = (tmp_path / "runs").iterdir()
-    # By hand: plain sbatch from another directory, no hpctf involved in the submission.
-    proc = subprocess.run(
-        ["sbatch", "--parsable", str(script)],
-        env=env,
-        cwd="/",
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    job_id = proc.stdout.strip()
-    info = wait_for_job(job_id)
-    assert info["JobState"] == "COMPLETED", logs_of(run_dir)
+
+    def sbatch(*options: str) -> str:
+        # By hand: plain sbatch from another directory, no hpctf involved in the submission.
+        proc = subprocess.run(
+            ["sbatch", "--parsable", *options, str(script)],
+            env=env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return proc.stdout.strip()
+
+    job_id = sbatch()
+    second = sbatch()  # the same script again: Slurm's singleton holds it while the first runs
+    deadline = time.monotonic() + 300
+    while "started" not in [e["event"] for e in _events(run_dir)]:
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    # Under another job name (as another user's would be), Slurm runs it beside the first: the
+    # run directory's claim ends it at once, naming the owner.
+    third = sbatch("--job-name=another")
+    states: list[tuple[str | None, ...]] = []
+    while (info := slurm.job_info(second)) and info["JobState"] not in slurm.FINAL_STATES:
+        states.append(tuple(job_state(j) for j in (job_id, second, third)))
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.3)
+    assert info and info["JobState"] == "COMPLETED", logs_of(run_dir)  # exit 0: no failure
+    assert wait_for_job(job_id)["JobState"] == "COMPLETED", logs_of(run_dir)
+    assert wait_for_job(third)["JobState"] == "COMPLETED", logs_of(run_dir)
+    # The third ran beside the first only as long as its job-start took to end it.
+    assert states and ("RUNNING", "RUNNING") not in [s[:2] for s in states], states
+    assert ("RUNNING", "PENDING") in [s[:2] for s in states], states  # the second waited
     assert json.loads((run_dir / "DONE").read_text())["step"] == 300
     started = [e for e in _events(run_dir) if e["event"] == "started"]
-    assert [e["job_id"] for e in started] == [job_id]  # the job recorded itself
+    assert [e["job_id"] for e in started] == [job_id]  # the job recorded itself, alone
+    out = (run_dir / "logs" / f"slurm-{third}.out").read_text()
+    assert f"hpctf: job {third} ends at once: job {job_id} owns {run_dir}" in out
+    out = (run_dir / "logs" / f"slurm-{second}.out").read_text()
+    assert f"hpctf: job {second} ends at once: the run is complete" in out
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
 
 
 def long_run(
@@ -155,11 +184,31 @@ def test_second_job_resumes_from_latest_checkpoint(
     saved = checkpoint_steps(run_dir)[-1]
     assert 0 < saved < LONG
 
-    proc = subprocess.run(
-        [*HPCTF, "resubmit", str(run_dir)], env=env, capture_output=True, text=True, check=True
-    )
+    # Two resubmits released at one instant: one submits, the other says who owns the run.
+    barrier = threading.Barrier(2)
+    procs: list[subprocess.CompletedProcess[str]] = []
+
+    def resubmit() -> None:
+        barrier.wait()
+        procs.append(
+            subprocess.run(
+                [*HPCTF, "resubmit", str(run_dir)], env=env, capture_output=True, text=True
+            )
+        )
+
+    threads = [threading.Thread(target=resubmit) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    (proc,) = [p for p in procs if p.returncode == 0]
+    (refused,) = [p for p in procs if p.returncode != 0]
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    said = r"^Error: ((hpctf resubmit \(pid \d+ on \S+\)|job \d+) owns|job \d+ of \S+ is still) "
+    assert re.search(said, refused.stderr), refused.stderr
     second, _ = submitted(proc.stdout)
     assert second and second != job_id
+    assert [e["job_id"] for e in _events(run_dir) if e["event"] == "submitted"][1:] == [second]
     info = wait_for_job(second)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     rank0 = (run_dir / "logs" / "rank-0.log").read_text()
