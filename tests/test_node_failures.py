@@ -70,11 +70,11 @@ def test_the_trap_records_a_failed_node_and_keeps_the_requeued_job_off_it(
     assert code == 0, output
     assert "job 4242 will not start on failed node(s) node2" in output
     # Then Slurm's hold on the requeued job is cut to KillWait (its processes are gone by
-    # then) + 3 s: Slurm keeps a start time already in the future when the requeue completes.
+    # then) + 6 s: Slurm keeps a start time still in the future when the requeue completes.
     assert scontrol.read_text().splitlines() == [
         "update JobId=4242 ExcNodeList=node2",
         "show config",
-        "update JobId=4242 StartTime=now+8",
+        "update JobId=4242 StartTime=now+11",
     ]
     events = RunDir(run_dir).events()
     kinds = [e["event"] for e in events]

@@ -152,3 +152,31 @@ def test_resubmit_claims_the_run_and_hands_it_to_its_job(run_dir: Path, fake_sba
     again = CliRunner().invoke(cli, ["resubmit", str(run_dir)])
     assert again.exit_code == 2
     assert f"Error: hpctf resubmit (pid 77 on login2) owns {run_dir}; wait for it" in again.output
+
+
+def test_a_start_that_died_with_its_node_is_closed_at_the_next_start_from_sacct(
+    run_dir: Path, fake_sbatch: Path
+) -> None:
+    """The batch shell died with its node: no end recorded. Slurm requeued the same job; its
+    next job-start records the end from sacct's record of the earlier run (7b of issue #19)."""
+    bin_dir = fake_sbatch.parent / "fakebin"
+    fake(bin_dir, "scontrol", "echo 'JobId=4242 JobState=RUNNING'")
+    assert job_start(run_dir, "4242")[0] == 0
+    runs = "4242|NODE_FAIL|None|1:0|a|b|00:01:00|node1\n4242|RUNNING|None|0:0|c|d|00:00:01|node2"
+    sacct = fake(bin_dir, "sacct", f"echo '{runs}'")
+    code, output = job_start(run_dir, "4242")
+    assert code == 0, output
+    assert "hpctf: job 4242's start ended node_fail (Slurm: NODE_FAIL)" in output
+    assert "--duplicates" in sacct.read_text() and "--jobs=4242" in sacct.read_text()
+    events = RunDir(run_dir).events()
+    assert [e["event"] for e in events][-3:] == ["started", "ended", "started"]
+    assert events[-2]["source"] == "sacct" and events[-2]["exit_code"] == 1
+    state = run_state(events)
+    assert [s.reason for s in state.starts] == ["node_fail", None] and state.failure_requeues == 1
+
+    # A new job after one that failed hard, with the ranks' save recorded: preempted.
+    RunDir(run_dir).record("preempted", job_id="4242", step=100, signal="TERM")
+    fake(bin_dir, "sacct", "echo '4242|PREEMPTED|None|0:15|a|b|00:01:00|node2'")
+    fake(bin_dir, "scontrol", "echo 'JobId=4242 JobState=PREEMPTED'")
+    assert job_start(run_dir, "4300")[0] == 0
+    assert [s.reason for s in run_state(RunDir(run_dir).events()).starts][1] == "preempted"

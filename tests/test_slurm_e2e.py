@@ -220,27 +220,23 @@ def job_state(job_id: str) -> str | None:
     return (slurm.job_info(job_id) or {}).get("JobState")
 
 
-def release_requeued(job_id: str, env: dict[str, str], deadline: float) -> None:
-    """Wait until requeued job ``job_id`` is pending again, then let it start at once.
+def save_to_first_step_s(run_dir: Path) -> float:
+    """Seconds from the chief's last preemption save to the first step it logged after the
+    resume, from rank 0's log (HH:MM:SS stamps)."""
+    lines = (run_dir / "logs" / "rank-0.log").read_text().splitlines()
+    saved = max(i for i, line in enumerate(lines) if "preempted: saved step" in line)
+    first = next(line for line in lines[saved:] if re.match(r"\d\d:\d\d:\d\d rank 0: step ", line))
 
-    A requeued job waits for a BeginTime ~120 s away on Slurm 22.05; release it sooner, but
-    not within the second of the requeue: slurmd revokes the job's old credential with
-    1-second resolution, and a start in that same second fails ("Job credential revoked").
-    """
-    while (state := job_state(job_id)) != "PENDING":
-        assert time.monotonic() < deadline, f"job {job_id} is {state}, not requeued"
-        time.sleep(0.2)
-    time.sleep(2)
-    while (state := job_state(job_id)) not in ("RUNNING", "COMPLETED", "FAILED"):
-        assert time.monotonic() < deadline, f"job {job_id} stays {state}"
-        if state == "PENDING":
-            subprocess.run(
-                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                env=env,
-                check=False,
-                capture_output=True,
-            )
-        time.sleep(0.5)
+    def seconds(line: str) -> int:
+        hours, minutes, secs = (int(part) for part in line[:8].split(":"))
+        return hours * 3600 + minutes * 60 + secs
+
+    return (seconds(first) - seconds(lines[saved])) % 86400
+
+
+# Slurm holds a requeued job ~120 s (BeginTime) unless hpctf releases it: a restart sooner than
+# this proves the release.
+HELD_S = 110
 
 
 def wait_for_log(path: Path, text: str, run_dir: Path, deadline: float) -> str:
@@ -304,7 +300,6 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     while "requeued" not in [e["event"] for e in _events(run_dir)]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
-    release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     assert info["Restarts"] == "1"
@@ -323,6 +318,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         "preempted",
         "ended",
         "requeued",
+        "released",  # Slurm's ~120 s hold on the requeued job, cut short by job-end
         "started",
         "ended",
     ]
@@ -332,7 +328,18 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
     )
     assert f"job {job_id}: ENDED exit 0 starts 2" in status.stdout
-    report_fault("test_preempted_job_saves_requeues_itself_and_resumes", run_dir)
+    # The job's own output holds every start's lines (appended, not truncated at the restart).
+    out = (run_dir / "logs" / f"slurm-{job_id}.out").read_text()
+    assert re.findall(rf"^===== hpctf: job {job_id} start \(restart (\d)\)", out, re.M) == [
+        "0",
+        "1",
+    ], out
+    assert f"hpctf: job {job_id} requeued: timeout" in out and "ended: done" in out, out
+    # Released by job-end, not held ~120 s: started at Slurm's next scheduling pass.
+    restart = save_to_first_step_s(run_dir)
+    assert restart < HELD_S, logs_of(run_dir)
+    case = "test_preempted_job_saves_requeues_itself_and_resumes"
+    report_fault(case, run_dir, save_to_first_step_s=restart)
 
 
 def _seconds(slurm_time: str) -> int:
@@ -448,7 +455,6 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     while "requeued" not in [e["event"] for e in _events(run_dir)]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
-    release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     events = _events(run_dir)
@@ -468,9 +474,8 @@ def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
     """Slurm requeues the job itself (as after a node failure): SIGTERM reaches the batch shell,
     whose trap records it, and the ranks, which save an agreed step; it resumes there."""
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir, deadline = long_run(env, 100)
+    job_id, run_dir, _ = long_run(env, 100)
     subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
-    release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     starts = [e for e in _events(run_dir) if e["event"] == "started"]
@@ -519,7 +524,6 @@ def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     assert wait_for_job(high)["JobState"] == "COMPLETED"
-    release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     events = _events(run_dir)
@@ -538,4 +542,11 @@ def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
     )
     assert status.stdout.startswith("run: done; requeues after preemption 1/20"), status.stdout
     assert ": preempted at step " in status.stdout
-    report_fault("test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back", run_dir)
+    # Released by the batch shell's trap, not held ~120 s.
+    restart = save_to_first_step_s(run_dir)
+    assert restart < HELD_S, logs_of(run_dir)
+    report_fault(
+        "test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back",
+        run_dir,
+        save_to_first_step_s=restart,
+    )

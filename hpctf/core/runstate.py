@@ -162,6 +162,22 @@ def _close_unended(start: dict[str, Any], saved: Mapping[str, Any] | None) -> No
     start["end_step"] = saved.get("step")
 
 
+def reason_from_slurm(slurm_state: str, saved_signal: str | None, done: bool) -> str:
+    """Why a start ended whose batch shell died without a record (with its node), from what
+    Slurm (sacct) says of its job: ``slurm_state`` (COMPLETED, FAILED, NODE_FAIL, ...),
+    ``saved_signal`` the signal the ranks saved on during that start (None: no save), ``done``
+    whether the run is complete."""
+    if done and slurm_state == "COMPLETED":
+        return "done"
+    if slurm_state == "CANCELLED":
+        return "cancelled"
+    if saved_signal is not None:
+        return "timeout" if saved_signal == "USR2" else "preempted"
+    if slurm_state in ("FAILED", "OUT_OF_MEMORY", "COMPLETED"):
+        return "failed"
+    return "node_fail"  # NODE_FAIL, BOOT_FAIL, TIMEOUT or PREEMPTED without a save
+
+
 def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
     """The run's state from its journal alone (pure; table-tested)."""
     starts = starts_of(events)
