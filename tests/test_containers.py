@@ -231,7 +231,7 @@ def test_the_script_starts_the_worker_in_the_container_and_requeues_outside_it(
     # job-end on the host, and recorded in the journal.
     requeue, release = records(recorded, "scontrol")
     assert requeue == {"argv": ["requeue", "4242"], "inside": None}
-    assert release == {"argv": ["update", "JobId=4242", "StartTime=now+3"], "inside": None}
+    assert release == {"argv": ["update", "JobId=4242", "StartTime=now+5"], "inside": None}
     journal = sorted((run_dir / "journal").glob("*.json"))
     events = [json.loads(p.read_text())["event"] for p in journal]
     assert events[-5:] == ["started", "preempted", "ended", "requeued", "released"], events

@@ -128,12 +128,13 @@ def test_a_preemption_with_a_grace_time_saves_and_is_requeued_by_hpctf(
         "preempted",
         "ended",
         "requeued",
+        "released",  # Slurm's hold on the requeued job, cut short by job-end
         "started",
         "ended",
     ], kinds
     saved = int(events[3]["step"])  # type: ignore[call-overload]
     assert events[3]["signal"] == "TERM" and events[4]["reason"] == "preempted"
-    assert int(events[6]["step"]) == saved  # type: ignore[call-overload]
+    assert int(events[7]["step"]) == saved  # type: ignore[call-overload]
     ((high_step, resumed),) = resumes(run_dir)
     assert resumed == saved and high_step <= saved  # no step trained twice
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]

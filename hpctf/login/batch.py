@@ -93,7 +93,7 @@ def close_unended(run: RunDir, job_id: str) -> None:
         return
     try:
         runs = slurm_queries.sacct_runs(last.job_id)
-    except slurm.SlurmFailure as exc:
+    except (slurm.SlurmFailure, UserError) as exc:  # slurmdbd down; no sacct on the node
         click.echo(f"hpctf: how job {last.job_id}'s start ended is not known: {exc}", err=True)
         return
     if last.job_id == job_id:
@@ -147,9 +147,9 @@ def job_signal(run_dir: Path, name: str) -> None:
     # Measured: Slurm completed a preempted job's requeue 7 s after its trap ran, KillWait 5 s,
     # on a loaded 2-core machine; a start time already past by then is replaced by the hold.
     try:
-        after = slurm.kill_wait() + 2 * slurm.RELEASE_AFTER_S
+        after = slurm.kill_wait() + 6
     except (slurm.SlurmFailure, UserError):
-        after = 30 + 2 * slurm.RELEASE_AFTER_S
+        after = 30 + 6
     release(run, job_id, after)
 
 
