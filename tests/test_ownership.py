@@ -5,7 +5,10 @@ faked at the subprocess boundary; tests/test_slurm_e2e.py runs the real thing.""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +125,8 @@ def test_a_second_job_on_a_run_ends_at_once_naming_the_owner(
     assert [e["job_id"] for e in events if e["event"] == "started"] == ["4242", "4242"]
     assert events[-1]["event"] == "not_started" and events[-1]["owner"] == "job 4242"
     assert run_state(events).state == "running"  # not a failure of the run, nor queued
+    shown = CliRunner().invoke(cli, ["status", str(run_dir)])
+    assert shown.exit_code == 0 and "\nrun: running;" in f"\n{shown.output}", shown.output
 
     # Once Slurm says the owner ended, the next job takes the run over.
     fake(bin_dir, "scontrol", "echo 'JobId=4242 JobState=PREEMPTED'")
@@ -180,3 +185,20 @@ def test_a_start_that_died_with_its_node_is_closed_at_the_next_start_from_sacct(
     fake(bin_dir, "scontrol", "echo 'JobId=4242 JobState=PREEMPTED'")
     assert job_start(run_dir, "4300")[0] == 0
     assert [s.reason for s in run_state(RunDir(run_dir).events()).starts][1] == "preempted"
+
+
+def test_a_local_run_owned_by_a_live_launcher_is_not_resubmitted(
+    tmp_path: Path, runs_root: Path
+) -> None:
+    made = CliRunner().invoke(
+        cli, ["render", str(DIGITS), "--site", "local", "-o", str(tmp_path / "job.sbatch")]
+    )
+    assert made.exit_code == 0, made.output
+    (run_dir,) = runs_root.iterdir()
+    launcher = Claim("local", socket.gethostname(), os.getppid(), os.getuid(), time.time())
+    assert ownership.take(run_dir, launcher, ownership.alive) is None
+    result = CliRunner().invoke(cli, ["resubmit", str(run_dir)])
+    assert result.exit_code == 2
+    assert f"Error: a local run (pid {os.getppid()} on {launcher.host}) owns {run_dir}" in (
+        result.output
+    )

@@ -256,22 +256,22 @@ def resubmit(
                     f"job {job['job_id']} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
-    claim = ownership.claim_of("submit") if config.site.scheduler == "slurm" else None
-    if claim is not None:
-        # Atomic, unlike the check above: of two resubmits at one instant, one submits.
-        owner = ownership.take(run.path, claim, ownership.alive, wait_for_submit_s=0)
-        if owner is not None:
-            raise UserError(
-                f"{owner.describe()} owns {run.path}; wait for it, or stop it with: "
-                f"hpctf cancel {run.path}"
-            )
+    # Atomic, unlike the check above: of two resubmits at one instant, one goes on. On Slurm
+    # the claim passes to the job sbatch gives; a local run is this process's own.
+    slurm_site = config.site.scheduler == "slurm"
+    claim = ownership.claim_of("submit" if slurm_site else "local")
+    owner = ownership.take(run.path, claim, ownership.alive, wait_for_submit_s=0)
+    if owner is not None:
+        raise UserError(
+            f"{owner.describe()} owns {run.path}; wait for it, or stop it with: "
+            f"hpctf cancel {run.path}"
+        )
     try:
         status = _resubmit(run, config, exclude, retry_failed_nodes, update_code)
     except BaseException:
-        if claim is not None:
-            ownership.give_up(run.path, claim)
+        ownership.give_up(run.path, claim)
         raise
-    if claim is not None:
+    if slurm_site:
         submitted = [e for e in run.events() if e.get("event") == "submitted"]
         ownership.hand_over(run.path, claim, str(submitted[-1]["job_id"]))
     sys.exit(status)
