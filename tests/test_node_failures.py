@@ -130,3 +130,31 @@ def test_resubmit_leaves_out_the_nodes_that_failed_unless_told_otherwise(
     assert again.exit_code == 0, again.output
     assert "leaving out" not in again.output
     assert "--exclude" not in fake_sbatch.read_text().splitlines()[-1]
+
+
+def test_job_end_finds_the_job_requeued_by_slurm_already_and_does_what_the_trap_would(
+    run_dir: Path, fake_sbatch: Path
+) -> None:
+    """srun ended (a rank failed with its node), then Slurm requeued the job itself while the
+    batch shell ignored SIGTERM (job-end runs with it ignored): job-end's own requeue is
+    refused as pending; it records the failed node, keeps the job off it and releases it."""
+    bin_dir = fake_sbatch.parent / "fakebin"
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]"}
+    assert CliRunner().invoke(cli, ["job-start", str(run_dir)], env=env).exit_code == 0
+    (run_dir / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-100"\n')
+    fake(bin_dir, "sinfo", "echo 'node1|allocated'; echo 'node2|down*'")
+    scontrol = fake(
+        bin_dir,
+        "scontrol",
+        '[ "$1" = requeue ] && { echo "Job is pending execution for job 4242" >&2; exit 1; }; :',
+    )
+    result = CliRunner().invoke(cli, ["job-end", str(run_dir), "--exit-code", "1"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "hpctf: job 4242 was requeued by Slurm already" in result.output
+    assert scontrol.read_text().splitlines() == [
+        "requeue 4242",
+        "update JobId=4242 ExcNodeList=node2",
+        "update JobId=4242 StartTime=now+5",
+    ]
+    kinds = [e["event"] for e in RunDir(run_dir).events()]
+    assert kinds[-4:] == ["ended", "node_failed", "excluded", "released"], kinds

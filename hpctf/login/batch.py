@@ -131,6 +131,21 @@ def job_signal(run_dir: Path, name: str) -> None:
     run = RunDir.open(run_dir)
     job_id = _job_id("job-signal")
     run.record("signalled", job_id=job_id, signal=name)
+    note_failed_nodes(run, job_id, name)
+    # Slurm may have requeued the job (a preemption, a lost node, scontrol requeue): let it
+    # start again once its processes are gone, KillWait at the latest, not ~2 minutes later.
+    # Measured: Slurm completed a preempted job's requeue 7 s after its trap ran, KillWait 5 s,
+    # on a loaded 2-core machine; a start time already past by then is replaced by the hold.
+    try:
+        after = slurm.kill_wait() + 6
+    except (slurm.SlurmFailure, UserError):
+        after = 30 + 6
+    release(run, job_id, after)
+
+
+def note_failed_nodes(run: RunDir, job_id: str, name: str) -> None:
+    """Record the job's nodes that Slurm says are down or drained, and keep the job off them
+    when Slurm requeued it (:func:`exclude_failed_nodes`)."""
     nodes = os.environ.get("SLURM_JOB_NODELIST")
     if not nodes:
         return
@@ -142,15 +157,6 @@ def job_signal(run_dir: Path, name: str) -> None:
     if failed:
         run.record("node_failed", job_id=job_id, nodes=failed, signal=name)
         exclude_failed_nodes(run, job_id)
-    # Slurm may have requeued the job (a preemption, a lost node, scontrol requeue): let it
-    # start again once its processes are gone, KillWait at the latest, not ~2 minutes later.
-    # Measured: Slurm completed a preempted job's requeue 7 s after its trap ran, KillWait 5 s,
-    # on a loaded 2-core machine; a start time already past by then is replaced by the hold.
-    try:
-        after = slurm.kill_wait() + 6
-    except (slurm.SlurmFailure, UserError):
-        after = 30 + 6
-    release(run, job_id, after)
 
 
 def release(run: RunDir, job_id: str, after_s: int) -> None:
@@ -200,7 +206,17 @@ def job_end(run_dir: Path, exit_code: int) -> None:
         # Slurm accepted is recorded; a SlurmFailure leaves no "requeued" record behind.
         previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            slurm.requeue(job_id)
+            try:
+                slurm.requeue(job_id)
+            except slurm.SlurmFailure as exc:
+                if "Job is pending execution" not in str(exc):
+                    raise
+                # Slurm requeued it itself after srun ended (a lost node, a preemption): its
+                # SIGTERM came while this shell ignored it, so do what the trap would have.
+                click.echo(f"hpctf: job {job_id} was requeued by Slurm already")
+                note_failed_nodes(run, job_id, "TERM")
+                release(run, job_id, slurm.RELEASE_AFTER_S)
+                return
             run.record("requeued", job_id=job_id, why=decision.why)
             exclude_failed_nodes(run, job_id)
             click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
