@@ -69,3 +69,18 @@ def new_run(runs_root: Path, fake: FakeSlurm) -> Path:
     assert result.exit_code == 0, result.output
     (path,) = set(runs_root.iterdir()) - before
     return path
+
+
+def fake_command(bin_dir: Path, name: str, script: str) -> Path:
+    """A fake Slurm command that records its argv (one line per call) beside itself."""
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\necho "$@" >> {bin_dir}/{name}.calls\n{script}\n')
+    path.chmod(0o755)
+    return bin_dir / f"{name}.calls"
+
+
+def fake_checkpoint(directory: Path, step: int, shards: int = 1) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"ckpt-{step}.index").write_bytes(b"i")
+    for shard in range(shards):
+        (directory / f"ckpt-{step}.data-{shard:05d}-of-{shards:05d}").write_bytes(b"d")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -53,27 +54,23 @@ def job_state(job_id: str) -> str | None:
     return (slurm.job_info(job_id) or {}).get("JobState")
 
 
-def release_requeued(job_id: str, env: dict[str, str], deadline: float) -> None:
-    """Wait until requeued job ``job_id`` is pending again, then let it start at once.
+def save_to_first_step_s(run_dir: Path) -> float:
+    """Seconds from the chief's last preemption save to the first step it logged after the
+    resume, from rank 0's log (HH:MM:SS stamps)."""
+    lines = (run_dir / "logs" / "rank-0.log").read_text().splitlines()
+    saved = max(i for i, line in enumerate(lines) if "preempted: saved step" in line)
+    first = next(line for line in lines[saved:] if re.match(r"\d\d:\d\d:\d\d rank 0: step ", line))
 
-    A requeued job waits for a BeginTime ~120 s away on Slurm 22.05; release it sooner, but
-    not within the second of the requeue: slurmd revokes the job's old credential with
-    1-second resolution, and a start in that same second fails ("Job credential revoked").
-    """
-    while (state := job_state(job_id)) != "PENDING":
-        assert time.monotonic() < deadline, f"job {job_id} is {state}, not requeued"
-        time.sleep(0.2)
-    time.sleep(2)
-    while (state := job_state(job_id)) not in ("RUNNING", "COMPLETED", "FAILED"):
-        assert time.monotonic() < deadline, f"job {job_id} stays {state}"
-        if state == "PENDING":
-            subprocess.run(
-                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                env=env,
-                check=False,
-                capture_output=True,
-            )
-        time.sleep(0.5)
+    def seconds(line: str) -> int:
+        hours, minutes, secs = (int(part) for part in line[:8].split(":"))
+        return hours * 3600 + minutes * 60 + secs
+
+    return (seconds(first) - seconds(lines[saved])) % 86400
+
+
+# Slurm holds a requeued job ~120 s (BeginTime) unless hpctf releases it: a restart sooner than
+# this proves the release.
+HELD_S = 110
 
 
 def wait_for_log(path: Path, text: str, run_dir: Path, deadline: float) -> str:

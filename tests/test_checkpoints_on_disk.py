@@ -17,16 +17,9 @@ from hpctf.cli import cli
 from hpctf.core import checkpoint_files, journal
 from hpctf.core.errors import EnvironmentProblem
 from hpctf.core.rundir import RunDir
-from tests.fake_slurm import FakeSlurm, new_run
+from tests.fake_slurm import FakeSlurm, fake_checkpoint, new_run
 
 GARBAGE = b"\x00\x01garbage{{{\n"  # what the damaged state file held in the report
-
-
-def fake_checkpoint(directory: Path, step: int, shards: int = 1) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"ckpt-{step}.index").write_bytes(b"i")
-    for shard in range(shards):
-        (directory / f"ckpt-{step}.data-{shard:05d}-of-{shards:05d}").write_bytes(b"d")
 
 
 def test_listing_reads_the_files_not_the_state_file(tmp_path: Path) -> None:

@@ -624,7 +624,8 @@ def test_precedence_set_over_experiment_over_site_over_defaults(
     )
     assert lines["--gres"].startswith("#SBATCH --gres=gpu:4 ")
     assert lines["--time"].startswith("#SBATCH --time=00:15:00 ")  # the experiment's, not 12:00
-    assert "--dependency" not in lines
+    # None set: one job per run at a time (Slurm's singleton, the job name being the run's).
+    assert lines["--dependency"].startswith("#SBATCH --dependency=singleton ")
 
 
 def _line(path: Path, text: str) -> int:

@@ -230,11 +230,19 @@ def test_the_script_starts_the_worker_in_the_container_and_requeues_outside_it(
         assert apptainer["argv"][-6:] == ["/images/hpctf-tf.img", *worker_command]
         assert not any(a.startswith("--container") for a in srun["argv"])
 
-    # The requeue: scontrol called by job-end on the host, and recorded in the journal.
-    (scontrol,) = records(recorded, "scontrol")
-    assert scontrol == {"argv": ["requeue", "--", "4242"], "inside": None}
+    # The requeue, and the release of Slurm's hold on the requeued job: scontrol called by
+    # job-end on the host, and recorded in the journal.
+    requeue, release = records(recorded, "scontrol")
+    assert requeue == {"argv": ["requeue", "--", "4242"], "inside": None}
+    assert release == {"argv": ["update", "JobId=4242", "StartTime=now+5"], "inside": None}
     events = [e["event"] for e in RunDir(run_dir).events()]
-    assert events[-4:] == ["started", journal.SAVED_ON_WARNING, "ended", "requeued"], events
+    assert events[-5:] == [
+        journal.STARTED,
+        journal.SAVED_ON_WARNING,
+        journal.ENDED,
+        journal.REQUEUED,
+        journal.RELEASED,
+    ], events
     assert "requeued: " in job.stdout, job.stdout
 
 

@@ -39,7 +39,6 @@ from hpctf.login.watching.runs import Run, epoch_seconds
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 from tests.fake_slurm import FakeSlurm, new_run, sacct_line, squeue_line
 from tests.journal_records import write_events
-from tests.slurm_jobs import release_requeued
 
 # --- fake Slurm commands ---------------------------------------------------------------------
 
@@ -700,6 +699,13 @@ def test_logs_separate_every_start_and_pick_one_job(runs_root: Path, fake_slurm:
         "after the resubmit",
     ]
     assert one.output.startswith("===== start 4: job 4343")
+    # The job's own output, appended across its starts (--open-mode=append), follows its part.
+    starts = "===== hpctf: job 4242 start (restart 0)\nrequeued\n===== hpctf: job 4242 start (1)\n"
+    (path / "logs" / "slurm-4242.out").write_text(starts)
+    both = CliRunner().invoke(cli, ["logs", str(path), "--rank", "1", "--job", "4242"])
+    assert both.exit_code == 0 and both.output.endswith(
+        f"===== job 4242: its own output, every start ({path}/logs/slurm-4242.out) =====\n" + starts
+    )
     unknown = CliRunner().invoke(cli, ["logs", str(path), "--rank", "1", "--job", "99"])
     assert unknown.exit_code == 2 and "no job 99; its jobs: 4242, 4343" in unknown.output
     no_rank = CliRunner().invoke(cli, ["logs", str(path), "--rank", "7"])
@@ -1073,7 +1079,6 @@ def test_real_logs_follow_a_run_across_a_requeue_until_it_ends(
     try:
         until(lambda: any((path / "checkpoints").glob("ckpt-*.index")), "no checkpoint")
         subprocess.run(["scontrol", "requeue", job], env=env, check=True, capture_output=True)
-        release_requeued(job, env, time.monotonic() + 120)  # not ~120 s for its BeginTime
         assert wait_for_job(job)["JobState"] == "COMPLETED"
         out, _ = follower.communicate(timeout=120)
     finally:
@@ -1174,7 +1179,6 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
     assert slurm_said == {"state": "PENDING", "reason": "BeginTime", "source": "squeue"}
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", seen["slurm"]["start"])  # type: ignore[index]
     assert seen["state"] == "requeued", seen
-    release_requeued(job, env, time.monotonic() + 120)
     assert wait_for_job(job)["JobState"] == "COMPLETED"
     seen = status_of(env, path)
     assert seen["slurm"] == {"state": "COMPLETED", "reason": "", "source": "squeue"}

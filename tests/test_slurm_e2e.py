@@ -12,12 +12,13 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from hpctf.core import journal
+from hpctf.core import journal, slurm
 from hpctf.core.rundir import RunDir
 from hpctf.core.values import slurm_time_seconds
 from tests.conftest import (
@@ -31,11 +32,12 @@ from tests.conftest import (
     wait_for_job,
 )
 from tests.slurm_jobs import (
+    HELD_S,
     LONG,
     job_state,
     logs_of,
-    release_requeued,
     report_fault,
+    save_to_first_step_s,
     submit,
     submit_digits,
     wait_for_first_checkpoint,
@@ -82,7 +84,7 @@ def test_digits_trains_on_two_slurm_nodes(slurm_cluster: dict[str, str], tmp_pat
     assert f"job {job_id}: ENDED exit 0 starts 1 nodes node[1-2]" in status.stdout
 
 
-def test_script_from_render_o_trains_when_sbatched_by_hand(
+def test_script_from_render_o_trains_when_sbatched_by_hand_once_however_often_sbatched(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
@@ -94,21 +96,49 @@ def test_script_from_render_o_trains_when_sbatched_by_hand(
         capture_output=True,
     )
     (run_dir,) = (tmp_path / "runs").iterdir()
-    # By hand: plain sbatch from another directory, no hpctf involved in the submission.
-    proc = subprocess.run(
-        ["sbatch", "--parsable", str(script)],
-        env=env,
-        cwd="/",
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    job_id = proc.stdout.strip()
-    info = wait_for_job(job_id)
-    assert info["JobState"] == "COMPLETED", logs_of(run_dir)
+
+    def sbatch(*options: str) -> str:
+        # By hand: plain sbatch from another directory, no hpctf involved in the submission.
+        proc = subprocess.run(
+            ["sbatch", "--parsable", *options, str(script)],
+            env=env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return proc.stdout.strip()
+
+    job_id = sbatch()
+    second = sbatch()  # the same script again: Slurm's singleton holds it while the first runs
+    deadline = time.monotonic() + 300
+    while "started" not in [e["event"] for e in RunDir(run_dir).events()]:
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.2)
+    # Under another job name (as another user's would be), Slurm runs it beside the first: the
+    # run directory's claim ends it at once, naming the owner.
+    third = sbatch("--job-name=another")
+    states: list[tuple[str | None, ...]] = []
+    while (info := slurm.job_info(second)) and info["JobState"] not in slurm.FINAL_STATES:
+        states.append(tuple(job_state(j) for j in (job_id, second, third)))
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.3)
+    assert info and info["JobState"] == "COMPLETED", logs_of(run_dir)  # exit 0: no failure
+    assert wait_for_job(job_id)["JobState"] == "COMPLETED", logs_of(run_dir)
+    assert wait_for_job(third)["JobState"] == "COMPLETED", logs_of(run_dir)
+    # The third ran beside the first only as long as its job-start took to end it.
+    assert states and ("RUNNING", "RUNNING") not in [s[:2] for s in states], states
+    assert ("RUNNING", "PENDING") in [s[:2] for s in states], states  # the second waited
     assert json.loads((run_dir / "DONE").read_text())["step"] == 300
     started = [e for e in RunDir(run_dir).events() if e["event"] == "started"]
-    assert [e["job_id"] for e in started] == [job_id]  # the job recorded itself
+    assert [e["job_id"] for e in started] == [job_id]  # the job recorded itself, alone
+    out = (run_dir / "logs" / f"slurm-{third}.out").read_text()
+    assert f"hpctf: job {third} ends at once: job {job_id} owns {run_dir}" in out
+    out = (run_dir / "logs" / f"slurm-{second}.out").read_text()
+    assert f"hpctf: job {second} ends at once: the run is complete" in out
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
 
 
 def long_run(
@@ -164,11 +194,33 @@ def test_second_job_resumes_from_latest_checkpoint(
     subprocess.run(["scancel", sentinel], env=env, check=True)
     assert wait_for_job(sentinel)["JobState"] == "CANCELLED"
 
-    proc = subprocess.run(
-        [*HPCTF, "resubmit", str(run_dir)], env=env, capture_output=True, text=True, check=True
-    )
+    # Two resubmits released at one instant: one submits, the other says who owns the run.
+    barrier = threading.Barrier(2)
+    procs: list[subprocess.CompletedProcess[str]] = []
+
+    def resubmit() -> None:
+        barrier.wait()
+        procs.append(
+            subprocess.run(
+                [*HPCTF, "resubmit", str(run_dir)], env=env, capture_output=True, text=True
+            )
+        )
+
+    threads = [threading.Thread(target=resubmit) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    (proc,) = [p for p in procs if p.returncode == 0]
+    (refused,) = [p for p in procs if p.returncode != 0]
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    said = r"^Error: ((hpctf resubmit \(pid \d+ on \S+\)|job \d+) owns|job \d+ of \S+ is still) "
+    assert re.search(said, refused.stderr), refused.stderr
     second, _ = submitted(proc.stdout)
     assert second and second != job_id
+    assert [e["job_id"] for e in RunDir(run_dir).events() if e["event"] == "submitted"][1:] == [
+        second
+    ]
     info = wait_for_job(second)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     rank0 = (run_dir / "logs" / "rank-0.log").read_text()
@@ -196,7 +248,6 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     while "requeued" not in [e["event"] for e in RunDir(run_dir).events()]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
-    release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     assert info["Restarts"] == "1"
@@ -215,6 +266,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         journal.SAVED_ON_WARNING,
         "ended",
         "requeued",
+        "released",  # Slurm's ~120 s hold on the requeued job, cut short by job-end
         "started",
         "ended",
     ]
@@ -224,7 +276,18 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
     )
     assert f"job {job_id}: ENDED exit 0 starts 2" in status.stdout
-    report_fault("test_preempted_job_saves_requeues_itself_and_resumes", run_dir)
+    # The job's own output holds every start's lines (appended, not truncated at the restart).
+    out = (run_dir / "logs" / f"slurm-{job_id}.out").read_text()
+    assert re.findall(rf"^===== hpctf: job {job_id} start \(restart (\d)\)", out, re.M) == [
+        "0",
+        "1",
+    ], out
+    assert f"hpctf: job {job_id} requeued: timeout" in out and "ended: done" in out, out
+    # Released by job-end, not held ~120 s: started at Slurm's next scheduling pass.
+    restart = save_to_first_step_s(run_dir)
+    assert restart < HELD_S, logs_of(run_dir)
+    case = "test_preempted_job_saves_requeues_itself_and_resumes"
+    report_fault(case, run_dir, save_to_first_step_s=restart)
 
 
 @pytest.mark.parametrize(
@@ -344,7 +407,6 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     while "requeued" not in [e["event"] for e in RunDir(run_dir).events()]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
-    release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     events = RunDir(run_dir).events()
@@ -369,9 +431,8 @@ def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(
     """Slurm requeues the job itself (as after a node failure): SIGTERM reaches the batch shell,
     whose trap records it, and the ranks, which save an agreed step; it resumes there."""
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir, deadline = long_run(env, 100)
+    job_id, run_dir, _ = long_run(env, 100)
     subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
-    release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     starts = [e for e in RunDir(run_dir).events() if e["event"] == "started"]
@@ -420,7 +481,6 @@ def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     assert wait_for_job(high)["JobState"] == "COMPLETED"
-    release_requeued(job_id, env, deadline)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
     events = RunDir(run_dir).events()
@@ -439,4 +499,11 @@ def test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back(
     )
     assert status.stdout.startswith("run: done; requeues after preemption 1/20"), status.stdout
     assert ": preempted at step " in status.stdout
-    report_fault("test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back", run_dir)
+    # Released by the batch shell's trap, not held ~120 s.
+    restart = save_to_first_step_s(run_dir)
+    assert restart < HELD_S, logs_of(run_dir)
+    report_fault(
+        "test_a_higher_priority_job_preempts_the_run_which_saves_and_comes_back",
+        run_dir,
+        save_to_first_step_s=restart,
+    )

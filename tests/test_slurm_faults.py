@@ -30,7 +30,6 @@ from tests.conftest import (
 from tests.slurm_jobs import (
     LONG,
     logs_of,
-    release_requeued,
     report_fault,
     submit_digits,
     wait_for_first_checkpoint,
@@ -114,7 +113,6 @@ def test_a_preemption_with_a_grace_time_saves_and_is_requeued_by_hpctf(
         wait_for_event(run_dir, "requeued", deadline)
         requeued_after = time.monotonic() - preempted_at
         assert wait_for_job(high)["JobState"] == "COMPLETED"
-        release_requeued(job_id, env, deadline)
         info = wait_for_job(job_id)
     finally:
         scontrol(env, "update", "PartitionName=debug", "GraceTime=0")
@@ -130,12 +128,13 @@ def test_a_preemption_with_a_grace_time_saves_and_is_requeued_by_hpctf(
         journal.SAVED_ON_WARNING,
         "ended",
         "requeued",
+        "released",  # Slurm's hold on the requeued job, cut short by job-end
         "started",
         "ended",
     ], kinds
     saved = int(events[3]["step"])  # type: ignore[call-overload]
     assert events[3]["signal"] == "TERM" and events[4]["reason"] == "preempted"
-    assert int(events[6]["step"]) == saved  # type: ignore[call-overload]
+    assert int(events[7]["step"]) == saved  # type: ignore[call-overload]
     ((high_step, resumed),) = resumes(run_dir)
     assert resumed == saved and high_step <= saved  # no step trained twice
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
@@ -172,7 +171,6 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
     deadline = time.monotonic() + 400
     for requeue in (1, 2):
         wait_for_event(run_dir, "requeued", deadline, count=requeue)
-        release_requeued(job_id, env, deadline)
     wait_for_event(run_dir, "started", deadline, count=3)
     third = int([e for e in RunDir(run_dir).events() if e["event"] == "started"][2]["step"])  # type: ignore[call-overload]
     rank0 = run_dir / "logs" / "rank-0.log"
@@ -234,7 +232,6 @@ def test_a_node_set_down_mid_run_is_left_out_of_the_next_start(
         assert (slurm.job_info(job_id) or {}).get("ExcNodeList") == node
         # Back in service: from here only the job's ExcNodeList keeps it off the node.
         scontrol(env, "update", f"NodeName={node}", "State=RESUME")
-        release_requeued(job_id, env, deadline)
         restarted_after = time.monotonic() - down_at
         info = wait_for_job(job_id)
     finally:

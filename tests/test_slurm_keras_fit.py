@@ -13,7 +13,7 @@ import pytest
 from hpctf.core import journal
 from hpctf.core.rundir import RunDir
 from tests.conftest import HPCTF, REPO, checkpoint_steps, wait_for_job
-from tests.slurm_jobs import logs_of, release_requeued, submit
+from tests.slurm_jobs import logs_of, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 
@@ -33,7 +33,6 @@ def test_keras_fit_runs_on_two_nodes_and_comes_back_from_a_requeue(
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, capture_output=True)
-    release_requeued(job_id, env, deadline)
     assert wait_for_job(job_id)["JobState"] == "COMPLETED", logs_of(run_dir)
 
     total = EPOCHS * 20

@@ -15,7 +15,7 @@ import pytest
 from hpctf.core import slurm
 from hpctf.core.rundir import RunDir
 from tests.conftest import DIGITS, HPCTF, checkpoint_steps
-from tests.slurm_jobs import logs_of, release_requeued
+from tests.slurm_jobs import logs_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 STEPS = 2000
@@ -91,7 +91,6 @@ def test_a_sweep_is_one_throttled_array_whose_tasks_requeue_alone(
     assert restarts(f"{array}_0") == 1
     assert restarts(f"{array}_1") == 0  # its neighbour trains on
     assert "started" in events(runs[1]) and "requeued" not in events(runs[1])
-    release_requeued(f"{array}_0", env, deadline)
 
     # Point 2 takes the free slot; cancel it alone after its first checkpoint, and resubmit
     # the sweep: a new array over the points that did not finish and are not in Slurm.

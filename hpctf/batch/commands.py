@@ -11,16 +11,26 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import click
 
-from hpctf.core import journal, slurm
+from hpctf.core import journal, ownership, slurm, slurm_queries
 from hpctf.core.config import ResolvedConfig
-from hpctf.core.errors import GAVE_UP_EXIT, UserError
+from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProblem, UserError
 from hpctf.core.run_identity import check_not_a_copy
 from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import Budgets, after_end, before_start, run_state
+from hpctf.core.runstate import (
+    Budgets,
+    after_end,
+    before_start,
+    reason_from_slurm,
+    run_state,
+    saved_on_warning,
+    since_last_start,
+)
 
 _run_dir_argument = click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 
@@ -45,26 +55,76 @@ class _GaveUp(click.ClickException):
 @click.command("job-start", hidden=True)
 @_run_dir_argument
 def job_start(run_dir: Path) -> None:
-    """Record the start of a batch job in RUN_DIR; exit 1 if the run must not go on."""
+    """Record the start of a batch job in RUN_DIR; exit 1 if the run must not go on, and
+    NOT_STARTING_EXIT (the batch script then ends the job with 0) when this job has nothing to
+    do: another job owns the run (:mod:`hpctf.core.ownership`), or the run is complete."""
     run = RunDir.open(run_dir)
     check_not_a_copy(run)
     job_id = _job_id("job-start")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    nodes = os.environ.get("SLURM_JOB_NODELIST")
+    # The job's own output is appended across its starts (--open-mode=append): mark each one.
+    click.echo(f"===== hpctf: job {job_id} start (restart {restart}) on {nodes} at {_now()} =====")
+    try:
+        owner = ownership.take(run.path, ownership.claim_of("job", job_id), ownership.alive)
+    except slurm.SlurmFailure as exc:
+        raise EnvironmentProblem(f"cannot tell who owns {run.path}: {exc}") from exc
+    if owner is not None:
+        journal.record_not_started(run, job_id, owner.describe())
+        # A job's claim ends with the job; a process elsewhere nobody here can see.
+        claims = ownership.claims_dir(run.path)
+        hint = "" if owner.kind == "job" else f"; if it is gone: rm {claims}/*"
+        click.echo(f"hpctf: job {job_id} ends at once: {owner.describe()} owns {run.path}{hint}")
+        sys.exit(NOT_STARTING_EXIT)
     config = run.load_config()
+    close_unended(run, job_id, config.site.preemption.signal)
     decision = before_start(run_state(run.events()), budgets(config))
+    if not decision.go and not decision.gave_up:
+        click.echo(f"hpctf: job {job_id} ends at once: {decision.why}")
+        sys.exit(NOT_STARTING_EXIT)
     journal.record_started(
         run,
         job_id,
-        nodes=os.environ.get("SLURM_JOB_NODELIST"),
+        nodes=nodes,
         walltime_signal=config.site.preemption.signal,
         slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
-        restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        restart_count=restart,
     )
-    if decision.go:
-        return
     if decision.gave_up:
         journal.record_gave_up(run, job_id, decision.why)
         raise _GaveUp(f"hpctf: not starting job {job_id}: {decision.why}")
-    click.echo(f"hpctf: not starting job {job_id}: {decision.why}")
+
+
+def close_unended(run: RunDir, job_id: str, walltime_signal: str) -> None:
+    """The run's last start recorded no end (its batch shell died with its node, or was
+    killed hard): record one now from what Slurm's accounting says of that start, its job's
+    earlier run when this is the same job started again. Without an answer the journal's own
+    reading stands (:func:`hpctf.core.runstate.starts_of`)."""
+    events = run.events()
+    last = run_state(events).last
+    if last is None or last.reason is not None:
+        return
+    try:
+        runs = slurm_queries.sacct_runs(last.job_id)
+    except (slurm.SlurmFailure, UserError) as exc:  # slurmdbd down; no sacct on the node
+        click.echo(f"hpctf: how job {last.job_id}'s start ended is not known: {exc}", err=True)
+        return
+    if last.job_id == job_id:
+        runs = runs[:-1]  # the newest run is this very start
+    if not runs or (not runs[-1].final and runs[-1].state != "REQUEUED"):
+        return
+    ended = runs[-1]
+    saved = saved_on_warning(since_last_start(events))
+    signal_saved = None if saved is None else str(saved.get("signal") or "TERM")
+    reason = reason_from_slurm(ended.state, signal_saved, run.done.exists(), walltime_signal)
+    code = ended.exit_code.partition(":")[0]
+    exit_code = int(code) if code.isdigit() else None
+    journal.record_ended_by_slurm(run, last.job_id, exit_code, reason, ended.state)
+    click.echo(f"hpctf: job {last.job_id}'s start ended {reason} (Slurm: {ended.state})")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @click.command("job-signal", hidden=True)
@@ -77,6 +137,21 @@ def job_signal(run_dir: Path, name: str) -> None:
     run = RunDir.open(run_dir)
     job_id = _job_id("job-signal")
     journal.record_signalled(run, job_id, name)
+    note_failed_nodes(run, job_id, name)
+    # Slurm may have requeued the job (a preemption, a lost node, scontrol requeue): let it
+    # start again once its processes are gone, KillWait at the latest, not ~2 minutes later.
+    # Measured: Slurm completed a preempted job's requeue 7 s after its trap ran, KillWait 5 s,
+    # on a loaded 2-core machine; a start time already past by then is replaced by the hold.
+    try:
+        after = slurm.kill_wait() + 6
+    except (slurm.SlurmFailure, UserError):
+        after = 30 + 6
+    release(run, job_id, after)
+
+
+def note_failed_nodes(run: RunDir, job_id: str, name: str) -> None:
+    """Record the job's nodes that Slurm says are down or drained, and keep the job off them
+    when Slurm requeued it (:func:`exclude_failed_nodes`)."""
     nodes = os.environ.get("SLURM_JOB_NODELIST")
     if not nodes:
         return
@@ -88,6 +163,19 @@ def job_signal(run_dir: Path, name: str) -> None:
     if failed:
         journal.record_nodes_down(run, job_id, failed, name)
         exclude_failed_nodes(run, job_id)
+
+
+def release(run: RunDir, job_id: str, after_s: int) -> None:
+    """Let job ``job_id``, if Slurm holds it after a requeue, start ``after_s`` seconds from
+    now (:func:`slurm.release_requeued`); record it. A job that is not pending (cancelled,
+    still running) is left as it is, silently: Slurm requeued nothing."""
+    try:
+        slurm.release_requeued(job_id, after_s)
+    except (slurm.SlurmFailure, UserError) as exc:
+        if "not pending" not in str(exc) and "no longer pending" not in str(exc):
+            click.echo(f"hpctf: job {job_id} waits for Slurm's requeue hold: {exc}", err=True)
+        return
+    journal.record_released(run, job_id, after_s)
 
 
 def exclude_failed_nodes(run: RunDir, job_id: str) -> None:
@@ -115,22 +203,40 @@ def job_end(run_dir: Path, exit_code: int) -> None:
     run = RunDir.open(run_dir)
     config = run.load_config()
     job_id = _job_id("job-end")
-    run.record_end(job_id, exit_code, config.site.preemption.signal)
-    decision = after_end(run_state(run.events()), budgets(config))
+    reason = run.record_end(job_id, exit_code, config.site.preemption.signal)
+    state = run_state(run.events())
+    signalled = state.last is not None and state.last.signalled
+    decision = after_end(state, budgets(config))
     if decision.go:
         # scontrol requeue ends this very job: Slurm sends SIGTERM to the batch script's
         # processes, this one included (SIGKILL after KillWait). Hold it off until the requeue
         # Slurm accepted is recorded; a SlurmFailure leaves no "requeued" record behind.
         previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            slurm.requeue(job_id)
+            try:
+                slurm.requeue(job_id)
+            except slurm.SlurmFailure as exc:
+                if "Job is pending execution" not in str(exc):
+                    raise
+                # Slurm requeued it itself after srun ended (a lost node, a preemption): its
+                # SIGTERM came while this shell ignored it, so do what the trap would have.
+                click.echo(f"hpctf: job {job_id} was requeued by Slurm already")
+                note_failed_nodes(run, job_id, "TERM")
+                release(run, job_id, slurm.RELEASE_AFTER_S)
+                return
             journal.record_requeued(run, job_id, decision.why)
             exclude_failed_nodes(run, job_id)
+            click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
+            # Last: the batch shell ends right after this (it ignores SIGTERM by now).
+            release(run, job_id, slurm.RELEASE_AFTER_S)
         finally:
             signal.signal(signal.SIGTERM, previous)
-        click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
     elif not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ended: {decision.why}")
+        if signalled and reason not in ("cancelled", "done"):
+            # Slurm ends this job itself and may have requeued it: the trap gave it a start
+            # time past KillWait; this shell ends now, so sooner will do.
+            release(run, job_id, slurm.RELEASE_AFTER_S)
     elif decision.gave_up:
         journal.record_gave_up(run, job_id, decision.why)
         message = f"hpctf: job {job_id} not requeued: {decision.why}"

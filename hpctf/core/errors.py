@@ -38,6 +38,9 @@ NODE_CHECK_EXIT = 69
 # exit code (src/srun/launch.c, _task_finish), and --kill-on-bad-exit signals the other ranks,
 # so job-end reads the journal's user_code_failed record instead, as for NODE_CHECK_EXIT.
 USER_CODE_EXIT = 65
+# ``hpctf job-start``: this job has nothing to do (another job owns the run, or the run is
+# complete). The batch script then ends the job with 0: it is no failure, of the job or the run.
+NOT_STARTING_EXIT = 99
 
 
 class UserError(Exception):

@@ -38,8 +38,10 @@ USER_CODE_FAILED: Final = "user_code_failed"  # a rank: the user's code raised
 NODE_CHECK_FAILED: Final = "node_check_failed"  # a rank: train.preflight: quick failed a check
 ENDED: Final = "ended"  # job-end, the local launcher, the chief: why a start ended
 REQUEUED: Final = "requeued"  # job-end: hpctf requeued the job
+RELEASED: Final = "released"  # job-signal, job-end: Slurm's hold on the requeued job shortened
 GAVE_UP: Final = "gave_up"  # job-start, job-end: the run's budgets say no
 CANCELLED: Final = "cancelled"  # cancel, a local Ctrl-C: the user stopped the run's jobs
+NOT_STARTED: Final = "not_started"  # job-start: another job owns the run; this one ended at once
 
 EVENTS: Final = frozenset(
     {
@@ -58,8 +60,10 @@ EVENTS: Final = frozenset(
         NODE_CHECK_FAILED,
         ENDED,
         REQUEUED,
+        RELEASED,
         GAVE_UP,
         CANCELLED,
+        NOT_STARTED,
     }
 )
 
@@ -241,6 +245,30 @@ def record_ended(
         step=run.checkpoint_step(),
         **extra,
     )
+
+
+def record_ended_by_slurm(
+    run: RunDir, job_id: str, exit_code: int | None, reason: str, slurm_state: str
+) -> None:
+    """A start whose batch shell died without recording its end, closed at the next start from
+    what Slurm's accounting says of its job (``source: sacct``)."""
+    run.record(
+        ENDED,
+        job_id=job_id,
+        exit_code=exit_code,
+        reason=reason,
+        step=run.checkpoint_step(),
+        source="sacct",
+        slurm_state=slurm_state,
+    )
+
+
+def record_released(run: RunDir, job_id: str, after_s: float) -> None:
+    run.record(RELEASED, job_id=job_id, after_s=after_s)
+
+
+def record_not_started(run: RunDir, job_id: str, owner: str) -> None:
+    run.record(NOT_STARTED, job_id=job_id, owner=owner)
 
 
 def record_requeued(run: RunDir, job_id: str, why: str) -> None:

@@ -5,7 +5,8 @@ The journal holds one event per fact (:mod:`hpctf.core.journal` names them and w
 walltime signal), ``saved_on_warning`` (the chief saved an agreed step after a warning),
 ``signalled`` (the batch shell got SIGTERM), ``nodes_down`` (nodes of the job that Slurm said
 were down or drained when it was killed), ``ended`` (with its reason, exit code and step),
-``requeued``, ``gave_up``, ``cancelled``. This module is the one interpreter of it: how a start
+``requeued``, ``gave_up``, ``cancelled``, ``not_started`` (a job that found the run owned by
+another ended at once: no start of the run). This module is the one interpreter of it: how a start
 ended (:func:`end_of_start`), every start with its times (:func:`starts_of`), the run's state
 (:func:`run_state`); the commands that show a run (status, logs, cancel) derive their views from
 these (:mod:`hpctf.core.jobs` folds the starts into jobs). Nothing else is consulted, so
@@ -261,6 +262,24 @@ def _mark_requeued(starts: list[Start], job_id: str) -> None:
             return
 
 
+def reason_from_slurm(
+    slurm_state: str, saved_signal: str | None, done: bool, walltime_signal: str
+) -> str:
+    """Why a start ended whose batch shell died without a record (with its node), from what
+    Slurm (sacct) says of its job: ``slurm_state`` (COMPLETED, FAILED, NODE_FAIL, ...),
+    ``saved_signal`` the signal the ranks saved on during that start (None: no save), ``done``
+    whether the run is complete, ``walltime_signal`` the site's warning before the time limit."""
+    if done and slurm_state == "COMPLETED":
+        return "done"
+    if slurm_state == "CANCELLED":
+        return "cancelled"
+    if saved_signal is not None:
+        return "timeout" if saved_signal == walltime_signal else "preempted"
+    if slurm_state in ("FAILED", "OUT_OF_MEMORY", "COMPLETED"):
+        return "failed"
+    return "node_fail"  # NODE_FAIL, BOOT_FAIL, TIMEOUT or PREEMPTED without a save
+
+
 def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
     """The run's state from its journal alone (pure; table-tested)."""
     starts = starts_of(events)
@@ -295,12 +314,15 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
     if any(start.reason == "done" for start in starts[_starts_before_extension(events) :]):
         return "done", ""
     # The last word since the last start: the budget's, the user's, a new submission, a requeue.
+    # A job that found the run owned by another ended at once: its submission says nothing.
+    not_started = {e.get("job_id") for e in events if e.get("event") == journal.NOT_STARTED}
     word = next(
         (
             e
             for e in reversed(since_last_start(events))
             if e.get("event")
             in (journal.GAVE_UP, journal.CANCELLED, journal.SUBMITTED, journal.REQUEUED)
+            and not (e.get("event") == journal.SUBMITTED and e.get("job_id") in not_started)
         ),
         None,
     )

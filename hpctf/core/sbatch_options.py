@@ -76,6 +76,17 @@ def _mail_type(config: Config, run_dir: Path) -> Any:
     return ",".join(config.experiment.resources.mail_type) or ABSENT
 
 
+def _dependency(config: Config, run_dir: Path) -> Any:
+    """``singleton`` (one running job per user and job name, the name being the run
+    directory's) and the experiment's own dependency, both to be met. Slurm takes one kind of
+    separator in a list: beside a ``?`` list (any one met) singleton is left out, and job-start's
+    claim alone keeps a second job off the run."""
+    given = config.experiment.resources.dependency
+    if not given:
+        return "singleton"
+    return given if "?" in given or "singleton" in given.split(",") else f"singleton,{given}"
+
+
 def _when_warned(value: Callable[[Config], Value]) -> Callable[[Config, Path], Any]:
     """An option only for a launcher that warns the workers, and so requeues (Slurm's)."""
 
@@ -92,6 +103,7 @@ def _signal(config: Config) -> Value:
 
 _REQUEUE = "hpctf requeues preempted jobs itself (the site's preemption.max_requeues)"
 _OUTPUT = "hpctf writes the job's output to the run directory"
+_APPEND = "hpctf appends every start's output to the job's slurm-<job>.out in the run directory"
 _CONTAINER = (
     "hpctf starts the workers in the site's container: set the site's `container:` "
     "(runtime, image, mounts, env)"
@@ -118,7 +130,7 @@ _CONTAINER_OPTIONS = (
 
 # In the order they are rendered; the options that are never rendered come last.
 OPTIONS: tuple[Option, ...] = (
-    Option("job-name", ("name",), "set name", "J", lambda c, r: c.experiment.name),
+    Option("job-name", ("name",), "set name", "J", lambda c, r: r.name),
     Option("nodes", ("resources", "nodes"), "set resources.nodes", "N", _resource("nodes")),
     Option(
         "ntasks-per-node",
@@ -179,7 +191,7 @@ OPTIONS: tuple[Option, ...] = (
         ("resources", "dependency"),
         "set resources.dependency",
         "d",
-        _resource("dependency"),
+        _dependency,
     ),
     Option(
         "signal",
@@ -189,6 +201,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("requeue", ("preemption", "max_requeues"), _REQUEUE, value=_when_warned(lambda c: None)),
     Option("output", ("run_dir",), _OUTPUT, "o", lambda c, r: f"{r}/logs/slurm-%j.out"),
+    # Every start of a requeued job writes to the same file: appended, the earlier starts'
+    # lines stay (Slurm truncates it at each start otherwise).
+    Option("open-mode", None, _APPEND, value=lambda c, r: "append"),
     Option("ntasks", instead="set resources.nodes and resources.tasks_per_node", short="n"),
     Option("gpus", instead="set resources.gpus_per_node", short="G"),
     Option("gpus-per-task", instead="set resources.gpus_per_node"),
@@ -240,6 +255,11 @@ def rendered(
         value = option.value(config, run_dir)
         if array is not None and option.flag == "output":
             value = f"{array.log_dir}/slurm-%A_%a.out"
+        if array is not None and option.flag == "job-name":
+            value = config.experiment.name  # every task of the array carries it
+        if array is not None and option.flag == "dependency":
+            # Not singleton: the array's tasks share its name, and would run one at a time.
+            value = config.experiment.resources.dependency or ABSENT
         if value is not ABSENT:
             options.append((option.flag, value))
         if array is not None and option.flag == "job-name":

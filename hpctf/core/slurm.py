@@ -210,6 +210,51 @@ def requeue(job_id: str, env: Mapping[str, str] | None = None) -> None:
     run_command(["scontrol", "requeue", "--", *checked_job_ids([job_id])], env=env)
 
 
+# Seconds from a requeue to the start time hpctf gives the requeued job (release_requeued):
+# its batch shell must be gone by then. Measured on the test cluster at load average 8-13:
+# Slurm completed the requeue 0.1-0.7 s after job-end's release; scontrol reads "now" on the
+# client, in whole seconds, so 3 left as little as 1.3 s.
+RELEASE_AFTER_S = 5
+
+
+def release_requeued(
+    job_id: str, after_s: int = RELEASE_AFTER_S, env: Mapping[str, str] | None = None
+) -> None:
+    """Let requeued job ``job_id`` start ``after_s`` seconds from now, not ~2 minutes.
+
+    Slurm holds a requeued batch job: when its requeue completes (all its processes gone) it
+    sets the job's begin time to now + the credential lifetime + 1 s (AuthInfo=cred_expire,
+    120 s by default; slurm.conf(5): "This also controls how long a requeued job must wait
+    before starting again"; SchedulerParameters=requeue_delay from Slurm 26.05), but only when
+    the begin time is not already in the future (batch_requeue_fini in
+    src/slurmctld/job_mgr.c, the same from 17.11 to 25.05). The owner may set the begin time of
+    a pending job, and a requeued job is PENDING (and COMPLETING) as soon as the requeue is
+    accepted (scontrol(1), ``update StartTime``). So this is called right after the requeue, by
+    the job itself, with ``after_s`` past the moment its last process will be gone. Not
+    ``now``: slurmd refuses a new start in the second of the requeue ("Job credential
+    revoked"), and a begin time already past when the requeue completes is replaced by the
+    hold. Once eligible, the job starts at Slurm's next scheduling pass (any job's submission
+    or end; on an idle cluster the backfill pass, every bf_interval, 30 s by default)."""
+    run_command(
+        ["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{after_s}"],
+        env=env,
+        timeout=5.0,
+    )
+
+
+def kill_wait(env: Mapping[str, str] | None = None) -> int:
+    """The cluster's KillWait (slurm.conf(5)): seconds from the SIGTERM Slurm sends a job's
+    processes to its SIGKILL (30 by default)."""
+    out = run_command(["scontrol", "show", "config"], env=env, timeout=5.0)
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "KillWait":
+            words = value.split()
+            if words and words[0].isdigit():
+                return int(words[0])
+    return 30
+
+
 # Node states (sinfo %T, lower case) in which a node is no place to run on: it failed or an
 # administrator took it out. A trailing "*" means not responding (sinfo(1), NODE STATE CODES).
 _UNUSABLE_STATES = ("down", "drain", "fail", "maint", "reboot", "power_down", "powered_down")

@@ -195,6 +195,33 @@ def sacct_jobs(
     return {job_id: job for job_id, job in parse_sacct(out).items() if job_id in ids}
 
 
+def sacct_runs(job_id: str, env: Mapping[str, str] | None = None) -> list[JobRecord]:
+    """Every run of job ``job_id`` that the accounting database knows, oldest first: a job
+    Slurm requeued has one record per start (``sacct --duplicates``), the earlier ones REQUEUED,
+    PREEMPTED or NODE_FAIL. [] without accounting."""
+    argv = [
+        "sacct",
+        f"--jobs={job_id}",
+        "--allocations",
+        "--duplicates",
+        "--noheader",
+        "--parsable2",
+        f"--format={','.join(SACCT_FIELDS)}",
+    ]
+    try:
+        out = query(argv, env=env, budget_s=10.0)
+    except SlurmFailure as exc:
+        if "accounting storage is disabled" in f"{exc.stdout}\n{exc.stderr}":
+            return []
+        raise
+    runs = []
+    for line in out.splitlines():
+        record = parse_sacct(line).get(job_id)
+        if record is not None:
+            runs.append(record)
+    return runs
+
+
 def max_array_size(env: Mapping[str, str] | None = None) -> int:
     """The cluster's MaxArraySize (``scontrol show config``): every array index must be
     below it (slurm.conf(5))."""

@@ -40,7 +40,7 @@
 #     the same TCP port. Node names resolve only inside jobs (the login side
 #     does not need them).
 #   * A requeued job waits 120 s for its BeginTime unless released with
-#     `scontrol update JobId=X StartTime=now`.
+#     `scontrol update JobId=X StartTime=now+N` (hpctf's job-end and trap do).
 #   * `sbatch --wait` polls slowly; poll `scontrol show job -o ID` instead.
 #   * Without HPCTF_SLURM_ACCOUNTING=1, no accounting: `sacct` says "accounting
 #     storage is disabled"; completed jobs stay visible to `scontrol show job`
@@ -309,8 +309,11 @@ JobAcctGatherType=jobacct_gather/none
 $(accounting_lines)
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
-# Schedule batch jobs at once instead of batching them up to 3 s (default).
-SchedulerParameters=batch_sched_delay=0
+# Schedule batch jobs at once instead of batching them up to 3 s (default). A job whose start
+# time comes later (a requeued job that hpctf released) starts at the next scheduling pass: on a
+# busy cluster the next job's submission or end, on an idle one the backfill pass (bf_interval,
+# 30 s by default). Every 5 s here, as on a cluster where jobs come and go.
+SchedulerParameters=batch_sched_delay=0,bf_interval=5
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 SelectType=select/cons_tres

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import checkpoint_files, journal, slurm, snapshot
+from hpctf.core import checkpoint_files, journal, ownership, slurm, snapshot
+from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.jobs import jobs_of
 from hpctf.core.launcher import launcher_for
@@ -69,6 +70,40 @@ def resubmit_run(
                     f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
+    # Atomic, unlike the check above: of two resubmits at one instant, one goes on. On Slurm
+    # the claim passes to the job sbatch gives; a local run is this process's own.
+    claim = ownership.claim_of("submit" if launcher.slurm else "local")
+    owner = ownership.take(run.path, claim, ownership.alive, wait_for_submit_s=0)
+    if owner is not None:
+        raise UserError(
+            f"{owner.describe()} owns {run.path}; wait for it, or stop it with: "
+            f"hpctf cancel {run.path}"
+        )
+    try:
+        status = _start_again(
+            run, config, exclude, retry_failed_nodes, update_code, from_scratch, overrides
+        )
+    except BaseException:
+        ownership.give_up(run.path, claim)
+        raise
+    if launcher.slurm:
+        submitted = [e for e in run.events() if e.get("event") == journal.SUBMITTED]
+        ownership.hand_over(run.path, claim, str(submitted[-1]["job_id"]))
+    return status
+
+
+def _start_again(
+    run: RunDir,
+    config: ResolvedConfig,
+    exclude: str | None,
+    retry_failed_nodes: bool,
+    update_code: bool,
+    from_scratch: bool,
+    overrides: Sequence[str],
+) -> int:
+    """What a resubmit changes, once it owns the run: the extension, the checkpoints set aside,
+    the code updated, the nodes left out; then the start."""
+    launcher = launcher_for(config.site)
     if overrides:
         config = extend_run(run, config, overrides)
         click.echo(f"extended: {', '.join(overrides)}; resuming from step {run.checkpoint_step()}")

@@ -84,6 +84,22 @@ class LogReader:
                 yield line.decode("utf-8", errors="replace") + "\n"
 
 
+def batch_output(run: RunDir, events: Sequence[Mapping[str, Any]], job_id: str) -> Path | None:
+    """Job ``job_id``'s own output (the batch shell's: job-start's line at each start, srun's
+    and job-end's), appended across its starts: ``slurm-<id>.out``, an array task's under its
+    own SLURM_JOB_ID. None when there is none."""
+    ids = [job_id] + [
+        str(e["slurm_job_id"])
+        for e in events
+        if e.get("job_id") == job_id and e.get("slurm_job_id") is not None
+    ]
+    for found in ids:
+        path = run.logs / f"slurm-{found}.out"
+        if re.fullmatch(r"\d+", found) and path.is_file():
+            return path
+    return None
+
+
 def _job_alive(run: Run) -> bool | None:
     """Whether Slurm still runs or holds the run's current job (None: it did not answer)."""
     if not run.slurm or run.job is None:
@@ -124,6 +140,10 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
     if not follow:
         for text in reader.read(run.events, final=True):
             click.echo(text, nl=False)
+        output = batch_output(run.run, run.events, job_id) if job_id is not None else None
+        if output is not None:
+            click.echo(f"===== job {job_id}: its own output, every start ({output}) =====")
+            click.echo(output.read_text(encoding="utf-8", errors="replace"), nl=False)
         return
     next_check = 0.0
     gone = 0
