@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
-from hpctf.core import journal
+from hpctf.core import journal, ownership
 from hpctf.core.config import ResolvedConfig
-from hpctf.core.errors import PREEMPTED_EXIT
+from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.rundir import RunDir
 
 
@@ -150,6 +150,11 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
     launcher (:func:`_end_with`).
     """
     job_id = os.getpid()
+    # One owner per run directory (hpctf.core.ownership), as job-start does on Slurm: a resubmit
+    # of this run has claimed it for this process already; anyone else's live claim stops here.
+    owner = ownership.take(run.path, ownership.claim_of("local"), ownership.alive, 0)
+    if owner is not None:
+        raise UserError(f"{owner.describe()} owns {run.path}; wait for it, or stop it")
     ntasks = config.ntasks
     base = {**env, **config.site.env, **config.experiment.env, LAUNCHER_PID_ENV: str(job_id)}
     journal.record_started(run, str(job_id), socket.gethostname(), config.site.preemption.signal)
