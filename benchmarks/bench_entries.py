@@ -18,7 +18,7 @@ import hpctf
 def timed_saves(session: Any, builder: str, **args: Any) -> None:
     """``train.loop: custom`` entry: hpctf's built-in loop over the Task that ``builder``
     (``module:function``) returns for ``args``, every ``Session.save`` timed on the chief."""
-    from hpctf.compute.training import builtin_loop, load_entry
+    from hpctf.compute.loop.training import builtin_loop, load_entry
 
     build = load_entry(builder)
     save = session.save

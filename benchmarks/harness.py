@@ -119,7 +119,7 @@ TINY = replace(
     gpu_rounds=1,
     gpu_steps=100,
 )
-# What rank 0's log says when each phase of a start is over (hpctf/compute/runtime.py,
+# What rank 0's log says when each phase of a start is over (hpctf/compute/start/runtime.py,
 # joining.py, session.py).
 PHASES = (
     ("worker_up", re.compile(r"rank 0: host .* pid \d+")),  # Python, hpctf, the cluster spec

@@ -18,7 +18,7 @@ those windows are the measurement.
 Rank 0 writes ``{"steps_per_s": [one per window], ...}`` to ``--out``.
 
 ``make_train_step`` and ``timed_windows`` are also the plain side of ``gpu_check.py``. They
-mirror ``hpctf.compute.training.make_train_step`` on purpose and import nothing of hpctf: a
+mirror ``hpctf.compute.loop.training.make_train_step`` on purpose and import nothing of hpctf: a
 baseline that ran hpctf's code would measure nothing.
 """
 

@@ -65,7 +65,7 @@ class Task:
         shuffle_buffer: examples held by the training shuffle buffer.
         callbacks: Keras callbacks (``keras.callbacks.EarlyStopping(...)``, ReduceLROnPlateau,
             CSVLogger, TerminateOnNaN, your own), called as ``model.fit`` calls them
-            (:mod:`hpctf.compute.task_callbacks` says when, and what an epoch is).
+            (:mod:`hpctf.compute.users_code.task_callbacks` says when, and what an epoch is).
     """
 
     model: Any

@@ -1,5 +1,6 @@
 """``model.fit(..., callbacks=hpctf.keras.callbacks())``: a ``train.script`` fit script gets what
-hpctf's own loop has (:mod:`hpctf.compute.fit`): resume at the exact step, a checkpoint every
+hpctf's own loop has (:mod:`hpctf.compute.users_code.fit`): resume at the exact step, a checkpoint
+every
 ``checkpoint.every_steps``, a warned preemption saved at one agreed step then exit 75, progress
 lines and metrics.jsonl, and the stall watchdog fed by every batch.
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import UserError
-from hpctf.core.rundir import RunDir
+from hpctf.core.run.rundir import RunDir
 
 
 def callbacks() -> list[Any]:
@@ -27,8 +28,8 @@ def callbacks() -> list[Any]:
             "hpctf.keras.callbacks() needs train.keras: 2 (tf_keras, whose fit resumes at a "
             "step and works under MultiWorkerMirroredStrategy); install hpctf[keras2]"
         )
-    from hpctf.compute.cluster import cluster_spec
-    from hpctf.compute.fit import FitCallback  # TensorFlow is imported here
+    from hpctf.compute.start.cluster import cluster_spec
+    from hpctf.compute.users_code.fit import FitCallback  # TensorFlow is imported here
 
     run = RunDir(Path(run_dir))
     config = run.load_config()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hpctf.core import slurm, slurm_queries
+from hpctf.core.scheduler import slurm, slurm_queries
 
 if TYPE_CHECKING:
     from tests.fake_slurm import FakeSlurm

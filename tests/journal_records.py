@@ -1,4 +1,5 @@
-"""Journal records for tests, written as hpctf's own writers name them (:mod:`hpctf.core.journal`):
+"""Journal records for tests, written as hpctf's own writers name them
+(:mod:`hpctf.core.run.journal`):
 entries for the pure run-state tests, and ``write_events`` to put them into a run directory."""
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctf.core import journal
-from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import Budgets
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.run.runstate import Budgets
 
 BUDGETS = Budgets(preemption=2, failure=2)
 

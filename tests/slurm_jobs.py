@@ -11,8 +11,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from hpctf.core import journal, slurm
-from hpctf.core.rundir import RunDir
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.scheduler import slurm
 from tests.conftest import DIGITS, HPCTF, checkpoint_steps, submitted
 
 # Steps of the runs that are interrupted: long enough to interrupt after a checkpoint, short

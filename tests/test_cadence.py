@@ -1,10 +1,10 @@
-"""What a finished step calls for (:class:`hpctf.compute.cadence.Cadence`), as a table."""
+"""What a finished step calls for (:class:`hpctf.compute.loop.cadence.Cadence`), as a table."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpctf.compute.cadence import AgreementClock, Cadence, Due
+from hpctf.compute.loop.cadence import AgreementClock, Cadence, Due
 
 # log every 10, save every 50, 120 steps in all
 RUN = Cadence(log_every=10, save_every=50, total=120)

@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import checkpoint_files, journal
 from hpctf.core.errors import EnvironmentProblem
-from hpctf.core.rundir import RunDir
+from hpctf.core.run import checkpoint_files, journal
+from hpctf.core.run.rundir import RunDir
 from tests.fake_slurm import FakeSlurm, fake_checkpoint, new_run
 
 GARBAGE = b"\x00\x01garbage{{{\n"  # what the damaged state file held in the report
@@ -73,7 +73,7 @@ def test_resubmit_from_scratch_moves_the_checkpoints_aside(
 def checkpointer(directory: Path, value: float = 1.0) -> Any:
     import tensorflow as tf
 
-    from hpctf.compute.checkpoints import Checkpointer
+    from hpctf.compute.records.checkpoints import Checkpointer
 
     checkpoint = tf.train.Checkpoint(v=tf.Variable([value, value]))
     spec = SimpleNamespace(task_index=0, is_chief=True)

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core.rundir import RunDir
+from hpctf.core.run.rundir import RunDir
 from tests.conftest import DIGITS, REPO, run_dir_from, write
 
 GOOD = yaml.safe_load(DIGITS.read_text())

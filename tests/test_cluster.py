@@ -20,19 +20,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctf.cli import cli
-from hpctf.compute.cluster import (
+from hpctf.compute.doctor.node_checks import check_port_free
+from hpctf.compute.start.cluster import (
     ClusterSpec,
     cluster_spec,
     expand_tasks_per_node,
     layout,
     port_window,
 )
-from hpctf.compute.gpus import gpu_binding
-from hpctf.compute.node_checks import check_port_free
-from hpctf.compute.runtime import check_resolves, prepare_environment, startup_checks
+from hpctf.compute.start.gpus import gpu_binding
+from hpctf.compute.start.runtime import check_resolves, prepare_environment, startup_checks
 from hpctf.core.errors import UserError
-from hpctf.core.hostnames import check_hostname_template, expand_nodelist
-from hpctf.core.sites import read_site_file
+from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodelist
+from hpctf.core.settings.sites import read_site_file
 from tests.conftest import write
 
 PORTS = (20000, 30000)

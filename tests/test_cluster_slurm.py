@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpctf.core.hostnames import expand_nodelist
+from hpctf.core.scheduler.hostnames import expand_nodelist
 from tests.conftest import DIGITS, HPCTF, require_tool, submitted, wait_for_job, write
 
 pytestmark = pytest.mark.slurm

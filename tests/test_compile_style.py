@@ -13,7 +13,7 @@ pytestmark = pytest.mark.tf
 keras = pytest.importorskip("keras")
 np = pytest.importorskip("numpy")
 
-from hpctf.compute.compile_style import (  # noqa: E402 -- after the skip
+from hpctf.compute.users_code.compile_style import (  # noqa: E402 -- after the skip
     resolve_loss,
     resolve_metrics,
     resolve_optimizer,
@@ -121,8 +121,8 @@ def test_a_loss_returning_one_value_per_batch_is_refused_in_one_line() -> None:
     import tensorflow as tf
 
     from hpctf.api import Task
-    from hpctf.compute.training import make_train_step
-    from hpctf.compute.user_code import region
+    from hpctf.compute.loop.training import make_train_step
+    from hpctf.compute.users_code.user_code import region
 
     model = keras.Sequential([keras.Input(shape=(1,)), keras.layers.Dense(1)])
     task = Task(
@@ -152,7 +152,7 @@ def test_a_loss_returning_one_value_per_batch_is_refused_in_one_line() -> None:
     ids=["not a list", "not a callback", "BackupAndRestore", "TensorBoard"],
 )
 def test_callbacks_that_cannot_be_used_are_refused_in_one_line(callbacks: Any, words: str) -> None:
-    from hpctf.compute.task_callbacks import TaskCallbacks
+    from hpctf.compute.users_code.task_callbacks import TaskCallbacks
 
     model = keras.Sequential([keras.Input(shape=(1,)), keras.layers.Dense(1)])
     with pytest.raises(UserError) as caught:
@@ -161,7 +161,7 @@ def test_callbacks_that_cannot_be_used_are_refused_in_one_line(callbacks: Any, w
 
 
 def test_file_writing_callbacks_run_on_the_chief_only(tmp_path: Any) -> None:
-    from hpctf.compute.task_callbacks import TaskCallbacks
+    from hpctf.compute.users_code.task_callbacks import TaskCallbacks
 
     model = keras.Sequential([keras.Input(shape=(1,)), keras.layers.Dense(1)])
     stop = keras.callbacks.EarlyStopping()

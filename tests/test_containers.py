@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from hpctf.core import journal
-from hpctf.core.rundir import RunDir
-from hpctf.core.sbatch_options import normalize_sbatch_option
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.settings.sbatch_options import normalize_sbatch_option
 from tests.conftest import DIGITS, HPCTF, require_tool, submitted, wait_for_job, write
 
 IMAGE_ENV = {"WANDB_API_KEY": "from-image", "NCCL_DEBUG": "from-image", "IMAGE_ONLY": "1"}
@@ -99,8 +99,8 @@ SCONTROL = _RUNTIME + '\nrecord("scontrol")\n'
 WORKER = (
     _RUNTIME
     + r"""
-from hpctf.core import journal
-from hpctf.core.rundir import RunDir
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
 run_dir = sys.argv[-1]
 record("worker", cwd=os.getcwd(), mounts=os.environ["HPCTF_TEST_MOUNTS"],
        env={k: os.environ.get(k) for k in ("WANDB_API_KEY", "NCCL_DEBUG", "IMAGE_ONLY")})

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.compute.node_checks import (
+from hpctf.compute.doctor.node_checks import (
     IbPort,
     hostnames_check,
     infiniband_check,
@@ -26,13 +26,13 @@ from hpctf.compute.node_checks import (
     read_infiniband,
     scan_nccl_log,
 )
-from hpctf.compute.preflight import busbw_gbps, error_line
-from hpctf.core import slurm
+from hpctf.compute.doctor.preflight import busbw_gbps, error_line
 from hpctf.core.errors import UserError
-from hpctf.core.sites import load_named_site
+from hpctf.core.scheduler import slurm
+from hpctf.core.settings.sites import load_named_site
 from hpctf.login.doctor.commands import doctor_config, prepare_directory, render_script
 from hpctf.login.doctor.verdict import evaluate, format_table, merge_allreduce, verdict_document
-from hpctf.login.submitting.loader import load_config
+from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting.render import render
 from tests.conftest import DIGITS, HPCTF, require_tool, write
 

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.login.submitting.loader import args_problems
+from hpctf.login.resolving.loader import args_problems
 from tests.conftest import DIGITS
 
 SOURCE = """

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.tf
 def checkpointer(directory: Path, asynchronous: bool = False) -> Any:
     import tensorflow as tf
 
-    from hpctf.compute.checkpoints import Checkpointer
+    from hpctf.compute.records.checkpoints import Checkpointer
 
     checkpoint = tf.train.Checkpoint(v=tf.Variable([1.0, 2.0]))
     spec = SimpleNamespace(task_index=0, is_chief=True)

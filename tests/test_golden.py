@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from hpctf import __version__
+from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting import scaffold
-from hpctf.login.submitting.loader import load_config
 from hpctf.login.submitting.render import explain, render
 from tests.conftest import REPO
 

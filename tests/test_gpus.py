@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hpctf.compute.gpus import Grant, check_gpus, granted_gpus
+from hpctf.compute.start.gpus import Grant, check_gpus, granted_gpus
 from hpctf.core.errors import UserError
 from tests.conftest import REPO
 
@@ -146,9 +146,9 @@ def test_more_gpus_than_given_is_refused() -> None:
 
 @pytest.mark.tf
 def test_worker_check_with_this_machines_tensorflow() -> None:
-    # The venv's TensorFlow (tensorflow-cpu in CI): the glue in hpctf.compute.runtime asks it
+    # The venv's TensorFlow (tensorflow-cpu in CI): the glue in hpctf.compute.start.runtime asks it
     # what it is and names the package it came from.
-    from hpctf.compute.node_checks import check_tensorflow_gpus
+    from hpctf.compute.doctor.node_checks import check_tensorflow_gpus
 
     check_tensorflow_gpus(Grant(0))
     import tensorflow as tf

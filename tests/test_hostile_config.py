@@ -32,7 +32,7 @@ MEASURE = """
 import resource, sys, time, tracemalloc
 from pathlib import Path
 from hpctf.core.errors import UserError
-from hpctf.core.sources import load_yaml
+from hpctf.core.settings.sources import load_yaml
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 tracemalloc.start()
 began = time.perf_counter()
@@ -89,7 +89,7 @@ def test_hostile_yaml_is_one_line_fast_and_small(
 
 
 def test_aliases_within_the_bound_still_work(tmp_path: Path) -> None:
-    from hpctf.core.sources import load_yaml
+    from hpctf.core.settings.sources import load_yaml
 
     path = tmp_path / "e.yaml"
     path.write_text(

@@ -12,10 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import journal, slurm, slurm_queries
 from hpctf.core.errors import UserError
-from hpctf.core.journal import problem as journal_problem
-from hpctf.core.rundir import RunDir
+from hpctf.core.run import journal
+from hpctf.core.run.journal import problem as journal_problem
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.scheduler import slurm, slurm_queries
 from tests.conftest import DIGITS
 from tests.fake_slurm import FakeSlurm, new_run
 from tests.journal_records import write_events

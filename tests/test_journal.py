@@ -1,4 +1,4 @@
-"""The journal's schema: no event name written outside :mod:`hpctf.core.journal`, older names
+"""The journal's schema: no event name written outside :mod:`hpctf.core.run.journal`, older names
 read as today's, one job handle (pure; no Slurm, no TensorFlow)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from hpctf.core import journal
-from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import run_state
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.run.runstate import run_state
 
 HPCTF = Path(journal.__file__).resolve().parents[1]
 NAMES = journal.EVENTS | set(journal.OLD_NAMES)
@@ -92,7 +92,7 @@ def test_no_event_name_is_written_outside_the_journal_module() -> None:
         if path != Path(journal.__file__).resolve()
         for line, name in event_literals(path.read_text(encoding="utf-8"))
     ]
-    assert not found, "use the names in hpctf.core.journal:\n" + "\n".join(found)
+    assert not found, "use the names in hpctf.core.run.journal:\n" + "\n".join(found)
 
 
 def test_a_journal_written_by_an_older_hpctf_reads_as_today(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def test_callbacks_need_tf_keras(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 def test_fit_resumes_at_the_epoch_and_the_step_inside_it(
     step: int, per_epoch: int, initial: int, position: tuple[int, int]
 ) -> None:
-    from hpctf.compute.fit import resume_position  # imports TensorFlow
+    from hpctf.compute.users_code.fit import resume_position  # imports TensorFlow
 
     assert resume_position(step, per_epoch, initial) == position
 

@@ -1,5 +1,5 @@
-"""The launcher type (hpctf.core.launcher): what differs between Slurm and local sites, asked
-of one object; no scheduler name compared anywhere else."""
+"""The launcher type (hpctf.core.scheduler.launcher): what differs between Slurm and local sites,
+asked of one object; no scheduler name compared anywhere else."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from hpctf.core.errors import UserError
-from hpctf.core.launcher import LocalLauncher, SlurmLauncher, is_slurm, launcher_for
-from hpctf.core.sites import load_named_site
+from hpctf.core.scheduler.launcher import LocalLauncher, SlurmLauncher, is_slurm, launcher_for
+from hpctf.core.settings.sites import load_named_site
 from tests.conftest import REPO
 
-LAUNCHER_MODULES = {Path("hpctf/core/launcher.py"), Path("hpctf/login/submitting/launch.py")}
+LAUNCHER_MODULES = {
+    Path("hpctf/core/scheduler/launcher.py"),
+    Path("hpctf/login/submitting/launch.py"),
+}
 COMPARISON = re.compile(r"""scheduler\W{0,4}\s*(==|!=|\bin\b)|(==|!=)\s*["'](slurm|local)["']""")
 
 

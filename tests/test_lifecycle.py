@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import journal, slurm, slurm_queries
-from hpctf.core.journal import (
+from hpctf.core.run import journal
+from hpctf.core.run.journal import (
     CANCELLED,
     ENDED,
     GAVE_UP,
@@ -30,9 +30,10 @@ from hpctf.core.journal import (
     STARTED,
     SUBMITTED,
 )
-from hpctf.core.runstate import starts_of
-from hpctf.core.slurm import SlurmError
-from hpctf.core.slurm_queries import JobRecord
+from hpctf.core.run.runstate import starts_of
+from hpctf.core.scheduler import slurm, slurm_queries
+from hpctf.core.scheduler.slurm import SlurmError
+from hpctf.core.scheduler.slurm_queries import JobRecord
 from hpctf.login.watching import plot, progress
 from hpctf.login.watching.run_report import TABLE_COLUMNS
 from hpctf.login.watching.runs import Run, epoch_seconds

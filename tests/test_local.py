@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.core.rundir import RunDir
+from hpctf.core.run.rundir import RunDir
 from tests.conftest import (
     DIGITS,
     ENTRIES_PATH,

@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import journal, slurm
-from hpctf.core.rundir import RunDir
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.scheduler import slurm
 from tests.conftest import DIGITS
 from tests.fake_slurm import fake_checkpoint, fake_command
 

@@ -1,4 +1,4 @@
-"""One owner per run directory (hpctf.core.ownership): atomic claims by generation, stale
+"""One owner per run directory (hpctf.core.run.ownership): atomic claims by generation, stale
 owners replaced, a resubmit's claim handed to its job; job-start and resubmit use them. Slurm
 faked at the subprocess boundary; tests/test_slurm_e2e.py runs the real thing."""
 
@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import journal, ownership
 from hpctf.core.errors import NOT_STARTING_EXIT
-from hpctf.core.ownership import Claim, claim_of
-from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import run_state
+from hpctf.core.run import journal, ownership
+from hpctf.core.run.ownership import Claim, claim_of
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.run.runstate import run_state
 from tests.conftest import DIGITS
 from tests.fake_slurm import fake_command
 

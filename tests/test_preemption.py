@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from hpctf.compute.preemption import (
+from hpctf.compute.loop.preemption import (
     PREEMPTION_SIGNALS,
     PreemptionWatch,
     SignalRecorder,

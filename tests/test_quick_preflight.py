@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.compute.cluster import ClusterSpec, cluster_spec
-from hpctf.compute.node_checks import Check
-from hpctf.compute.quick_preflight import before_tensorflow, failure_line, judge
-from hpctf.core import journal
+from hpctf.compute.doctor.node_checks import Check
+from hpctf.compute.start.cluster import ClusterSpec, cluster_spec
+from hpctf.compute.start.quick_preflight import before_tensorflow, failure_line, judge
 from hpctf.core.errors import NODE_CHECK_EXIT
-from hpctf.core.rundir import RunDir
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
 from hpctf.login.submitting.local import task_environment
 from tests.conftest import DIGITS, HPCTF, write
 
@@ -194,7 +194,7 @@ def _installed_tensorflow() -> str:
 
 
 def test_one_tensorflow_package_passes() -> None:
-    from hpctf.compute.node_checks import tensorflow_packages_check
+    from hpctf.compute.doctor.node_checks import tensorflow_packages_check
 
     assert tensorflow_packages_check(["tensorflow-cpu"], "python") is None
     assert tensorflow_packages_check([], "python") is None

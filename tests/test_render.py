@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from hpctf.cli import cli
 from hpctf.core.errors import UserError
-from hpctf.core.rundir import RunDir
-from hpctf.core.sbatch_options import MANAGED as MANAGED_OPTIONS
-from hpctf.core.sbatch_options import normalize_sbatch_option
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.settings.sbatch_options import MANAGED as MANAGED_OPTIONS
+from hpctf.core.settings.sbatch_options import normalize_sbatch_option
 from hpctf.login.submitting.render import ENVIRONMENT, sbatch_value, shell_quote
 from tests.conftest import DIGITS, ENTRIES_PATH, require_tool, write
 
@@ -379,7 +379,7 @@ SITE_DEFAULTS: dict[str, tuple[object, str | None]] = {
 
 
 def test_site_defaults_cover_every_site_resource_key() -> None:
-    from hpctf.core.config import SITE_RESOURCE_KEYS
+    from hpctf.core.settings.config import SITE_RESOURCE_KEYS
 
     assert set(SITE_DEFAULTS) == set(SITE_RESOURCE_KEYS) - {"extra_sbatch"}
 

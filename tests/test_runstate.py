@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from hpctf.core import journal
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
-from hpctf.core.jobs import jobs_of, open_jobs
-from hpctf.core.runstate import (
+from hpctf.core.run import journal
+from hpctf.core.run.jobs import jobs_of, open_jobs
+from hpctf.core.run.runstate import (
     REASONS,
     after_end,
     before_start,

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.compute.cluster import cluster_spec
-from hpctf.compute.script import call_script, exit_status, script_environment
-from hpctf.core.rundir import RunDir
+from hpctf.compute.start.cluster import cluster_spec
+from hpctf.compute.users_code.script import call_script, exit_status, script_environment
+from hpctf.core.run.rundir import RunDir
 from tests.conftest import write
 
 SCRIPT = """\
@@ -145,7 +145,7 @@ def test_call_script_runs_main_with_args_and_returns_its_exit(tmp_path: Path) ->
 
 def test_script_environment_names_run_checkpoints_rank_and_chief(tmp_path: Path) -> None:
     experiment = _experiment(tmp_path, "  script: train.py\n")
-    from hpctf.login.submitting.loader import load_config
+    from hpctf.login.resolving.loader import load_config
 
     config = load_config(experiment, "local-slurm", [], {**os.environ}).config
     env = {
@@ -206,7 +206,7 @@ def test_a_script_runs_as_main_on_every_local_task(tmp_path: Path, runs_root: Pa
 
 
 def test_copy_of_maps_a_source_file_into_its_copy_and_keeps_a_copy() -> None:
-    from hpctf.core.snapshot import Source, copy_of
+    from hpctf.core.run.snapshot import Source, copy_of
 
     sources = [Source("/src/a", "/run/code/0-a", 1, 1), Source("/src", "/run/code/1-src", 2, 2)]
     assert copy_of("/src/a/train.py", sources) == "/run/code/0-a/train.py"
@@ -216,9 +216,9 @@ def test_copy_of_maps_a_source_file_into_its_copy_and_keeps_a_copy() -> None:
 
 
 def test_keras_2_without_tf_keras_is_one_line_before_the_script() -> None:
-    from hpctf.compute.script import check_keras
-    from hpctf.core.config import Train
+    from hpctf.compute.users_code.script import check_keras
     from hpctf.core.errors import UserError
+    from hpctf.core.settings.config import Train
 
     settings = Train(script="fit.py", keras=2)
     check_keras(settings, lambda name: object())

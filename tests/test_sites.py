@@ -10,9 +10,9 @@ import yaml
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core.config import Site
-from hpctf.core.sites import available, find_site, listing, read_site, search_path
-from hpctf.login.submitting.loader import load_config
+from hpctf.core.settings.config import Site
+from hpctf.core.settings.sites import available, find_site, listing, read_site, search_path
+from hpctf.login.resolving.loader import load_config
 from tests.conftest import DIGITS, REPO, write
 
 SHIPPED = REPO / "site_configs"

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.core import journal, slurm
-from hpctf.core.rundir import RunDir
-from hpctf.core.values import slurm_time_seconds
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.scheduler import slurm
+from hpctf.core.settings.values import slurm_time_seconds
 from tests.conftest import (
     DIGITS,
     ENTRIES_PATH,

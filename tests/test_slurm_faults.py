@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.core import journal, slurm
-from hpctf.core.rundir import RunDir
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.scheduler import slurm
 from tests.conftest import (
     HPCTF,
     checkpoint_steps,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.core import journal
-from hpctf.core.rundir import RunDir
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
 from tests.conftest import HPCTF, REPO, checkpoint_steps, wait_for_job
 from tests.slurm_jobs import logs_of, submit
 

@@ -1,4 +1,4 @@
-"""Preemption warnings carried in the step's own reduction (hpctf/compute/step_flags.py): one
+"""Preemption warnings carried in the step's own reduction (hpctf/compute/loop/step_flags.py): one
 reduction per step as before, the loss unchanged, a warning seen after the next step."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.tf
 def test_the_flags_ride_in_the_one_reduction_of_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
     import tensorflow as tf
 
-    from hpctf.compute.step_flags import StepFlags, flagged_train_step
+    from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
 
     strategy = tf.distribute.get_strategy()
     weight = tf.Variable(2.0)

@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core import journal
-from hpctf.core.rundir import RunDir
-from hpctf.login.submitting import readings
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.login.resolving import readings
 from hpctf.login.sweeps.plan import (
     Grid,
     Point,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.core import slurm
-from hpctf.core.rundir import RunDir
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.scheduler import slurm
 from tests.conftest import DIGITS, HPCTF, checkpoint_steps
 from tests.slurm_jobs import logs_of
 

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient  # hpctf[dev] brings mlflow-skinny
 
 from hpctf.cli import cli
-from hpctf.compute import tracking
-from hpctf.compute.tracking import start_tracking
-from hpctf.core.rundir import RunDir
-from hpctf.login.submitting import tracking_check
+from hpctf.compute.records import tracking
+from hpctf.compute.records.tracking import start_tracking
+from hpctf.core.run.rundir import RunDir
+from hpctf.login.resolving import tracking_check
 from tests.conftest import DIGITS, write
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpctf.core.errors import STALLED_EXIT
-from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import run_state
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.run.runstate import run_state
 from hpctf.login.submitting.local import task_environment
 from tests.conftest import (
     DIGITS,
@@ -380,7 +380,7 @@ def test_tfrecords_workers_read_disjoint_files(runs_root: Path, tmp_path: Path) 
 
 def test_shard_plan_is_explicit() -> None:
     from hpctf.api import Files
-    from hpctf.compute.data import plan_shards
+    from hpctf.compute.loop.data import plan_shards
 
     files = Files([f"/d/f{i}" for i in (3, 1, 0, 2)], read=lambda names: names)
     assert plan_shards(files, 2, 0).files == ("/d/f0", "/d/f2")

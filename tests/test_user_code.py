@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from hpctf.compute import user_code
-from hpctf.compute.user_code import UserCodeError, call, region, whose
-from hpctf.core import journal
-from hpctf.core.runstate import after_end, before_start, run_state
+from hpctf.compute.users_code import user_code
+from hpctf.compute.users_code.user_code import UserCodeError, call, region, whose
+from hpctf.core.run import journal
+from hpctf.core.run.runstate import after_end, before_start, run_state
 from hpctf.login.watching.run_report import _end
 from tests.journal_records import BUDGETS, SUBMITTED, ended, started
 
@@ -39,7 +39,7 @@ def parse(text):
 
 
 def calls_hpctf():
-    from hpctf.compute import user_code
+    from hpctf.compute.users_code import user_code
     return user_code.culprit(None)
 """
 
@@ -207,7 +207,7 @@ def test_a_keras_loss_given_labels_of_the_wrong_shape_is_the_users() -> None:
     import tensorflow as tf
 
     from hpctf.api import Task
-    from hpctf.compute.training import make_train_step
+    from hpctf.compute.loop.training import make_train_step
 
     model = keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(4)])
     task = Task(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.compute.procstat import parse_status, process_usage
-from hpctf.compute.watchdog import ProgressWatchdog
+from hpctf.compute.doctor.procstat import parse_status, process_usage
+from hpctf.compute.loop.watchdog import ProgressWatchdog
 from hpctf.core.errors import STALLED_EXIT
 
 pytestmark = pytest.mark.tf
@@ -42,7 +42,7 @@ class _Gather:
 
 def _agree(views: list[dict[int, bool]]) -> list[object]:
     """Run agree_on_step on one thread per rank; ``views[r]`` maps listed step -> readable."""
-    from hpctf.compute.checkpoints import agree_on_step
+    from hpctf.compute.records.checkpoints import agree_on_step
 
     gather = _Gather(len(views))
     results: list[object] = [None] * len(views)
@@ -162,7 +162,7 @@ def test_float16_training_gets_loss_scaling(float16_policy: None) -> None:
     """Gradients of 1e-8 underflow in float16: without loss scaling the weights never move."""
     import keras
 
-    from hpctf.compute.session import with_loss_scaling
+    from hpctf.compute.loop.session import with_loss_scaling
 
     plain = keras.optimizers.SGD(1e6)
     assert _tiny_step(plain, 1e-8) == 0.0  # the defect: a plain optimizer's scale is 1
@@ -180,7 +180,7 @@ def test_scaled_constant_rate_survives_a_restore(tmp_path: Path) -> None:
     import keras
     import tensorflow as tf
 
-    from hpctf.compute.training import learning_rate_scaler
+    from hpctf.compute.loop.training import learning_rate_scaler
 
     saved = keras.optimizers.Adam(0.01)
     saved.build([tf.Variable(1.0)])
@@ -201,7 +201,7 @@ def test_scaled_schedule(tmp_path: Path) -> None:
     import keras
     import tensorflow as tf
 
-    from hpctf.compute.training import learning_rate_scaler
+    from hpctf.compute.loop.training import learning_rate_scaler
 
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5)
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(schedule))
@@ -222,8 +222,8 @@ def test_records_without_tensorboard_keep_metrics(
 ) -> None:
     """Without the tensorboard package tf.summary.scalar raises TBNotInstalledError at the first
     logged step; the records go on with metrics.jsonl and say so once, at start."""
-    from hpctf.compute.chief_records import ChiefRecords
-    from hpctf.core.rundir import RunDir
+    from hpctf.compute.records.chief_records import ChiefRecords
+    from hpctf.core.run.rundir import RunDir
 
     monkeypatch.setitem(sys.modules, "tensorboard.summary.v2", None)
     run = RunDir(tmp_path)
@@ -237,8 +237,8 @@ def test_records_without_tensorboard_keep_metrics(
 
 
 def test_records_with_tensorboard_write_events(tmp_path: Path) -> None:
-    from hpctf.compute.chief_records import ChiefRecords
-    from hpctf.core.rundir import RunDir
+    from hpctf.compute.records.chief_records import ChiefRecords
+    from hpctf.core.run.rundir import RunDir
 
     ChiefRecords(RunDir(tmp_path), chief=True).record(10, {"loss": 0.5})
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
@@ -330,8 +330,8 @@ CHIEF_FROZEN = (
 def test_a_lost_peer_is_named_by_rank_and_host(
     rank: int, code: str, message: str, named: str | None
 ) -> None:
-    from hpctf.compute.cluster import cluster_spec
-    from hpctf.compute.peers import PeerLost, lost_peer
+    from hpctf.compute.start.cluster import cluster_spec
+    from hpctf.compute.start.peers import PeerLost, lost_peer
     from hpctf.core.errors import ENVIRONMENT_EXIT
     from hpctf.login.submitting.local import task_environment
 

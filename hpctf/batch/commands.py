@@ -4,7 +4,7 @@
 once the run has given up or Slurm restarted it past its failure budget; ``job-signal`` is the
 batch shell's SIGTERM trap; ``job-end`` records why the start ended (done, preempted, timeout,
 stalled, failed, node_fail, cancelled) and requeues the job when the run's budgets allow
-(:mod:`hpctf.core.runstate` decides, from the journal alone).
+(:mod:`hpctf.core.run.runstate` decides, from the journal alone).
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import journal, ownership, slurm, slurm_queries
-from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProblem, UserError
-from hpctf.core.run_identity import check_not_a_copy
-from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import (
+from hpctf.core.run import journal, ownership
+from hpctf.core.run.run_identity import check_not_a_copy
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.run.runstate import (
     Budgets,
     after_end,
     before_start,
@@ -31,6 +30,8 @@ from hpctf.core.runstate import (
     saved_on_warning,
     since_last_start,
 )
+from hpctf.core.scheduler import slurm, slurm_queries
+from hpctf.core.settings.config import ResolvedConfig
 
 _run_dir_argument = click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 
@@ -57,7 +58,7 @@ class _GaveUp(click.ClickException):
 def job_start(run_dir: Path) -> None:
     """Record the start of a batch job in RUN_DIR; exit 1 if the run must not go on, and
     NOT_STARTING_EXIT (the batch script then ends the job with 0) when this job has nothing to
-    do: another job owns the run (:mod:`hpctf.core.ownership`), or the run is complete."""
+    do: another job owns the run (:mod:`hpctf.core.run.ownership`), or the run is complete."""
     run = RunDir.open(run_dir)
     check_not_a_copy(run)
     job_id = _job_id("job-start")
@@ -99,7 +100,7 @@ def close_unended(run: RunDir, job_id: str, walltime_signal: str) -> None:
     """The run's last start recorded no end (its batch shell died with its node, or was
     killed hard): record one now from what Slurm's accounting says of that start, its job's
     earlier run when this is the same job started again. Without an answer the journal's own
-    reading stands (:func:`hpctf.core.runstate.starts_of`)."""
+    reading stands (:func:`hpctf.core.run.runstate.starts_of`)."""
     events = run.events()
     last = run_state(events).last
     if last is None or last.reason is not None:

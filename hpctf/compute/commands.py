@@ -1,7 +1,7 @@
 """The compute-node commands: ``worker`` (what srun starts on every task), ``tfconfig``
 (each task's TF_CONFIG, for debugging inside an allocation) and ``preflight`` (``hpctf
 doctor``'s checks on every task). TensorFlow is imported only once ``worker`` hands over to
-:mod:`hpctf.compute.training`, or inside ``preflight``'s checks."""
+:mod:`hpctf.compute.loop.training`, or inside ``preflight``'s checks."""
 
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ from pathlib import Path
 
 import click
 
-from hpctf.core.config import Site
 from hpctf.core.errors import UserError
-from hpctf.core.rundir import RunDir
-from hpctf.core.sites import load_named_site
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.settings.config import Site
+from hpctf.core.settings.sites import load_named_site
 
 
 @click.command(hidden=True)
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 def worker(run_dir: Path) -> None:
     """Train one task of RUN_DIR (started by srun on every task)."""
-    from hpctf.compute.leaving import leave
-    from hpctf.compute.runtime import run_worker
+    from hpctf.compute.start.leaving import leave
+    from hpctf.compute.start.runtime import run_worker
 
     # Not sys.exit: the interpreter's teardown of TensorFlow can wait many seconds on peers
-    # that have already left (hpctf.compute.leaving).
+    # that have already left (hpctf.compute.start.leaving).
     leave(run_worker(run_dir, os.environ))
 
 
@@ -53,7 +53,7 @@ def tfconfig(run_dir: Path | None, site_name: str | None, check: bool) -> None:
     task (node, local id, GPUs) goes to stderr. Without --run-dir or --site the defaults are
     used: port_range 20000-30000 and hostname_template {host}.
     """
-    from hpctf.compute.cluster import cluster_spec
+    from hpctf.compute.start.cluster import cluster_spec
 
     if run_dir is not None and site_name:
         raise UserError("give at most one of --run-dir and --site")
@@ -67,7 +67,7 @@ def tfconfig(run_dir: Path | None, site_name: str | None, check: bool) -> None:
         port_range, template = site.port_range, site.hostname_template
     spec = cluster_spec(os.environ, port_range, template)
     if check:
-        from hpctf.compute.runtime import startup_checks
+        from hpctf.compute.start.runtime import startup_checks
 
         startup_checks(spec)
     click.echo(spec.tf_config())
@@ -78,7 +78,7 @@ def tfconfig(run_dir: Path | None, site_name: str | None, check: bool) -> None:
 @click.argument("doctor_dir", type=click.Path(path_type=Path, file_okay=False))
 def preflight(doctor_dir: Path) -> None:
     """Run `hpctf doctor`'s checks on this task; write them to DOCTOR_DIR/results/."""
-    from hpctf.compute.preflight import run_preflight
+    from hpctf.compute.doctor.preflight import run_preflight
 
     sys.exit(run_preflight(doctor_dir, os.environ))
 

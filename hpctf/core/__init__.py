@@ -1,2 +1,3 @@
-"""The small core both wings share: configuration (schemas, sources, precedence), the run
-directory, the one wrapper around Slurm commands, and the error types."""
+"""The small core the wings share: :mod:`.settings` (experiments and sites), :mod:`.run` (the run
+directory, its journal and state), :mod:`.scheduler` (the one wrapper around Slurm commands and
+the launcher type), and the error types (:mod:`.errors`)."""

@@ -6,10 +6,11 @@ Four causes, each caught in one place (the CLI edge, :mod:`hpctf.cli`; the worke
   of Slurm). One line per problem saying what was wrong and what is allowed; exit 2.
 - :class:`EnvironmentProblem`: the machine or the cluster failed (Slurm down or slow, a full
   or read-only filesystem, another rank that stopped answering:
-  :class:`hpctf.compute.peers.PeerLost`). One line, the cause kept (``raise ... from``); exit 3.
+  :class:`hpctf.compute.start.peers.PeerLost`). One line, the cause kept (``raise ... from``); exit
+  3.
 - user code: an exception raised in the user's own code (entry, data functions, loss,
   metrics, callbacks, script) is theirs: the traceback and one line naming file:line
-  (:mod:`hpctf.compute.user_code`); exit :data:`USER_CODE_EXIT`.
+  (:mod:`hpctf.compute.users_code.user_code`); exit :data:`USER_CODE_EXIT`.
 - anything else is a bug in hpctf: the traceback, and a line asking to report it; exit 70.
 
 The worker's own statuses (preempted after a checkpoint, stopped by its watchdog) are here too:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import UserError
-from hpctf.core.slurm import FINAL_STATES
+from hpctf.core.scheduler.slurm import FINAL_STATES
 
 # The run states after which nothing starts the run again by itself.
 FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled"})
@@ -174,8 +174,8 @@ def submit(
     run directory and start it. ``set``: ``{"train.steps": 100}`` or ``["train.steps=100"]``.
     On a Slurm site it returns once sbatch took the job (:meth:`Run.wait` waits); on a local
     site once the workers have ended."""
+    from hpctf.login.resolving.loader import load_config
     from hpctf.login.submitting.launch import submit_config
-    from hpctf.login.submitting.loader import load_config
 
     config = load_config(Path(experiment), site, set_texts(set), os.environ).config
     run_dir, _ = submit_config(config)

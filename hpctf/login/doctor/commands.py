@@ -2,7 +2,7 @@
 
 Renders a short job for the site (``templates/doctor.sh.j2``: the site's partition, account,
 GPUs, modules, venv, env and setup lines, as the training job gets them) that runs ``hpctf
-preflight`` (:mod:`hpctf.compute.preflight`) on every task, and submits it; or runs it inside
+preflight`` (:mod:`hpctf.compute.doctor.preflight`) on every task, and submits it; or runs it inside
 the current allocation (``--here``), or as local processes on a local site. Every task writes
 its results to ``<runs_root>/doctor-<site>-<time>/results/rank-<N>.json``; this module reads
 them and :mod:`hpctf.login.doctor.verdict` judges them together.
@@ -28,20 +28,21 @@ from typing import Any
 import click
 
 from hpctf import __version__
-from hpctf.core import sbatch_options, slurm
-from hpctf.core.config import Experiment, ResolvedConfig, Resources, Site, Train
 from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
-from hpctf.core.hostnames import expand_nodelist
-from hpctf.core.launcher import launcher_for
-from hpctf.core.replicas import expected_replicas
-from hpctf.core.rundir import write_atomic
-from hpctf.core.sites import read_site
-from hpctf.core.sources import Origin
+from hpctf.core.run.rundir import write_atomic
+from hpctf.core.scheduler import slurm
+from hpctf.core.scheduler.hostnames import expand_nodelist
+from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.settings import sbatch_options
+from hpctf.core.settings.config import Experiment, ResolvedConfig, Resources, Site, Train
+from hpctf.core.settings.replicas import expected_replicas
+from hpctf.core.settings.sites import read_site
+from hpctf.core.settings.sources import Origin
 from hpctf.login.doctor.verdict import evaluate, format_table, verdict_document
+from hpctf.login.resolving.resolve import ConfigProblems, merge_resources, resolve
 from hpctf.login.submitting.local import task_environment
 from hpctf.login.submitting.render import ENVIRONMENT, ShellCode
-from hpctf.login.submitting.resolve import ConfigProblems, merge_resources, resolve
 
 TEMPLATE = "doctor.sh.j2"
 # Options of the training job that a doctor job leaves out: it is not requeued, warned,
@@ -63,7 +64,7 @@ def doctor_config(site: Site, nodes: int, timeout: int, env: Mapping[str, str]) 
         name="hpctf-doctor",
         resources=resources,
         train=Train(
-            entry="hpctf.compute.preflight:run_preflight", global_batch_size=batch, steps=1
+            entry="hpctf.compute.doctor.preflight:run_preflight", global_batch_size=batch, steps=1
         ),
     )
     if env.get("HPCTF_RUNS_ROOT"):

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import click
 
-from hpctf.core.config import Experiment, Site
 from hpctf.core.errors import UserError
-from hpctf.core.launcher import launcher_for
-from hpctf.core.rundir import (
+from hpctf.core.run.rundir import (
     create_run_dir,
     plan_run_dir,
     write_atomic,
 )
-from hpctf.core.sites import describe_site, listing, read_site, search_path
+from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.settings.config import Experiment, Site
+from hpctf.core.settings.sites import describe_site, listing, read_site, search_path
+from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting import scaffold
 from hpctf.login.submitting.launch import submit_config, warn_if_writable_by_others
-from hpctf.login.submitting.loader import load_config
 from hpctf.login.submitting.render import explain as explain_script
 from hpctf.login.submitting.render import render
 from hpctf.login.submitting.resubmit import resubmit_run

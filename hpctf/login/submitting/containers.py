@@ -19,10 +19,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import UserError
-from hpctf.core.launcher import launcher_for
-from hpctf.core.snapshot import CODE_DIR
+from hpctf.core.run.snapshot import CODE_DIR
+from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.settings.config import ResolvedConfig
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ saves, how many checkpoints it keeps).
 
 The run's frozen config.json is rewritten with the new values, a done run's DONE file is
 taken away (its content kept in the journal), and the change is recorded in the journal as an
-``extended`` record (:mod:`hpctf.core.runstate` then counts the run done only once a start
+``extended`` record (:mod:`hpctf.core.run.runstate` then counts the run done only once a start
 after it is), so ``hpctf status`` shows it. The next start resumes from the latest checkpoint
 as any resubmit does.
 """
@@ -15,11 +15,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hpctf.core import journal
-from hpctf.core.config import Experiment, ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.rundir import RunDir, write_atomic
-from hpctf.core.validation import apply_overrides, validate_model
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir, write_atomic
+from hpctf.core.settings.config import Experiment, ResolvedConfig
+from hpctf.core.settings.validation import apply_overrides, validate_model
 from hpctf.login.submitting.render import render
 
 # Keys a resubmit may change: the training loop reads them at each start, and neither the

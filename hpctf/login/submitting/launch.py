@@ -13,12 +13,19 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import journal, slurm
-from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT
-from hpctf.core.launcher import LocalLauncher, SlurmLauncher, launcher_for
-from hpctf.core.rundir import RunDir, RunDirTaken, create_run_dir, plan_run_dir, remove_new_run_dir
-from hpctf.core.slurm import SlurmFailure
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import (
+    RunDir,
+    RunDirTaken,
+    create_run_dir,
+    plan_run_dir,
+    remove_new_run_dir,
+)
+from hpctf.core.scheduler import slurm
+from hpctf.core.scheduler.launcher import LocalLauncher, SlurmLauncher, launcher_for
+from hpctf.core.scheduler.slurm import SlurmFailure
+from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.render import render
 
 
@@ -108,8 +115,8 @@ def _start_slurm(run: RunDir, config: ResolvedConfig, exclude: str | None) -> in
     return 0
 
 
-# How each launcher (hpctf.core.launcher) starts a job: here, not in the launcher type, since
-# the worker imports that type and never the local launcher's process handling.
+# How each launcher (hpctf.core.scheduler.launcher) starts a job: here, not in the launcher type,
+# since the worker imports that type and never the local launcher's process handling.
 _STARTS = {LocalLauncher.name: _start_local, SlurmLauncher.name: _start_slurm}
 
 

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
-from hpctf.core import journal, ownership
-from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
-from hpctf.core.rundir import RunDir
+from hpctf.core.run import journal, ownership
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.settings.config import ResolvedConfig
 
 
 def task_environment(
@@ -74,7 +74,7 @@ PREEMPTION_GRACE_S = 60.0
 # How long the workers may take, once warned by the launcher, to reach the next agreed step,
 # save it and exit (the agreement comes every train.preemption_check_every_steps steps).
 WARNED_GRACE_S = 120.0
-# The worker's fallback watch on its launcher (hpctf.compute.launcher_watch) reads this.
+# The worker's fallback watch on its launcher (hpctf.compute.start.launcher_watch) reads this.
 LAUNCHER_PID_ENV = "HPCTF_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -150,7 +150,7 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
     launcher (:func:`_end_with`).
     """
     job_id = os.getpid()
-    # One owner per run directory (hpctf.core.ownership), as job-start does on Slurm: a resubmit
+    # One owner per run directory (hpctf.core.run.ownership), as job-start does on Slurm: a resubmit
     # of this run has claimed it for this process already; anyone else's live claim stops here.
     owner = ownership.take(run.path, ownership.claim_of("local"), ownership.alive, 0)
     if owner is not None:

@@ -27,12 +27,12 @@ import jinja2
 from jinja2 import nodes
 
 from hpctf import __version__
-from hpctf.core import sbatch_options
 from hpctf.core.assets import shipped_dir
-from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import UserError
-from hpctf.core.sources import KeyPath, Origin
-from hpctf.core.values import ENV_NAME_RE
+from hpctf.core.settings import sbatch_options
+from hpctf.core.settings.config import ResolvedConfig
+from hpctf.core.settings.sources import KeyPath, Origin
+from hpctf.core.settings.values import ENV_NAME_RE
 from hpctf.login.submitting.containers import container_launch
 
 TEMPLATE = "sbatch.sh.j2"

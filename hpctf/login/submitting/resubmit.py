@@ -12,15 +12,16 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import checkpoint_files, journal, ownership, slurm, snapshot
-from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.jobs import jobs_of
-from hpctf.core.launcher import launcher_for
-from hpctf.core.run_identity import check_not_a_copy
-from hpctf.core.rundir import RunDir, with_snapshot
-from hpctf.core.runstate import run_state
-from hpctf.core.slurm import FINAL_STATES
+from hpctf.core.run import checkpoint_files, journal, ownership, snapshot
+from hpctf.core.run.jobs import jobs_of
+from hpctf.core.run.run_identity import check_not_a_copy
+from hpctf.core.run.rundir import RunDir, with_snapshot
+from hpctf.core.run.runstate import run_state
+from hpctf.core.scheduler import slurm
+from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.scheduler.slurm import FINAL_STATES
+from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.extend import extend_run, extended_config
 from hpctf.login.submitting.launch import start_run
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hpctf.core.assets import shipped_dir
 from hpctf.core.errors import UserError
-from hpctf.core.sites import find_site
+from hpctf.core.settings.sites import find_site
 
 FILES = ("experiment.yaml", "train.py")
 

@@ -2,7 +2,7 @@
 
 Each point is a whole experiment: ``--set`` of its values on top of the sweep's own ``--set``,
 resolved and validated as ``hpctf submit`` does
-(:func:`hpctf.login.submitting.loader.load_config`), with a run directory of its own. On a Slurm
+(:func:`hpctf.login.resolving.loader.load_config`), with a run directory of its own. On a Slurm
 site all points go in one job array (several when there are more than MaxArraySize), ``%K``
 throttled; the array's script is the single-run template with the run directory picked by the
 task's index (:class:`hpctf.login.submitting.render.ArrayScript`).
@@ -21,16 +21,17 @@ from typing import Any
 
 import click
 
-from hpctf.core import journal, slurm, slurm_queries
-from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.jobs import open_jobs as open_jobs_of
-from hpctf.core.launcher import is_slurm, launcher_for
-from hpctf.core.rundir import RunDir, runs_root, write_atomic
-from hpctf.core.slurm import FINAL_STATES, SlurmFailure
+from hpctf.core.run import journal
+from hpctf.core.run.jobs import open_jobs as open_jobs_of
+from hpctf.core.run.rundir import RunDir, runs_root, write_atomic
+from hpctf.core.scheduler import slurm, slurm_queries
+from hpctf.core.scheduler.launcher import is_slurm, launcher_for
+from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
+from hpctf.core.settings.config import ResolvedConfig
+from hpctf.login.resolving.loader import load_config
+from hpctf.login.resolving.readings import Readings
 from hpctf.login.submitting.launch import start_run
-from hpctf.login.submitting.loader import load_config
-from hpctf.login.submitting.readings import Readings
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
     DEFAULT_MAX_POINTS,

@@ -12,9 +12,9 @@ from typing import Any
 
 import click
 
-from hpctf.core.config import ResolvedConfig
-from hpctf.core.launcher import launcher_for
-from hpctf.core.rundir import RunDir, create_run_dir
+from hpctf.core.run.rundir import RunDir, create_run_dir
+from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.launch import warn_if_writable_by_others
 from hpctf.login.submitting.render import render
 from hpctf.login.sweeps import commands  # the array's parts (looked up at each call)

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
-from hpctf.core import journal, slurm
 from hpctf.core.errors import UserError
-from hpctf.core.jobs import open_jobs as open_jobs_of
-from hpctf.core.run_identity import check_not_a_copy
+from hpctf.core.run import journal
+from hpctf.core.run.jobs import open_jobs as open_jobs_of
+from hpctf.core.run.run_identity import check_not_a_copy
+from hpctf.core.scheduler import slurm
 from hpctf.login.sweeps.commands import sweep_cancel
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
 from hpctf.login.watching.runs import Run

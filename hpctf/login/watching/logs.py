@@ -13,12 +13,12 @@ from typing import Any
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.rundir import RunDir
-from hpctf.core.runstate import Start, starts_of
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.run.runstate import Start, starts_of
 from hpctf.login.watching.runs import FINAL_RUN_STATES, Run
 from hpctf.login.watching.slurm_view import slurm_records
 
-# The first line every worker writes at each start (hpctf.compute.runtime.run_worker).
+# The first line every worker writes at each start (hpctf.compute.start.runtime.run_worker).
 WORKER_HEADER = re.compile(
     rb"^\d\d:\d\d:\d\d rank \d+: host \S+ pid \d+ \(SLURMD_NODENAME [^)]*\) SLURM_PROCID "
 )
@@ -26,7 +26,7 @@ WORKER_HEADER = re.compile(
 
 def worker_starts(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, Start]]:
     """The starts (numbered from 1) that ran the worker: not those that ``job-start`` stopped
-    at once (:attr:`hpctf.core.runstate.Start.refused`)."""
+    at once (:attr:`hpctf.core.run.runstate.Start.refused`)."""
     return [(n, s) for n, s in enumerate(starts_of(events), 1) if not s.refused]
 
 

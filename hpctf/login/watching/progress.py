@@ -10,12 +10,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpctf.core.runstate import Start
+from hpctf.core.run.runstate import Start
 from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, epoch_seconds, metric_records
 
 
 def elapsed_seconds(starts: Sequence[Start], running: bool, now: float) -> float:
-    """Time spent in ``starts`` (:func:`hpctf.core.runstate.starts_of`), over all of them: each
+    """Time spent in ``starts`` (:func:`hpctf.core.run.runstate.starts_of`), over all of them: each
     from its start to its ``ended`` record (a start killed without one: to its last record; the
     running one: to ``now``)."""
     total = 0.0

@@ -9,15 +9,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from hpctf.core import journal, slurm, snapshot
-from hpctf.core.jobs import jobs_of
-from hpctf.core.runstate import (
+from hpctf.core.run import journal, snapshot
+from hpctf.core.run.jobs import jobs_of
+from hpctf.core.run.runstate import (
     FAILURE_REASONS,
     PREEMPTION_REASONS,
     RunState,
     Start,
     starts_of,
 )
+from hpctf.core.scheduler import slurm
 from hpctf.login.watching.progress import code_text, duration, progress, sparkline
 from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records
 from hpctf.login.watching.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
@@ -25,7 +26,7 @@ from hpctf.login.watching.slurm_view import REQUEUED_STATES, SlurmView, slurm_st
 
 def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
     """The run's state as every command shows it (status, plot): the journal's
-    (:func:`hpctf.core.runstate.run_state`) with what Slurm's queue adds, the one place it is
+    (:func:`hpctf.core.run.runstate.run_state`) with what Slurm's queue adds, the one place it is
     applied. ``current`` is :func:`slurm_state` of the run's job.
 
     Slurm requeues a job itself after a node failure, a preemption or ``scontrol requeue``: the

@@ -19,12 +19,12 @@ from typing import Any
 
 import click
 
-from hpctf.core import journal
-from hpctf.core.config import ResolvedConfig
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.launcher import launcher_for
-from hpctf.core.rundir import RunDir, run_dirs_under
-from hpctf.core.runstate import RunState, run_state
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir, run_dirs_under
+from hpctf.core.run.runstate import RunState, run_state
+from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.settings.config import ResolvedConfig
 
 FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running", "requeued"})
@@ -36,8 +36,8 @@ def runs_root_for(root: Path | None, site_name: str | None, env: Mapping[str, st
     """Where runs live, without RUN arguments (see the module docstring for the order)."""
     if root is not None:
         return root
-    from hpctf.core.sites import load_named_site
-    from hpctf.login.submitting.resolve import expand_path
+    from hpctf.core.settings.sites import load_named_site
+    from hpctf.login.resolving.resolve import expand_path
 
     if env.get("HPCTF_RUNS_ROOT"):
         where, value = "HPCTF_RUNS_ROOT", env["HPCTF_RUNS_ROOT"]
@@ -54,8 +54,8 @@ def every_runs_root(env: Mapping[str, str]) -> list[Path]:
     """Every runs root hpctf knows of, each once: ``$HPCTF_RUNS_ROOT``, then the runs_root of
     each site on the search path (``hpctf sites``). A site that does not load, or whose
     runs_root names a variable that is not set here, is skipped: ``hpctf sites NAME`` says why."""
-    from hpctf.core.sites import available, load_named_site
-    from hpctf.login.submitting.resolve import expand_path
+    from hpctf.core.settings.sites import available, load_named_site
+    from hpctf.login.resolving.resolve import expand_path
 
     values = [env["HPCTF_RUNS_ROOT"]] if env.get("HPCTF_RUNS_ROOT") else []
     for name in available(env):

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.jobs import cancelled_by_user
-from hpctf.core.slurm import SlurmFailure
-from hpctf.core.slurm_queries import JobRecord, sacct_jobs, squeue_jobs
+from hpctf.core.run.jobs import cancelled_by_user
+from hpctf.core.scheduler.slurm import SlurmFailure
+from hpctf.core.scheduler.slurm_queries import JobRecord, sacct_jobs, squeue_jobs
 from hpctf.login.watching.runs import ACTIVE_RUN_STATES, Run
 
 # Slurm's states of a job back in the queue after a requeue.

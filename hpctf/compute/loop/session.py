@@ -1,0 +1,401 @@
+"""What hpctf gives every training loop on a compute node, its own and a user's.
+
+A :class:`Session` owns the strategy, the checkpoints (chief-only, verified, with fallback),
+the data position, the chief's records and the preemption hook. hpctf's built-in loop
+(:mod:`hpctf.compute.loop.training`) is one client; a user with a loop of their own
+(``train.loop: custom``) gets the same session, so their script has the same guarantees::
+
+    def main(session: hpctf.compute.loop.session.Session, **args) -> None:
+        with session.strategy.scope():
+            model, optimizer = build(...)
+        start = session.track(model=model, optimizer=optimizer)   # restores, returns the step
+        iterator = session.distribute(train_data)  # positioned at `start`
+        total = session.total_steps  # train.steps, or train.epochs over train_data
+        for step in range(start + 1, total + 1):
+            loss = my_step(iterator)
+            session.step_done(step, loss=loss)  # logs, checkpoints, handles preemption
+        session.finish(total)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from hpctf.api import DataSource
+from hpctf.compute.doctor.procstat import process_usage
+from hpctf.compute.loop.cadence import AgreementClock, Cadence
+from hpctf.compute.loop.data import cardinality, evaluation_dataset, plan_shards, training_input
+from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather
+from hpctf.compute.loop.watchdog import ProgressWatchdog
+from hpctf.compute.records.checkpoints import Checkpointer
+from hpctf.compute.records.chief_records import ChiefRecords
+from hpctf.compute.start.cluster import ClusterSpec
+from hpctf.compute.start.joining import Connection, connect
+from hpctf.core.errors import PREEMPTED_EXIT, UserError
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir, write_atomic
+from hpctf.core.settings.config import Checkpoint, Train
+
+log = logging.getLogger("hpctf.worker")
+
+
+def with_loss_scaling(optimizer: Any, policy: str | None) -> Any:
+    """``optimizer`` wrapped in Keras's dynamic loss scaling when ``policy`` computes in
+    float16, whose small gradients underflow to zero without it; unchanged otherwise.
+
+    Keras 3 applies no loss scaling by itself: a plain optimizer's ``scale_loss`` is the
+    identity (keras.io/api/mixed_precision/loss_scale_optimizer). bfloat16 has float32's
+    exponent range and needs none.
+    """
+    if policy != "mixed_float16" or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer
+    return keras.optimizers.LossScaleOptimizer(optimizer)
+
+
+def _format_eta(seconds: float) -> str:
+    minutes, secs = divmod(max(0, round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def steps_for_epochs(settings: Train, examples: int | None, global_batch: int) -> int:
+    """``train.epochs`` times the full global batches in one pass over ``examples``."""
+    if examples is None:
+        raise UserError(
+            "train.epochs needs a training set of known size (a finite dataset, or "
+            "hpctf.Files(..., examples=N)); or give train.steps"
+        )
+    per_epoch = examples // global_batch
+    if per_epoch == 0:
+        raise UserError(
+            f"train.global_batch_size {global_batch} exceeds the {examples} training examples"
+        )
+    return per_epoch * (settings.epochs or 1)
+
+
+@contextlib.contextmanager
+def open_session(
+    settings: Train,
+    checkpoint: Checkpoint,
+    run: RunDir,
+    spec: ClusterSpec,
+    warning_seconds: int | None = None,
+) -> Iterator[Session]:
+    """Join the cluster (:func:`hpctf.compute.start.joining.connect`), then a :class:`Session` with
+    its watchdog and preemption watch for as long as the block runs; on leaving, the watchdog
+    is stopped and the signal handlers the watch replaced are back.
+
+    ``warning_seconds``: how long before the time limit Slurm warns (None off Slurm); it
+    bounds how long a warning may wait for the ranks' agreement, in seconds.
+    """
+    if settings.global_batch_size is None:  # the config allows that for train.script only
+        raise UserError("train.global_batch_size is required with train.entry")
+    connection = connect(settings, spec)
+    gather = make_gather(connection.strategy)
+    timeout = settings.stall_timeout_seconds
+    where = f"rank {spec.task_index} on {spec.node}"
+    watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
+    try:
+        # After the strategy exists: TF's C++ handler would swallow SIGTERM otherwise.
+        with PreemptionWatch(gather) as preemption:
+            yield Session(
+                settings,
+                checkpoint,
+                run,
+                spec,
+                connection=connection,
+                gather=gather,
+                preemption=preemption,
+                watchdog=watchdog,
+                clock=AgreementClock(settings.preemption_check_every_steps, warning_seconds),
+            )
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+
+
+class Session:
+    """One rank's share of a run: strategy, checkpoints, data position, records, signals.
+
+    Made by :func:`open_session`, which owns the parts' lifetimes; what each step calls for is
+    :class:`hpctf.compute.loop.cadence.Cadence`'s to say.
+    """
+
+    def __init__(
+        self,
+        settings: Train,
+        checkpoint: Checkpoint,
+        run: RunDir,
+        spec: ClusterSpec,
+        *,
+        connection: Connection,
+        gather: Callable[[int], list[int]],
+        preemption: PreemptionWatch,
+        watchdog: ProgressWatchdog | None,
+        clock: AgreementClock,
+    ) -> None:
+        self.settings = settings
+        self.global_batch_size: int = settings.global_batch_size or 0
+        self._checkpoint_settings = checkpoint
+        self.run = run
+        self.spec = spec
+        self.strategy = connection.strategy
+        self.precision_policy = connection.precision_policy
+        self._gather = gather
+        self._preemption = preemption
+        self._watchdog = watchdog
+        self._clock = clock
+        self._warning_seconds = clock.warning_seconds
+        # The last step is known from train.steps; with train.epochs once distribute() has
+        # counted the data.
+        self._cadence = Cadence(settings.log_every_steps, checkpoint.every_steps, settings.steps)
+        self._save_seconds: float | None = None  # the last save, until warned about
+        self._last_save_seconds: float | None = None  # the last save, for the records
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self._checkpointer: Checkpointer | None = None
+        self._records = ChiefRecords(run, spec.is_chief)
+        self._window = (time.perf_counter(), 0)
+
+    @property
+    def total_steps(self) -> int:
+        """The run's last step: ``train.steps``, or with ``train.epochs`` the epochs times the
+        full global batches of the data :meth:`distribute` was given (UserError before)."""
+        if self._cadence.total is None:
+            raise UserError(
+                "train.epochs: the session learns the last step from the data given to "
+                "session.distribute(...); call it first, or give train.steps"
+            )
+        return self._cadence.total
+
+    # --- checkpoints and data --------------------------------------------------------------
+
+    def track(self, **objects: Any) -> int:
+        """Checkpoint ``objects`` (model, optimizer, ...) from now on; restore the newest whole
+        checkpoint into them; return the step to continue after (0 for a fresh run)."""
+        checkpoint = tf.train.Checkpoint(step=self._step, **objects)
+        settings = self._checkpoint_settings
+        self._checkpointer = Checkpointer(
+            checkpoint, self.run.checkpoints, self.spec, settings.keep, settings.asynchronous
+        )
+        if self.precision_policy == "mixed_float16" and not any(
+            isinstance(o, keras.optimizers.LossScaleOptimizer) for o in objects.values()
+        ):
+            log.warning(
+                "mixed_float16 without loss scaling: small gradients underflow to zero; wrap "
+                "the optimizer with hpctf.compute.loop.session.with_loss_scaling(optimizer, "
+                "session.precision_policy)"
+            )
+        restored = self._checkpointer.restore_agreed(self._gather)
+        self.keepalive("restore")
+        start = int(self._step.numpy())
+        if restored:
+            log.info("resumed from %s at step %d", restored, start)
+        else:
+            log.info("no checkpoint in %s: starting at step 0", self.run.checkpoints)
+        self._window = (time.perf_counter(), start)
+        self._clock.restart(start)
+        return start
+
+    @property
+    def checkpoint_every_steps(self) -> int:
+        """checkpoint.every_steps: :meth:`step_done` saves the steps it divides."""
+        return self._checkpoint_settings.every_steps
+
+    @property
+    def start_step(self) -> int:
+        return int(self._step.numpy())
+
+    def save(self, step: int) -> None:
+        """Save a checkpoint of ``step``; every rank must call it (collectives inside)."""
+        if self._checkpointer is None:
+            raise RuntimeError("call Session.track(...) before saving")
+        self._step.assign(step)
+        self.keepalive(f"step {step}")
+        started = time.perf_counter()
+        path = self._checkpointer.save(step)
+        self._save_seconds = self._last_save_seconds = time.perf_counter() - started
+        if path is not None:
+            log.info("checkpoint %s (%.2f s)", path, self._save_seconds)
+        self.keepalive(f"checkpoint of step {step}")
+
+    def wait_for_saves(self) -> None:
+        """Return once no checkpoint is being written (``checkpoint.asynchronous``)."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+
+    def distribute(self, source: DataSource, shuffle_buffer: int = 10_000) -> Any:
+        """An iterator over ``source``, sharded (FILE or DATA, logged), batched to the global
+        batch, and positioned after the step that :meth:`track` restored."""
+        if self._cadence.total is None:
+            total = steps_for_epochs(self.settings, cardinality(source), self.global_batch_size)
+            self._cadence = dataclasses.replace(self._cadence, total=total)
+        plan = plan_shards(source, len(self.spec.workers), self.spec.task_index)
+        (log.warning if plan.policy == "DATA" and len(self.spec.workers) > 1 else log.info)(
+            "input: %s sharding, %s", plan.policy, plan.reason
+        )
+        if plan.policy == "FILE":
+            log.info("input files of this rank: %s", ",".join(plan.files))
+        dataset_fn = training_input(
+            source,
+            plan,
+            self.global_batch_size,
+            self.settings.seed,
+            shuffle_buffer,
+            self.start_step,
+        )
+        return iter(self.strategy.distribute_datasets_from_function(dataset_fn))
+
+    def examples_in(self, source: DataSource) -> int | None:
+        """How many examples ``source`` holds, or None when that is not known up front."""
+        return cardinality(source)
+
+    def evaluation_dataset(self, source: DataSource) -> Any:
+        """``source`` in global batches, every example once (the last batch may be smaller);
+        build it once, distribute it for each evaluation."""
+        return evaluation_dataset(source, self.global_batch_size)
+
+    # --- the loop's hook -------------------------------------------------------------------
+
+    def step_done(self, step: int, loss: float | None = None) -> None:
+        """Call after every step, on every rank: logs progress, checkpoints every
+        ``checkpoint.every_steps`` and at the last step, and on a preemption signal to any rank
+        saves this step on all ranks and raises :class:`Preempted` (exit status 75)."""
+        self.keepalive(f"step {step}")
+        self.total_steps  # noqa: B018 -- UserError while the last step is unknown
+        due = self._cadence.due(step, self._clock.next)
+        if loss is not None and due.log:
+            self._log_progress(step, loss)
+        if due.save:
+            self.save(step)
+        if due.agree:
+            self._agree(step, saved=due.save)
+
+    def _agree(self, step: int, saved: bool) -> None:
+        """The ranks' agreement at ``step``: on a warning to any rank, save (unless ``saved``),
+        record it and raise :class:`Preempted`; at the last step, finish instead."""
+        signum, slowest = self._preemption.agree(self._clock.step_seconds(step))
+        self._clock.agreed(step, slowest)
+        self._warn_if_saves_outlast_the_warning(slowest)
+        if not signum:
+            return
+        name = signal.Signals(signum).name
+        if step == self._cadence.total:
+            log.warning("got %s at the last step: finishing instead of requeuing", name)
+            return
+        if not saved:
+            self.save(step)
+        self.wait_for_saves()  # the agreed step on disk before the record says so
+        if self.spec.is_chief:
+            # The batch script requeues on this record, not on srun's exit status: srun
+            # --kill-on-bad-exit may kill a rank that is still exiting after the save.
+            journal.record_saved_on_warning(
+                self.run,
+                self.spec.journal_job,
+                step,
+                name.removeprefix("SIG"),  # as the site names it: USR2, TERM
+            )
+        # No rank leaves before the chief has written the checkpoint and the record: the
+        # caller's close() is the barrier.
+        log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
+        raise Preempted()
+
+    def _warn_if_saves_outlast_the_warning(self, slowest_step: float) -> None:
+        """Once, on the chief: a warning of fewer seconds than about three saves plus a step
+        cannot be acted on in time."""
+        warning, save = self._warning_seconds, self._save_seconds
+        if not (self.spec.is_chief and warning and save is not None):
+            return
+        if 3 * save + slowest_step > warning:
+            log.warning(
+                "a checkpoint takes %.1f s and a step %.2f s: the site's "
+                "preemption.warning_seconds (%d) is shorter than three saves and a step; "
+                "ask for a longer warning",
+                save,
+                slowest_step,
+                warning,
+            )
+        self._save_seconds = None  # said once per measurement, not at every check
+
+    def _log_progress(self, step: int, loss: float) -> None:
+        now = time.perf_counter()
+        started, first = self._window
+        rate = (step - first) / max(now - started, 1e-9)
+        self._window = (now, step)
+        batch = self.global_batch_size
+        total = self.total_steps
+        eta = _format_eta((total - step) / rate) if rate else "?"
+        log.info(
+            "step %d/%s loss %.4f %.1f steps/s %.0f examples/s eta %s",
+            step,
+            total,
+            loss,
+            rate,
+            rate * batch,
+            eta,
+        )
+        # Threads and RSS with every logged step: a leak shows in metrics.jsonl long before
+        # it kills the process.
+        values = {"loss": loss, "steps_per_s": round(rate, 3), **process_usage()}
+        values["total_steps"] = total  # with train.epochs only the worker knows it: status reads it
+        if self._last_save_seconds is not None:
+            values["save_s"] = round(self._last_save_seconds, 3)
+        self.record(step, values)
+
+    def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
+        """Chief only: one line of metrics.jsonl and TensorBoard scalars (``group/name``)."""
+        self._records.record(step, values, group)
+
+    def keepalive(self, what: str = "progress") -> None:
+        """Tell the watchdog that training moves. :meth:`step_done` does it for every step; a
+        loop with long phases between steps (evaluation, a slow save) calls it within each
+        ``train.stall_timeout_seconds``, or the rank is taken as stuck."""
+        if self._watchdog is not None:
+            self._watchdog.beat(what)
+
+    def finish(self, step: int, results: dict[str, float] | None = None) -> None:
+        """Mark the run complete (the chief writes DONE)."""
+        self.wait_for_saves()  # the last checkpoint on disk before DONE says so
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self.spec.is_chief:
+            write_atomic(self.run.done, json.dumps({"step": step, "eval": results or {}}) + "\n")
+            log.info("training complete: %s", self.run.done)
+        sys.stdout.flush()
+
+    def await_stall_verdict(self) -> None:
+        """When a peer stopped answering while this rank, too, made no progress for half of
+        ``train.stall_timeout_seconds`` or more, its own watchdog most likely ended it (every
+        rank's sees a stuck rank at about the same moment): let this rank's watchdog end it
+        the same way (exit 124, the run's end ``stalled``). Returns at once otherwise."""
+        watchdog = self._watchdog
+        if watchdog is None or watchdog.stalled_for() < watchdog.timeout / 2:
+            return
+        # The watchdog checks every timeout/10 s (0.5 to 10 s); one check more, and a margin.
+        check = min(max(watchdog.timeout / 10, 0.5), 10.0)
+        time.sleep(max(watchdog.timeout - watchdog.stalled_for(), 0.0) + 2 * check)
+
+    def close(self) -> None:
+        """Leave together, on every rank, after :meth:`finish` or :class:`Preempted`: one last
+        collective, entered only after every other one, so no rank leaves while a peer still
+        needs it (the chief's checkpoint and records included). A peer that passed it first
+        and left makes it fail here: harmless, said in one line. The caller then leaves at
+        once (:func:`hpctf.compute.start.leaving.leave`)."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        started = time.perf_counter()
+        try:
+            self._gather(0)
+        except tf.errors.OpError as exc:
+            log.info("a peer left before the last barrier: %s", str(exc).strip().splitlines()[0])
+        log.info("all ranks finished; leaving (barrier %.2f s)", time.perf_counter() - started)

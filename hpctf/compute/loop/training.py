@@ -1,0 +1,371 @@
+"""hpctf's built-in training loop, a client of :class:`hpctf.compute.loop.session.Session`.
+
+Not ``model.fit``: Keras 3's fit is broken under MultiWorkerMirroredStrategy
+(keras-team/keras#20585, ``strategy.reduce`` on a tuple of PerReplica). A custom loop --
+``strategy.run`` inside a ``tf.function``, ``tf.nn.compute_average_loss`` -- works with Keras 3
+models and optimizers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import keras
+import tensorflow as tf
+
+from hpctf.api import DataSource, Task
+from hpctf.compute.loop.preemption import Preempted
+from hpctf.compute.loop.session import Session, open_session, with_loss_scaling
+from hpctf.compute.start.cluster import ClusterSpec
+from hpctf.compute.start.leaving import exit_later
+from hpctf.compute.start.peers import PeerLost, lost_peer
+from hpctf.compute.users_code import user_code
+from hpctf.compute.users_code.compile_style import resolve_loss, resolve_metrics, resolve_optimizer
+from hpctf.compute.users_code.task_callbacks import TaskCallbacks
+from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.settings.config import ResolvedConfig, Train
+
+log = logging.getLogger("hpctf.worker")
+
+
+def load_entry(entry: str | None) -> Callable[..., Any]:
+    """Import ``module:function``."""
+    if entry is None:
+        raise UserError("train.entry is not set")
+    module_name, _, function_name = entry.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"train.entry {entry!r}: cannot import {module_name}: {exc}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise UserError(f"train.entry {entry!r}: {module_name} has no function {function_name}")
+    return function  # type: ignore[no-any-return]
+
+
+def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
+    """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint.
+    A peer that stops answering is :class:`hpctf.compute.start.peers.PeerLost` (exit 3)."""
+    settings = config.experiment.train
+    warning = launcher_for(config.site).warning_seconds
+    with open_session(settings, config.experiment.checkpoint, run, spec, warning) as session:
+        try:
+            return _train(config, run, spec, session)
+        except tf.errors.OpError as exc:
+            lost = _peer_lost(exc, spec, session)
+            if lost is None:
+                raise
+            raise lost from exc
+
+
+# The gRPC statuses of TF's errors when a peer goes away, by the names hpctf.compute.start.peers
+# uses.
+_PEER_LOSS_STATUSES = {
+    tf.errors.UNAVAILABLE: "UNAVAILABLE",
+    tf.errors.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
+    tf.errors.ABORTED: "ABORTED",
+    tf.errors.CANCELLED: "CANCELLED",
+}
+
+
+def _peer_lost(exc: tf.errors.OpError, spec: ClusterSpec, session: Session) -> PeerLost | None:
+    """The peer that ``exc`` says stopped answering, or None when it is about something else."""
+    code = _PEER_LOSS_STATUSES.get(exc.error_code, type(exc).__name__)
+    lost = lost_peer(code, exc.message, spec)
+    if lost is not None:
+        session.await_stall_verdict()  # a peer whose watchdog ended it: this rank stalled too
+    return lost
+
+
+def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec, session: Session) -> int:
+    settings = config.experiment.train
+    status = 0
+    try:
+        with user_code.region():
+            entry = load_entry(settings.entry)
+            if settings.loop == "custom":
+                user_code.call(f"train.entry {settings.entry}", entry, session, **settings.args)
+            else:
+                builtin_loop(session, entry)
+    except Preempted as stop:
+        status = int(stop.code or 0)
+    except user_code.UserCodeError as exc:
+        # A custom loop's collective that failed because a peer left raises from the user's
+        # frame: the peer's fault, not the user's code.
+        cause = exc.__cause__
+        if isinstance(cause, tf.errors.OpError) and (lost := _peer_lost(cause, spec, session)):
+            raise lost from cause
+        return user_code.report(exc, run, spec)
+    except EnvironmentProblem as exc:
+        if spec.is_chief:  # the batch script does not requeue a run the environment stopped
+            with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full too
+                journal.record_environment_failed(run, spec.journal_job, str(exc))
+        raise
+    # Bounded, whatever the last barrier and TensorFlow's heartbeats do (a peer gone silent
+    # is detected only by heartbeats, seconds later).
+    exit_later(status, LEAVE_WITHIN_S)
+    session.close()
+    return status
+
+
+# From the end of training (DONE written, or the agreed preemption save) to the process's exit.
+LEAVE_WITHIN_S = 4.0
+
+
+def build_task(
+    entry: Callable[..., Any], settings: Train, strategy: Any, policy: str | None = None
+) -> Task:
+    """Call the user's entry inside the strategy's scope; check and finish what it returns
+    (loss scaling for float16, optimizer slots built)."""
+    with strategy.scope():
+        task = user_code.call(f"train.entry {settings.entry}", entry, **settings.args)
+        if not isinstance(task, Task):
+            raise UserError(
+                f"train.entry {settings.entry!r} returned {type(task).__name__}, not hpctf.Task"
+            )
+        # What model.compile takes (names, Keras losses of any reduction, metric lists), once.
+        task = dataclasses.replace(
+            task,
+            optimizer=resolve_optimizer(task.optimizer),
+            loss=resolve_loss(task.loss),
+            metrics=resolve_metrics(task.metrics, task.loss),
+        )
+        task.optimizer = with_loss_scaling(task.optimizer, policy)
+        # Build optimizer slots now so a restore fills them instead of deferring.
+        task.optimizer.build(task.model.trainable_variables)
+    return task
+
+
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):  # type: ignore[misc]
+    """A user's learning-rate schedule times a constant factor."""
+
+    def __init__(self, schedule: Any, factor: float) -> None:
+        self.schedule = schedule
+        self.factor = factor
+
+    def __call__(self, step: Any) -> Any:
+        return self.schedule(step) * self.factor
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "schedule": keras.optimizers.schedules.serialize(self.schedule),
+            "factor": self.factor,
+        }
+
+
+def learning_rate_scaler(optimizer: Any, replicas: int) -> Callable[[], str]:
+    """For ``train.scale_learning_rate``: a function that sets ``optimizer``'s learning rate
+    to the rate the entry gave times ``replicas`` and says what it did.
+
+    Call it after restoring a checkpoint: a constant rate is an optimizer variable, so a
+    restore would bring back the rate scaled for the replica count of the job that saved it.
+    A schedule cannot be assigned a number (Keras raises TypeError) and is wrapped instead.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under LossScaleOptimizer
+    # Keras keeps the constructor's value in _learning_rate: a Variable, a schedule or a
+    # callable; the public property returns only the current number.
+    given = inner._learning_rate
+    if isinstance(given, keras.optimizers.schedules.LearningRateSchedule):
+        scaled: Any = ScaledSchedule(given, replicas)
+        text = f"{type(given).__name__} x {replicas}"
+    elif callable(given):  # Keras calls a plain callable without the step
+        scaled = ScaledSchedule(lambda step: given(), replicas)
+        text = f"{given!r} x {replicas}"
+    else:
+        base = float(keras.ops.convert_to_numpy(given))
+        scaled = base * replicas
+        text = f"{base:g} -> {scaled:g}"
+
+    def apply() -> str:
+        inner.learning_rate = scaled
+        return f"learning rate scaled by {replicas} replicas: {text}"
+
+    return apply
+
+
+def _restored_task(session: Session, entry: Callable[..., Any]) -> tuple[Task, int]:
+    """The entry's task, restored from the newest checkpoint (its learning rate scaled after
+    the restore when asked), and the step to continue after."""
+    settings, strategy = session.settings, session.strategy
+    task = build_task(entry, settings, strategy, session.precision_policy)
+    rescale = (
+        learning_rate_scaler(task.optimizer, strategy.num_replicas_in_sync)
+        if settings.scale_learning_rate
+        else None
+    )
+    start = session.track(model=task.model, optimizer=task.optimizer)
+    if rescale is not None:
+        log.info("%s", rescale())
+    return task, start
+
+
+def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
+    """hpctf's loop over the entry's task: steps, evaluations, Keras callbacks, the session's
+    hook after every step."""
+    settings, strategy = session.settings, session.strategy
+    task, start = _restored_task(session, entry)
+    iterator = session.distribute(task.train_data, task.shuffle_buffer)
+    total = session.total_steps
+    train_step = make_train_step(strategy, task, session.global_batch_size, settings.jit_compile)
+    evaluator = Evaluator(session, task.eval_data, task) if task.eval_data is not None else None
+
+    def evaluate(step: int) -> dict[str, float]:
+        return evaluator.at(step) if evaluator is not None else {}
+
+    hooks = TaskCallbacks(
+        task.callbacks,
+        task.model,
+        task.optimizer,
+        session.spec.is_chief,
+        total,
+        steps_per_epoch(settings, total),
+    )
+    if hooks:
+        hooks.train_begin(start)
+    results: dict[str, float] = {}
+    evaluated = final = -1  # the step of the last evaluation; the step training ended at
+    for step in range(start + 1, total + 1):
+        if hooks:
+            hooks.step_begin(step)
+        loss = train_step(iterator)
+        if hooks:
+            hooks.step_end(step, loss)  # TerminateOnNaN sees a NaN before hpctf refuses it
+        stopping = bool(hooks) and hooks.stop
+        # Reading the loss on the host waits for the step to finish; do it only when logging,
+        # so the other steps are dispatched back to back.
+        value = None
+        if step % settings.log_every_steps == 0 or step == total or stopping:
+            value = float(loss)
+            if not math.isfinite(value) and not stopping:
+                raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
+        epoch_end = bool(hooks) and (hooks.epoch_ends(step) or step == total or stopping)
+        due = bool(settings.eval_every_steps) and step % (settings.eval_every_steps or 1) == 0
+        if (due and step != total) or (epoch_end and evaluator is not None):
+            results, evaluated = evaluate(step), step
+        if epoch_end:
+            hooks.epoch_end(step, results if evaluated == step else None)
+        session.step_done(step, loss=value)
+        if hooks.stop and step != total:  # model.stop_training: EarlyStopping, TerminateOnNaN
+            if step % session.checkpoint_every_steps:
+                session.save(step)
+            log.info(
+                "training stopped at step %d of %d by a callback (model.stop_training)", step, total
+            )
+            final = step
+            break
+    final = total if final < 0 else final
+    if evaluated != final:
+        results = evaluate(final)
+    if hooks:
+        hooks.train_end({f"val_{name}": value for name, value in results.items()})
+    session.finish(final, results)
+
+
+def steps_per_epoch(settings: Train, total: int) -> int:
+    """An epoch for Keras callbacks: one pass over the training data with train.epochs; with
+    train.steps, the steps between evaluations, else the whole run."""
+    if settings.epochs:
+        return max(1, total // settings.epochs)
+    return settings.eval_every_steps or total
+
+
+def make_train_step(strategy: Any, task: Task, global_batch: int, jit_compile: bool) -> Any:
+    """One optimizer step on the next global batch; returns the loss summed over replicas."""
+    model, optimizer, loss_fn = task.model, task.optimizer, task.loss
+
+    def gradients(features: Any, labels: Any) -> tuple[Any, Any]:
+        with tf.GradientTape() as tape:
+            predicted = user_code.model_call(model, features, training=True)
+            predictions = tf.cast(predicted, tf.float32)
+            per_example = user_code.loss_call(loss_fn, labels, predictions)
+            if per_example.shape.rank == 0:  # known while tracing, before the first step
+                raise UserError(
+                    "Task loss returned one value for the whole batch: return one value per "
+                    "example (hpctf averages over the global batch), or give a Keras loss "
+                    "name or object (any reduction)"
+                )
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+        return loss, tape.gradient(scaled, model.trainable_variables)
+
+    # XLA compiles the per-replica forward and backward; the all-reduce in apply_gradients
+    # stays outside, where the collective implementation chosen by the session runs it.
+    compiled = tf.function(gradients, jit_compile=True) if jit_compile else gradients
+
+    def replica_step(features: Any, labels: Any) -> Any:
+        loss, grads = compiled(features, labels)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def train_step(iterator: Any) -> Any:
+        features, labels = next(iterator)
+        per_replica = strategy.run(replica_step, args=(features, labels))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return train_step
+
+
+class Evaluator:
+    """Mean loss and metrics over the whole validation set, summed across workers.
+
+    Built once per run, so its ``tf.function`` is traced once (and once more for a last,
+    smaller batch), not at every evaluation.
+    """
+
+    def __init__(self, session: Session, eval_data: DataSource, task: Task) -> None:
+        strategy = self._strategy = session.strategy
+        self._keepalive = session.keepalive
+        self._record = session.record
+        self._dataset = session.evaluation_dataset(eval_data)
+        # build_task resolved the metrics to name -> per-example function.
+        functions = {"loss": task.loss, **cast(Mapping[str, Any], task.metrics)}
+
+        def replica_sums(features: Any, labels: Any) -> dict[str, Any]:
+            predicted = user_code.model_call(task.model, features, training=False)
+            predictions = tf.cast(predicted, tf.float32)
+            sums = {
+                name: tf.reduce_sum(
+                    tf.cast(user_code.metric_call(fn, labels, predictions), tf.float64)
+                )
+                for name, fn in functions.items()
+            }
+            sums["count"] = tf.cast(tf.shape(labels)[0], tf.float64)
+            return sums
+
+        @tf.function(reduce_retracing=True)
+        def eval_step(features: Any, labels: Any) -> dict[str, Any]:
+            per_replica = strategy.run(replica_sums, args=(features, labels))
+            return {
+                name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+                for name, value in per_replica.items()
+            }
+
+        self._eval_step = eval_step
+
+    def at(self, step: int) -> dict[str, float]:
+        """Evaluate at ``step``: the results logged, recorded (group ``eval``) and returned."""
+        results = self()
+        log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
+        self._record(step, results, group="eval")
+        return results
+
+    def __call__(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for features, labels in self._strategy.experimental_distribute_dataset(self._dataset):
+            for name, value in self._eval_step(features, labels).items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+            self._keepalive("evaluation batch")
+        count = totals.pop("count", 0.0)
+        return {name: value / count for name, value in totals.items()} if count else {}

@@ -1,0 +1,58 @@
+"""The chief's records of a run: metrics.jsonl (what ``hpctf status``, ``plot`` and the
+benchmarks read), TensorBoard events, and the experiment's trackers
+(:mod:`hpctf.compute.records.tracking`). The other ranks write nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import tensorflow as tf
+
+from hpctf.compute.records.tracking import start_tracking
+from hpctf.core.run.rundir import RunDir
+
+log = logging.getLogger("hpctf.worker")
+
+
+class ChiefRecords:
+    """The chief's metrics.jsonl and TensorBoard events; nothing on the other ranks."""
+
+    def __init__(self, run: RunDir, chief: bool) -> None:
+        self._run = run
+        self._chief = chief
+        self._writer = None
+        self._trackers = start_tracking(run) if chief else []
+        if chief and _tensorboard_installed():
+            self._writer = tf.summary.create_file_writer(str(run.path / "tensorboard"))
+        elif chief:
+            log.warning(
+                "the tensorboard package is not installed: no TensorBoard events, only %s "
+                "(pip install tensorboard, or hpctf[tf])",
+                run.metrics,
+            )
+
+    def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
+        if not self._chief:
+            return
+        line = {"step": step, group: values} if group else {"step": step, **values}
+        with self._run.metrics.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+        for tracker in self._trackers:
+            tracker.log(step, values, group)
+        if self._writer is None:
+            return
+        with self._writer.as_default(step=step):
+            for name, value in values.items():
+                tf.summary.scalar(f"{group}/{name}" if group else name, value)
+        self._writer.flush()
+
+
+def _tensorboard_installed() -> bool:
+    """Whether ``tf.summary.scalar`` will work: TF imports tensorboard only at the first
+    call, and raises TBNotInstalledError there, in the middle of training."""
+    try:
+        from tensorboard.summary.v2 import scalar  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,278 @@
+"""The chief's experiment tracker (an experiment's ``tracking:`` section): ONE tracker run per
+hpctf run, across every requeue and resubmit.
+
+- The tracker's run id is kept in the run directory (``tracking/<tracker>.json``) and resumed
+  by every later start, with the last step logged per group, so a step retrained after a
+  failure is not logged twice and the parameters (the resolved config, ``env`` and ``setup``
+  left out: they may hold secrets) are logged once.
+- Only the chief tracks (:class:`hpctf.compute.records.chief_records.ChiefRecords`), from a thread
+of
+  its own with a bounded queue: a tracker that is slow or down never stops training. A failed
+  call is retried (``RETRIES``, with a pause), said once in the rank log, and after
+  ``MAX_FAILURES`` failed calls the tracker is off for the rest of this start. At exit
+  (DONE, or an agreed preemption save) what is queued is sent for at most ``FLUSH_S`` (the
+  worker leaves within 4 s of the end of training:
+  :data:`hpctf.compute.loop.training.LEAVE_WITHIN_S`),
+  and the tracker run is marked finished (DONE) or killed (to be resumed).
+- A tracker is one small class (:class:`Backend`): MLflow now (``mlflow`` or ``mlflow-skinny``,
+  the extra ``hpctf[mlflow]``).
+
+Imports no TensorFlow (and the tracker's package only when the run uses it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from hpctf.core.run import snapshot
+from hpctf.core.run.rundir import RunDir, write_atomic
+from hpctf.core.settings.config import MLflowTracking, ResolvedConfig
+
+log = logging.getLogger("hpctf.worker")
+
+RETRIES = 3
+RETRY_PAUSE_S = 0.5
+MAX_FAILURES = 3
+FLUSH_S = 2.0
+QUEUE_SIZE = 10_000
+# MLflow's limits: 100 params per batch call, values of at most 6,000 characters.
+_PARAMS_PER_CALL = 100
+_PARAM_CHARS = 500
+
+
+class Backend(Protocol):
+    """One tracker. Each method may raise: the caller retries, logs and gives up."""
+
+    name: str
+
+    def start(self, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> str:
+        """Create the tracker run (``run_id`` None) or resume it; its id. Called from the
+        tracker's thread: a slow import or connection here costs the training nothing."""
+
+    def log_params(self, params: Mapping[str, str]) -> None: ...
+
+    def log_metrics(self, step: int, values: Mapping[str, float]) -> None: ...
+
+    def finish(self, done: bool) -> None:
+        """The hpctf run is done (True), or this start stopped and a later one resumes it."""
+
+
+class MLflowBackend:
+    """MLflow through its client API (no global active run), e.g. a file store
+    (``file:///path``) or a tracking server."""
+
+    name = "mlflow"
+
+    def __init__(self, settings: MLflowTracking, default_experiment: str) -> None:
+        self._settings = settings
+        self._experiment = settings.experiment or default_experiment
+        self._client: Any = None
+        self._run_id = ""
+
+    def start(self, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> str:
+        # MLflow retries an HTTP call up to 7 times with a growing pause (minutes on a server
+        # that is down); hpctf retries each call itself, RETRIES times: unless the user chose.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        from mlflow.tracking import MlflowClient  # seconds to import: here, off the training
+
+        self._client = MlflowClient(tracking_uri=self._settings.tracking_uri)
+        if run_id is None:
+            found = self._client.get_experiment_by_name(self._experiment)
+            experiment_id = (
+                found.experiment_id if found else self._client.create_experiment(self._experiment)
+            )
+            run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
+        else:
+            self._client.update_run(run_id, status="RUNNING")
+        self._run_id = run_id
+        for key, value in tags.items():
+            self._client.set_tag(run_id, key, value)
+        return run_id
+
+    def log_params(self, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v[:_PARAM_CHARS]) for k, v in params.items()]
+        for i in range(0, len(items), _PARAMS_PER_CALL):
+            self._client.log_batch(self._run_id, params=items[i : i + _PARAMS_PER_CALL])
+
+    def log_metrics(self, step: int, values: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, step) for k, v in values.items()]
+        self._client.log_batch(self._run_id, metrics=metrics)
+
+    def finish(self, done: bool) -> None:
+        self._client.set_terminated(self._run_id, "FINISHED" if done else "KILLED")
+
+
+def flat_params(config: ResolvedConfig) -> dict[str, str]:
+    """The resolved experiment as ``section.key`` -> text, and the site's name; ``env`` and
+    ``setup`` left out (they may hold tokens)."""
+    data = config.experiment.model_dump(exclude={"env", "setup"})
+    out: dict[str, str] = {"site": config.site.name}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        else:
+            out[prefix] = json.dumps(value) if not isinstance(value, str) else value
+
+    walk("", data)
+    return out
+
+
+def run_tags(run: RunDir) -> dict[str, str]:
+    """The run directory, its code snapshot's commit, and its Slurm jobs so far."""
+    tags = {"hpctf.run_dir": str(run.path)}
+    commits = [s.git_commit for s in snapshot.read(run.path) if s.git_commit]
+    if commits:
+        tags["hpctf.git_commit"] = ",".join(commits)
+    jobs = dict.fromkeys(str(e["job_id"]) for e in run.events() if e.get("job_id") is not None)
+    if os.environ.get("SLURM_JOB_ID"):
+        jobs[os.environ["SLURM_JOB_ID"]] = None
+    if jobs:
+        tags["hpctf.slurm_jobs"] = ",".join(jobs)
+    return tags
+
+
+class Tracker:
+    """The chief's handle on one tracker: :meth:`log` never blocks and never raises."""
+
+    def __init__(self, run: RunDir, backend: Backend, config: ResolvedConfig) -> None:
+        self._run = run
+        self._backend = backend
+        self._path = run.path / "tracking" / f"{backend.name}.json"
+        self._state: dict[str, Any] = _read_state(self._path)
+        self._last: dict[str, int] = dict(self._state.get("last_step") or {})
+        self._queue: queue.Queue[tuple[Callable[[], None], Callable[[], None]] | None] = (
+            queue.Queue(QUEUE_SIZE)
+        )
+        self._failures = 0
+        self._off = False
+        self._said_full = False
+        self._closed = False
+        threading.Thread(target=self._send, name="hpctf-tracker", daemon=True).start()
+        tags, params = run_tags(run), flat_params(config)
+        self._put(lambda: self._start(config.experiment.name + "/" + run.path.name, tags),
+                  lambda: None)  # fmt: skip
+        if not self._state.get("params_logged"):
+            self._put(lambda: backend.log_params(params), lambda: self._save(params_logged=True))
+        atexit.register(self.close)
+
+    def log(self, step: int, values: Mapping[str, float], group: str | None = None) -> None:
+        """Queue one logged step (``group``: ``eval``... as ``group/name``); a step at or below
+        the last one logged for its group (an earlier start's) is left out."""
+        key = group or "train"
+        if self._off or step <= self._last.get(key, -1):
+            return
+        self._last[key] = step
+        named = {f"{group}/{k}" if group else k: float(v) for k, v in values.items()}
+        self._put(lambda: self._backend.log_metrics(step, named),
+                  lambda: self._save(last_step={**self._saved_steps(), key: step}))  # fmt: skip
+
+    def close(self) -> None:
+        """Mark the tracker run finished (DONE) or killed, after what is queued, within
+        ``FLUSH_S``; what is still queued then is dropped (said in the log)."""
+        if self._closed:
+            return
+        self._closed = True
+        done = self._run.done.exists()
+        self._put(lambda: self._backend.finish(done), lambda: None)
+        deadline = time.monotonic() + FLUSH_S
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._queue.unfinished_tasks and not self._off:
+            log.warning("tracker %s: %d call(s) not sent within %.0f s at exit; left out",
+                        self._backend.name, self._queue.unfinished_tasks, FLUSH_S)  # fmt: skip
+
+    def _start(self, run_name: str, tags: Mapping[str, str]) -> None:
+        run_id = self._backend.start(self._state.get("run_id"), run_name, tags)
+        if run_id != self._state.get("run_id"):
+            self._save(run_id=run_id)
+        log.info("tracker %s: run %s", self._backend.name, run_id)
+
+    def _saved_steps(self) -> dict[str, int]:
+        return dict(self._state.get("last_step") or {})
+
+    def _save(self, **changes: Any) -> None:
+        self._state.update(changes)
+        self._path.parent.mkdir(exist_ok=True)
+        write_atomic(self._path, json.dumps(self._state))
+
+    def _put(self, call: Callable[[], None], then: Callable[[], None]) -> None:
+        try:
+            self._queue.put_nowait((call, then))
+        except queue.Full:
+            if not self._said_full:
+                self._said_full = True
+                log.warning("tracker %s: %d calls queued (slow?); later steps left out",
+                            self._backend.name, QUEUE_SIZE)  # fmt: skip
+
+    def _send(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is not None and not self._off:
+                    self._call(*item)
+            finally:
+                self._queue.task_done()
+
+    def _call(self, call: Callable[[], None], then: Callable[[], None]) -> None:
+        for attempt in range(RETRIES):
+            try:
+                call()
+            except Exception as exc:  # the tracker's own errors: never the training's
+                if self._failures == 0 and attempt == 0:
+                    log.warning("tracker %s failed (training goes on; retrying): %s",
+                                self._backend.name, _one_line(exc))  # fmt: skip
+                time.sleep(RETRY_PAUSE_S * (attempt + 1))
+                continue
+            then()
+            return
+        self._failures += 1
+        if self._failures >= MAX_FAILURES or self._state.get("run_id") is None:
+            self._off = True
+            log.warning("tracker %s: off for the rest of this start after %d failed call(s)",
+                        self._backend.name, self._failures)  # fmt: skip
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _read_state(path: os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def start_tracking(run: RunDir) -> list[Tracker]:
+    """The chief's trackers for ``run``, from its config's ``tracking:`` section; none when it
+    has none. A tracker whose package is missing here is said once and left out."""
+    config = run.load_config()
+    trackers = []
+    if config.experiment.tracking.mlflow is not None:
+        if importlib.util.find_spec("mlflow") is None:
+            log.warning("tracking.mlflow: the mlflow package is not installed in this Python; "
+                        "not tracked (pip install mlflow-skinny)")  # fmt: skip
+        else:
+            backend = MLflowBackend(config.experiment.tracking.mlflow, config.experiment.name)
+            trackers.append(Tracker(run, backend, config))
+    return trackers

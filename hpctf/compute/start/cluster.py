@@ -1,0 +1,388 @@
+"""SLURM environment -> TensorFlow cluster spec. Pure: no TensorFlow, no os.environ, no sockets.
+
+:func:`cluster_spec` takes a copy of one task's environment and returns every worker of the job
+step in SLURM_PROCID order, which worker this task is, its port, the GPUs it may use and the
+TF_CONFIG JSON. Every task of a step computes the same worker list from the same variables, so
+no task has to talk to another to agree on it. What needs I/O (test-binding the port, resolving
+the addresses) lives in :mod:`hpctf.compute.start.runtime`.
+
+TF's own SlurmClusterResolver is not used
+(tensorflow/python/distribute/cluster_resolver/slurm_cluster_resolver.py): it sorts hosts as
+strings (in ``node[9-10]`` rank 0 gets node10's address), assumes block distribution, gives
+every job port 8888 (two jobs sharing a node collide), rewrites CUDA_VISIBLE_DEVICES and calls
+nvidia-smi when that is unset. Here nodelists are expanded by python-hostlist in Slurm's own
+order, ranks are placed the way srun placed them, and the result is checked against what Slurm
+says this task is (SLURMD_NODENAME, SLURM_NODEID, SLURM_LOCALID) before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from hpctf.compute.start.gpus import gpu_binding
+from hpctf.core.errors import UserError
+from hpctf.core.run import journal
+from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodelist
+
+# Consecutive job ids start their port windows this far apart, so two jobs that share a node
+# collide only if their ids differ by a multiple of (span / gcd(span, stride)) -- not for
+# neighbouring ids, which is where job-id-modulo schemes collide. Both are primes, so they are
+# coprime with every span: 10,000 consecutive job ids use 10,000 different window starts.
+_JOB_STRIDE = 1009
+_STEP_STRIDE = 101
+
+_NUMBER_RE = re.compile(r"^[0-9]{1,9}$")
+_TASKS_RE = re.compile(r"^([0-9]{1,6})(?:\(x([0-9]{1,7})\))?$")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The workers of one job step, in SLURM_PROCID order, and which one this task is.
+
+    ``workers[i]`` is the ``host:port`` of SLURM_PROCID ``i``; ``nodes[i]`` the Slurm node it
+    runs on. ``host`` is this task's address host (the site's ``hostname_template`` applied to
+    its node name). ``gpus`` are the devices this task trains on, in CUDA_VISIBLE_DEVICES
+    numbering; when ``bind_gpus`` is true the worker must set CUDA_VISIBLE_DEVICES to them
+    before TensorFlow starts (one worker per GPU).
+    """
+
+    workers: tuple[str, ...]
+    nodes: tuple[str, ...]
+    task_index: int
+    node: str
+    node_index: int
+    local_id: int
+    host: str
+    port: int
+    gpus: tuple[str, ...]
+    bind_gpus: bool
+    job_id: int
+    step_id: int
+    hostname_template: str = "{host}"
+    # The job as the run's journal and Slurm commands name it (hpctf.core.run.journal.job_handle:
+    # ``<array>_<task>`` for a task of a job array, else the job id).
+    journal_job: str = ""
+
+    @property
+    def is_chief(self) -> bool:
+        return self.task_index == 0
+
+    @property
+    def address(self) -> str:
+        return self.workers[self.task_index]
+
+    @property
+    def chief_host(self) -> str:
+        """The address host of worker 0, which every worker dials first."""
+        return self.workers[0].rpartition(":")[0]
+
+    def tf_config(self) -> str:
+        """The TF_CONFIG JSON for this task."""
+        return json.dumps(
+            {
+                "cluster": {"worker": list(self.workers)},
+                "task": {"type": "worker", "index": self.task_index},
+            }
+        )
+
+    def environment(self) -> dict[str, str]:
+        """The variables to set before TensorFlow is imported."""
+        env = {"TF_CONFIG": self.tf_config()}
+        if self.bind_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+        return env
+
+    def describe(self) -> str:
+        """One line for logs: who this task is and what it was given."""
+        devices = ",".join(self.gpus)
+        if self.bind_gpus:
+            gpus = f"CUDA_VISIBLE_DEVICES={devices} (one worker per GPU)"
+        else:
+            gpus = f"GPUs {devices} (as Slurm set them)" if devices else "no GPUs"
+        return (
+            f"worker {self.task_index} of {len(self.workers)} at {self.address} on node "
+            f"{self.node} (SLURM_NODEID {self.node_index}, SLURM_LOCALID {self.local_id}); {gpus}"
+        )
+
+
+def expand_tasks_per_node(text: str, max_nodes: int = 1_000_000) -> list[int]:
+    """Slurm's compressed tasks-per-node (``2(x3),1``) -> one count per node ([2, 2, 2, 1]).
+
+    Stops with a UserError once the text names more than ``max_nodes`` nodes, so a hostile
+    ``1(x9999999)`` costs nothing. Counts are at least 1: a step has no empty nodes.
+    """
+    counts: list[int] = []
+    for part in text.split(","):
+        match = _TASKS_RE.match(part)
+        if not match:
+            raise UserError(f"cannot read tasks per node {text!r}; expected a form like 2(x3),1")
+        count, repeat = int(match.group(1)), int(match.group(2) or 1)
+        if count == 0 or repeat == 0:
+            raise UserError(f"tasks per node {text!r} has a zero count; every node runs a task")
+        if len(counts) + repeat > max_nodes:
+            raise UserError(
+                f"tasks per node {text!r} names more nodes than the {max_nodes} in the nodelist"
+            )
+        counts.extend([count] * repeat)
+    return counts
+
+
+def port_window(job_id: int, step_id: int, port_range: tuple[int, int]) -> Callable[[int], int]:
+    """The port of each slot (a task's rank, see :func:`cluster_spec`) in ``[low, high)``.
+
+    Slots 0..span-1 of one step get distinct ports; the window start moves with job and step id.
+    """
+    low, high = port_range
+    span = high - low
+    offset = (job_id * _JOB_STRIDE + step_id * _STEP_STRIDE) % span
+
+    def port(slot: int) -> int:
+        return low + (offset + slot) % span
+
+    return port
+
+
+def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        if default is None:
+            raise UserError(f"{key} is not set: run this inside a Slurm job step (srun)")
+        return default
+    # Outside a step, SLURM_STEP_ID may be "batch"/"extern"; neither starts workers.
+    if not _NUMBER_RE.match(raw):
+        raise UserError(f"{key}={raw!r} is not a number")
+    return int(raw)
+
+
+def _plane_size(distribution: str, env: Mapping[str, str]) -> int | None:
+    """Tasks per node per round for SLURM_DISTRIBUTION; None means block (fill each node).
+
+    srun exports SLURM_DISTRIBUTION only when --distribution is given, as
+    ``node-level[:socket-level[:core-level]][,Pack|NoPack]`` ("block:block", "cyclic",
+    "plane" with SLURM_DIST_PLANESIZE). Only the node level decides which node a rank is on
+    (https://slurm.schedmd.com/srun.html#OPT_distribution).
+    """
+    node_level = distribution.split(",")[0].split(":")[0].strip().lower()
+    if node_level in {"", "*", "block"}:
+        return None
+    if node_level == "cyclic":
+        return 1
+    if node_level.startswith("plane"):
+        raw = node_level.partition("=")[2] or env.get("SLURM_DIST_PLANESIZE", "")
+        if not _NUMBER_RE.match(raw) or int(raw) == 0:
+            raise UserError(
+                f"SLURM_DISTRIBUTION={distribution!r} without a plane size "
+                f"(SLURM_DIST_PLANESIZE={raw!r})"
+            )
+        return int(raw)
+    if node_level == "arbitrary":
+        raise UserError(
+            "SLURM_DISTRIBUTION=arbitrary: rank placement came from a host list that the "
+            "environment does not carry; start workers with srun --distribution=block:block"
+        )
+    raise UserError(
+        f"SLURM_DISTRIBUTION={distribution!r} is not one hpctf knows (block, cyclic, plane)"
+    )
+
+
+def layout(counts: Sequence[int], plane: int | None) -> tuple[list[int], list[int]]:
+    """Node index and local id of every rank, as srun places ``counts[i]`` tasks on node i.
+
+    ``plane`` None is block (node 0 takes ranks 0..counts[0]-1, then node 1, ...); otherwise
+    ranks are dealt round-robin over the nodes, ``plane`` at a time, skipping full nodes:
+    cyclic is plane 1. Local ids count up in rank order on each node. This matches Slurm 22.05
+    for block, cyclic and plane=N with even and uneven counts (tests/test_cluster_slurm.py).
+    """
+    if plane is None or plane >= max(counts):
+        nodes = [i for i, count in enumerate(counts) for _ in range(count)]
+        local = [j for count in counts for j in range(count)]
+        return nodes, local
+    nodes, local = [], []
+    placed = [0] * len(counts)
+    remaining = sum(counts)
+    while remaining:
+        for i, count in enumerate(counts):
+            take = min(plane, count - placed[i])
+            for j in range(placed[i], placed[i] + take):
+                nodes.append(i)
+                local.append(j)
+            placed[i] += take
+            remaining -= take
+    return nodes, local
+
+
+def _require_step(env: Mapping[str, str]) -> tuple[int, int]:
+    """Job and step id; a UserError when ``env`` is not a task of a job step."""
+    if not env.get("SLURM_JOB_ID"):
+        raise UserError(
+            "SLURM_JOB_ID is not set: this is not a Slurm job; run it inside one, "
+            "e.g. srun -N2 --ntasks-per-node=1 hpctf tfconfig"
+        )
+    job_id = _int(env, "SLURM_JOB_ID")
+    # The batch script has SLURM_JOB_ID, SLURM_PROCID=0 and the job's task counts but no step:
+    # a spec built there would describe tasks that do not exist.
+    if not env.get("SLURM_STEP_ID"):
+        raise UserError(
+            f"SLURM_STEP_ID is not set: this is job {job_id}'s batch script, not a job step; "
+            "run it under srun"
+        )
+    return job_id, _int(env, "SLURM_STEP_ID")
+
+
+@dataclass(frozen=True)
+class _StepTasks:
+    """The job step's nodes and tasks as Slurm's variables give them, checked together."""
+
+    hosts: list[str]
+    counts: list[int]
+    ntasks: int
+    proc_id: int
+    nodelist: str
+    tasks_text: str
+
+
+def _step_tasks(env: Mapping[str, str]) -> _StepTasks:
+    """The step's hosts (in Slurm's order), tasks per host, task count and this task's rank;
+    a UserError when one is missing or they disagree."""
+    nodelist_key = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
+    nodelist = env.get(nodelist_key)
+    if not nodelist:
+        raise UserError("SLURM_JOB_NODELIST is not set: run this inside a Slurm job step (srun)")
+    hosts = expand_nodelist(nodelist)
+    if len(set(hosts)) != len(hosts):
+        raise UserError(f"{nodelist_key}={nodelist!r} names a node twice")
+    tasks_key = (
+        "SLURM_STEP_TASKS_PER_NODE"
+        if env.get("SLURM_STEP_TASKS_PER_NODE")
+        else "SLURM_TASKS_PER_NODE"
+    )
+    tasks_text = env.get(tasks_key)
+    if not tasks_text:
+        raise UserError("SLURM_TASKS_PER_NODE is not set: run this inside a Slurm job step (srun)")
+    counts = expand_tasks_per_node(tasks_text, max_nodes=len(hosts))
+    if len(counts) != len(hosts):
+        raise UserError(
+            f"{nodelist_key}={nodelist!r} has {len(hosts)} hosts but {tasks_key}={tasks_text!r} "
+            f"has {len(counts)} entries"
+        )
+    total = sum(counts)
+    ntasks = _int(env, "SLURM_NTASKS", total)
+    if ntasks != total:
+        raise UserError(f"SLURM_NTASKS={ntasks} but {tasks_key}={tasks_text!r} adds up to {total}")
+    proc_id = _int(env, "SLURM_PROCID")
+    if not 0 <= proc_id < ntasks:
+        raise UserError(f"SLURM_PROCID={proc_id} is outside 0..{ntasks - 1}")
+    return _StepTasks(hosts, counts, ntasks, proc_id, nodelist, tasks_text)
+
+
+def cluster_spec(
+    env: Mapping[str, str],
+    port_range: tuple[int, int],
+    hostname_template: str = "{host}",
+) -> ClusterSpec:
+    """The cluster of the job step described by ``env`` (a copy of a task's environment).
+
+    Reads SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), SLURM_STEP_TASKS_PER_NODE (else
+    SLURM_TASKS_PER_NODE), SLURM_NTASKS, SLURM_PROCID, SLURM_DISTRIBUTION, SLURM_JOB_ID,
+    SLURM_STEP_ID; checks the result against SLURMD_NODENAME, SLURM_NODEID and SLURM_LOCALID;
+    takes GPUs from CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS. Anything missing, malformed or
+    inconsistent is a UserError with a one-line reason.
+
+    Ports: while the step's tasks fit in ``port_range``, task ``rank`` gets slot ``rank``, so
+    every (host, port) pair is distinct even when all nodes share one IP address (as on the
+    test cluster). A step with more tasks than the range holds gets slot SLURM_LOCALID instead:
+    distinct per node, which is enough on a real cluster where each node has its own address.
+    """
+    job_id, step_id = _require_step(env)
+    try:
+        check_hostname_template(hostname_template)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    step = _step_tasks(env)
+    hosts, counts, ntasks, proc_id = step.hosts, step.counts, step.ntasks, step.proc_id
+    low, high = port_range
+    span = high - low
+    per_node = max(counts)
+    if per_node > span:
+        raise UserError(
+            f"{per_node} tasks per node need more ports than port_range {low}-{high} holds"
+        )
+    node_of, local_of = layout(counts, _plane_size(env.get("SLURM_DISTRIBUTION", ""), env))
+    slots = range(ntasks) if ntasks <= span else local_of
+    workers = _worker_addresses(
+        hosts, node_of, slots, hostname_template, port_window(job_id, step_id, port_range)
+    )
+
+    node_index, local_id = node_of[proc_id], local_of[proc_id]
+    _self_check(
+        env, proc_id, hosts[node_index], node_index, local_id, step.nodelist, step.tasks_text
+    )
+    gpus, bind = gpu_binding(env, per_node, local_id, hosts[node_index])
+    host, _, port = workers[proc_id].rpartition(":")
+    return ClusterSpec(
+        workers=workers,
+        nodes=tuple(hosts[node] for node in node_of),
+        task_index=proc_id,
+        node=hosts[node_index],
+        node_index=node_index,
+        local_id=local_id,
+        host=host,
+        port=int(port),
+        gpus=gpus,
+        bind_gpus=bind,
+        job_id=job_id,
+        step_id=step_id,
+        hostname_template=hostname_template,
+        journal_job=journal.job_handle(env) or str(job_id),
+    )
+
+
+def _worker_addresses(
+    hosts: Sequence[str],
+    node_of: Sequence[int],
+    slots: Sequence[int],
+    hostname_template: str,
+    port_of: Callable[[int], int],
+) -> tuple[str, ...]:
+    """``address:port`` of every task, by rank: its node's name through the template, the
+    port of its slot. Distinct: hosts are distinct, the template is injective, and slots are
+    distinct per step (ranks) or per node (local ids)."""
+    if hostname_template == "{host}":
+        addresses = list(hosts)
+    else:
+        addresses = [hostname_template.format(host=host) for host in hosts]
+    return tuple(
+        f"{addresses[node]}:{port_of(slot)}" for node, slot in zip(node_of, slots, strict=True)
+    )
+
+
+def _self_check(
+    env: Mapping[str, str],
+    proc_id: int,
+    node: str,
+    node_index: int,
+    local_id: int,
+    nodelist: str,
+    tasks_text: str,
+) -> None:
+    """Fail now, with expected and actual side by side, if Slurm placed this rank elsewhere.
+
+    A rank on another node than its TF_CONFIG entry does not crash: every worker waits in the
+    first collective for a peer that listens somewhere else, until walltime.
+    """
+    expected = {"SLURMD_NODENAME": node, "SLURM_NODEID": node_index, "SLURM_LOCALID": local_id}
+    diffs = []
+    for key, want in expected.items():
+        actual = env.get(key)
+        if actual is not None and actual != str(want):
+            diffs.append(f"{key} expected {want} actual {actual}")
+    if diffs:
+        distribution = env.get("SLURM_DISTRIBUTION") or "block (default)"
+        raise UserError(
+            f"SLURM_PROCID {proc_id} is not where the cluster spec puts it: {'; '.join(diffs)} "
+            f"(nodelist {nodelist!r}, tasks per node {tasks_text!r}, distribution "
+            f"{distribution}); start workers with srun --distribution=block:block"
+        )

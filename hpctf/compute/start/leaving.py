@@ -1,0 +1,50 @@
+"""How a worker process leaves: at once, its logs flushed, without the interpreter's
+finalization of TensorFlow.
+
+After DONE or an agreed preemption save the ranks have nothing left to do, but a normal
+interpreter exit tears TensorFlow down: its coordination service agent says goodbye to the
+leader (rank 0) and waits at a shutdown barrier, and a rank whose leader has already gone waits
+on heartbeats to it (seen on a 2-node Slurm cluster: 1.7-62 s after DONE, holding the whole
+allocation). The ranks instead pass one last barrier of their own
+(:meth:`hpctf.compute.loop.session.Session.close`) and leave with ``os._exit`` (:func:`leave`,
+after the ``atexit`` functions): every file hpctf
+writes is complete before then (checkpoints, the journal and DONE are written whole and
+replaced atomically; metrics.jsonl is closed and the TensorBoard writer flushed per record).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+from typing import NoReturn
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave without unwinding: also from another thread, while the main thread is blocked
+    inside a TF collective, where neither an exception nor ``sys.exit`` can reach it."""
+    for handler in logging.getLogger("hpctf").handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def leave(code: int) -> NoReturn:
+    """The worker's normal exit, from the main thread: the ``atexit`` functions first (they
+    delete TensorFlow's autograph temporary files and join an async save), then
+    :func:`exit_now`, skipping only the interpreter's finalization of TensorFlow, which is what
+    waits on peers. Bounded by :func:`exit_later`, set when training ended."""
+    atexit._run_exitfuncs()  # what the interpreter's own exit runs first; not public API
+    exit_now(code)
+
+
+def exit_later(code: int, seconds: float) -> None:
+    """Bound what is left to do: the process exits ``code`` in ``seconds`` unless it has
+    already."""
+    timer = threading.Timer(seconds, exit_now, args=(code,))
+    timer.name = "hpctf-exit-bound"
+    timer.daemon = True
+    timer.start()

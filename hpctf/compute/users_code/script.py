@@ -1,0 +1,160 @@
+"""``train.script``: the user's own script, run as ``__main__`` on every task of the job.
+
+:func:`hpctf.compute.start.runtime.run_worker` has set TF_CONFIG and the GPU binding, the batch
+script the site's environment, and the quick preflight has passed; hpctf creates no strategy: the
+script makes its own (``tf.distribute.MultiWorkerMirroredStrategy()`` reads TF_CONFIG). The
+script also finds (:func:`script_environment`):
+
+======================= ===================================================================
+HPCTF_RUN_DIR           the run directory; also the script's working directory, so relative
+                        outputs (``model.save("model.keras")``) land in the run
+HPCTF_CHECKPOINT_DIR    a directory on the shared filesystem for the script's own
+                        checkpoints (``BackupAndRestore(os.environ["HPCTF_CHECKPOINT_DIR"])``)
+HPCTF_SOURCE_DIR        the directory of the experiment file (for ``hpctf submit train.py``
+                        the script's own), where relative input paths were meant
+HPCTF_RANK              this task's rank, 0 .. HPCTF_NUM_WORKERS - 1
+HPCTF_NUM_WORKERS       how many tasks the job runs the script on
+HPCTF_IS_CHIEF          1 on rank 0, which alone should write outputs; else 0
+======================= ===================================================================
+
+Its exit feeds the requeue decision (:mod:`hpctf.core.run.runstate`): 0 is done (the chief writes
+DONE), 75 saved and preempted (the chief records ``preempted``, so the job is requeued), any
+other status failed; a status hpctf gives a meaning of its own (2, 3, 69, 70, 124) becomes 1.
+No stall watchdog runs for a plain script (it reports no steps, so it could not tell a long
+epoch from a hung collective); ``hpctf.keras.callbacks()`` starts one that its steps feed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import runpy
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from hpctf.compute.loop.preemption import early_signal
+from hpctf.compute.start.cluster import ClusterSpec
+from hpctf.compute.users_code import user_code
+from hpctf.core.errors import (
+    BUG_EXIT,
+    ENVIRONMENT_EXIT,
+    NODE_CHECK_EXIT,
+    PREEMPTED_EXIT,
+    STALLED_EXIT,
+    USER_ERROR_EXIT,
+    UserError,
+)
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir, write_atomic
+from hpctf.core.run.runstate import saved_on_warning, since_last_start
+from hpctf.core.settings.config import ResolvedConfig, Train
+
+log = logging.getLogger("hpctf.worker")
+
+SCRIPT_CHECKPOINTS = "script_checkpoints"
+# Exit statuses that mean something else to hpctf's batch script and journal.
+RESERVED_EXITS = frozenset({USER_ERROR_EXIT, ENVIRONMENT_EXIT, NODE_CHECK_EXIT, BUG_EXIT})
+
+
+def keras_environment(settings: Train) -> dict[str, str]:
+    """What selects the Keras of ``train.keras``; set before TensorFlow is imported (TF reads
+    TF_USE_LEGACY_KERAS once, at import)."""
+    return {"TF_USE_LEGACY_KERAS": "1"} if settings.keras == 2 else {}
+
+
+def check_keras(settings: Train, find: Callable[[str], object] = importlib.util.find_spec) -> None:
+    """A UserError, before the script starts, when ``train.keras: 2`` has no tf_keras to load
+    (TensorFlow would fail at the script's first ``tf.keras``, after the strategy started)."""
+    if settings.keras == 2 and find("tf_keras") is None:
+        raise UserError(
+            f"train.keras: 2 needs tf_keras, which {sys.executable} cannot import: install "
+            "hpctf[keras2] there (hpctf[gpu,keras2] on GPU nodes)"
+        )
+
+
+def script_environment(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> dict[str, str]:
+    """The variables the script finds (the table in this module's docstring)."""
+    return {
+        "HPCTF_RUN_DIR": str(run.path),
+        "HPCTF_CHECKPOINT_DIR": str(run.path / SCRIPT_CHECKPOINTS),
+        "HPCTF_SOURCE_DIR": str(Path(config.experiment_file).parent),
+        "HPCTF_RANK": str(spec.task_index),
+        "HPCTF_NUM_WORKERS": str(len(spec.workers)),
+        "HPCTF_IS_CHIEF": "1" if spec.is_chief else "0",
+    }
+
+
+def exit_status(code: object) -> int:
+    """The worker's exit status for a script that ended with ``sys.exit(code)`` (None: it ran
+    to its end). As Python: None is 0, an int itself, anything else 1 (Python prints it).
+    A status with a meaning of hpctf's own, other than 0 and 75, becomes 1 (failed)."""
+    if code is None:
+        return 0
+    if not isinstance(code, int) or isinstance(code, bool):
+        return 1
+    status = code & 0xFF  # what the process would exit with
+    if status in RESERVED_EXITS or status == STALLED_EXIT:
+        return 1
+    return status
+
+
+def call_script(path: str, args: Sequence[str]) -> object:
+    """Run the user's script as ``__main__`` with ``args`` as ``sys.argv[1:]``; return its
+    ``sys.exit`` code (None when it ran to its end). The one call into the script: its own
+    exceptions pass through."""
+    sys.argv = [path, *args]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as stop:
+        return stop.code
+    return None
+
+
+def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
+    """Run ``train.script`` on this task; the exit status (0 done, 75 preempted, else failed)."""
+    settings = config.experiment.train
+    if settings.script is None:
+        raise ValueError("run_script needs train.script")  # runtime calls it only then
+    check_keras(settings)
+    environment = script_environment(config, run, spec)
+    os.makedirs(environment["HPCTF_CHECKPOINT_DIR"], exist_ok=True)
+    os.environ.update(environment)
+    os.chdir(run.path)
+    sys.path.insert(0, str(Path(settings.script).parent))  # as `python script.py` does
+    log.info("running %s in %s", " ".join([settings.script, *settings.script_args]), run.path)
+    sys.stdout.flush()
+    try:
+        with user_code.region():
+            status = exit_status(call_script(settings.script, settings.script_args))
+    except user_code.UserCodeError as exc:
+        return user_code.report(exc, run, spec)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if status == 0:
+        if spec.is_chief and not run.done.exists():
+            # The step of hpctf.keras.callbacks()'s last checkpoint; None for a plain script.
+            step = run.checkpoint_step() or None
+            write_atomic(run.done, json.dumps({"step": step, "script": settings.script}) + "\n")
+        log.info("script finished%s", f": {run.done}" if spec.is_chief else "")
+    elif status == PREEMPTED_EXIT:
+        _record_preempted(run, spec)
+        log.warning("script exited %d: saved and preempted; the job is requeued", status)
+    else:
+        log.error("script exited %d", status)
+    return status
+
+
+def _record_preempted(run: RunDir, spec: ClusterSpec) -> None:
+    """On the chief, the ``saved_on_warning`` record the batch script requeues on, unless the script
+    (through ``hpctf.keras.callbacks()``) made it already."""
+    if not spec.is_chief:
+        return
+    if saved_on_warning(since_last_start(run.events())) is not None:
+        return
+    received = early_signal()
+    name = signal.Signals(received).name.removeprefix("SIG") if received else "TERM"
+    journal.record_saved_on_warning(run, spec.journal_job, None, name)

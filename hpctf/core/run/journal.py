@@ -1,0 +1,283 @@
+"""The run's journal: its schema (the event names), one typed writer per event, the reading of
+older names, and the job handle every writer names a job by.
+
+Every writer and reader of the journal goes through this module: no event name is written
+anywhere else in hpctf (a test greps for them). The journal itself is stored by
+:meth:`hpctf.core.run.rundir.RunDir.record` (one file per event, written atomically) and read by
+:meth:`hpctf.core.run.rundir.RunDir.read_journal`, which hands every entry to :func:`upgraded`, so
+run directories written by an older hpctf read as new ones; what the events mean for a run is
+decided in :mod:`hpctf.core.run.runstate`.
+
+Fields named ``step`` are checkpoint steps: the step a start resumes from (``started``), the
+newest checkpoint when a start ended (``ended``), the agreed step the ranks saved on a warning
+(``saved_on_warning``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from hpctf.core.run.rundir import RunDir
+
+# The events, by who writes them.
+CREATED: Final = "created"  # submit: the run directory was made
+SUBMITTED: Final = "submitted"  # submit, resubmit, sweep: sbatch accepted a job
+CODE_UPDATED: Final = "code_updated"  # resubmit --update-code
+CHECKPOINTS_DISCARDED: Final = "checkpoints_discarded"  # resubmit --from-scratch
+EXTENDED: Final = "extended"  # resubmit --set: the run continued with more steps
+STARTED: Final = "started"  # job-start, the local launcher: a start, and the step it resumes
+SIGNALLED: Final = "signalled"  # job-signal: the batch shell got SIGTERM
+NODES_DOWN: Final = "nodes_down"  # job-signal: nodes of the job Slurm says are down or drained
+EXCLUDED: Final = "excluded"  # job-signal, job-end: the pending job keeps off those nodes
+SAVED_ON_WARNING: Final = "saved_on_warning"  # the chief: every rank saved an agreed step
+ENVIRONMENT_FAILED: Final = "environment_failed"  # the chief: a full disk at save time
+USER_CODE_FAILED: Final = "user_code_failed"  # a rank: the user's code raised
+NODE_CHECK_FAILED: Final = "node_check_failed"  # a rank: train.preflight: quick failed a check
+ENDED: Final = "ended"  # job-end, the local launcher, the chief: why a start ended
+REQUEUED: Final = "requeued"  # job-end: hpctf requeued the job
+RELEASED: Final = "released"  # job-signal, job-end: Slurm's hold on the requeued job shortened
+GAVE_UP: Final = "gave_up"  # job-start, job-end: the run's budgets say no
+CANCELLED: Final = "cancelled"  # cancel, a local Ctrl-C: the user stopped the run's jobs
+NOT_STARTED: Final = "not_started"  # job-start: another job owns the run; this one ended at once
+
+EVENTS: Final = frozenset(
+    {
+        CREATED,
+        SUBMITTED,
+        CODE_UPDATED,
+        CHECKPOINTS_DISCARDED,
+        EXTENDED,
+        STARTED,
+        SIGNALLED,
+        NODES_DOWN,
+        EXCLUDED,
+        SAVED_ON_WARNING,
+        ENVIRONMENT_FAILED,
+        USER_CODE_FAILED,
+        NODE_CHECK_FAILED,
+        ENDED,
+        REQUEUED,
+        RELEASED,
+        GAVE_UP,
+        CANCELLED,
+        NOT_STARTED,
+    }
+)
+
+# Names older hpctf wrote, read as today's. ``preempted`` was the event for a save on either
+# warning, while the end reason ``preempted`` means SIGTERM only; ``node_failed`` stood beside
+# the end reason ``node_fail`` for another thing.
+OLD_NAMES: Final[Mapping[str, str]] = {
+    "preempted": SAVED_ON_WARNING,
+    "node_failed": NODES_DOWN,
+    "code-updated": CODE_UPDATED,
+    "checkpoints-discarded": CHECKPOINTS_DISCARDED,
+}
+
+
+def upgraded(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with an older hpctf's event name replaced by today's (the same dict when it
+    has none)."""
+    new = OLD_NAMES.get(entry.get("event"))  # type: ignore[arg-type]
+    return entry if new is None else {**entry, "event": new}
+
+
+def file_name(stamp_ns: int, pid: int, event: str) -> str:
+    """The name of one entry's file: sorted by name, the journal is in time order."""
+    return f"{stamp_ns:020d}-{pid}-{event}.json"
+
+
+def files_of(event: str) -> str:
+    """A glob for the files of ``event``'s entries (:func:`file_name`)."""
+    return f"*-{event}.json"
+
+
+# A job id in the journal: a Slurm job, an array task (<job>_<task>) or a local launcher's pid.
+_JOURNAL_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
+
+
+def problem(entry: object) -> str | None:
+    """What is wrong with one parsed journal entry, or None when it has the shape hpctf's
+    writers give it: an object with a string ``event`` and ``time``, a ``job_id`` of Slurm's
+    forms, whole numbers for ``step`` and ``exit_code``."""
+    if not isinstance(entry, dict):
+        return f"not an object but {type(entry).__name__}"
+    for key in ("event", "time"):
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            return f"no {key!r} string"
+    job_id = entry.get("job_id")
+    if job_id is not None and not _JOURNAL_JOB_ID.fullmatch(str(job_id)):
+        return f"job_id {str(job_id)[:60]!r} is not a job id"
+    for key in ("step", "exit_code"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{key} {str(value)[:60]!r} is not a whole number"
+    return None
+
+
+def job_handle(env: Mapping[str, str]) -> str | None:
+    """The id the journal and Slurm commands take for the job of ``env`` (a job's own SLURM_*
+    variables, or a local launch's); None outside a job.
+
+    For a task of a job array (a sweep's point) that is ``<array>_<task>``, as sbatch's
+    submission names it and squeue shows it. The task's own SLURM_JOB_ID is unique, but the
+    last task to start gets the array's own id, and ``scontrol requeue <array id>`` requeued
+    every task of the array on the test cluster (Slurm 22.05), as scancel and ``scontrol
+    update`` act on all of them: the trap of Lightning-AI/pytorch-lightning#15022. The batch
+    shell (job-start, job-end, the requeue), every rank (:class:`hpctf.compute.start.cluster.
+    ClusterSpec`) and ``hpctf cancel`` all use this handle."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+# The writers, one per event: the fields each event carries, named and typed.
+
+
+def record_created(run: RunDir, experiment: str, site: str) -> None:
+    # run_dir: hpctf.core.run.run_identity refuses a copy of the run directory by it.
+    run.record(CREATED, experiment=experiment, site=site, run_dir=str(run.path))
+
+
+def record_submitted(
+    run: RunDir,
+    job_id: str,
+    exclude: str | None = None,
+    array_job_id: str | None = None,
+    array_task_id: int | None = None,
+) -> None:
+    fields: dict[str, Any] = {"exclude": exclude} if exclude else {}
+    if array_job_id is not None:
+        fields.update(array_job_id=array_job_id, array_task_id=array_task_id)
+    run.record(SUBMITTED, job_id=job_id, **fields)
+
+
+def record_code_updated(run: RunDir, sources: Sequence[str]) -> None:
+    run.record(CODE_UPDATED, sources=list(sources))
+
+
+def record_extended(run: RunDir, changes: Mapping[str, Any], previous_done: Any) -> None:
+    run.record(EXTENDED, changes=dict(changes), previous_done=previous_done)
+
+
+def record_checkpoints_discarded(run: RunDir, moved_to: str) -> None:
+    run.record(CHECKPOINTS_DISCARDED, moved_to=moved_to)
+
+
+def record_started(
+    run: RunDir,
+    job_id: str,
+    nodes: str | None,
+    walltime_signal: str,
+    slurm_job_id: str | None = None,
+    restart_count: int | None = None,
+) -> None:
+    """A job (or a local launch) starts, from the run's newest checkpoint step; the site's
+    walltime signal is kept with it, so a start killed before it could record its end is told
+    a timeout from a preemption by the journal alone."""
+    fields: dict[str, Any] = {"slurm_job_id": slurm_job_id} if slurm_job_id else {}
+    if restart_count is not None:
+        fields["restart_count"] = restart_count
+    run.record(
+        STARTED,
+        job_id=job_id,
+        step=run.checkpoint_step(),
+        nodes=nodes,
+        walltime_signal=walltime_signal,
+        **fields,
+    )
+
+
+def record_signalled(run: RunDir, job_id: str, signal: str) -> None:
+    run.record(SIGNALLED, job_id=job_id, signal=signal)
+
+
+def record_nodes_down(run: RunDir, job_id: str, nodes: Sequence[str], signal: str) -> None:
+    run.record(NODES_DOWN, job_id=job_id, nodes=list(nodes), signal=signal)
+
+
+def record_excluded(run: RunDir, job_id: str, nodes: Sequence[str]) -> None:
+    run.record(EXCLUDED, job_id=job_id, nodes=list(nodes))
+
+
+def record_saved_on_warning(run: RunDir, job_id: str, step: int | None, signal: str) -> None:
+    """The chief: every rank saved agreed step ``step`` (None: a ``train.script`` that exited
+    for a requeue) after warning ``signal`` (as the site names it: USR2, TERM)."""
+    run.record(SAVED_ON_WARNING, job_id=job_id, step=step, signal=signal)
+
+
+def record_environment_failed(run: RunDir, job_id: str, why: str) -> None:
+    run.record(ENVIRONMENT_FAILED, job_id=job_id, why=why)
+
+
+def record_user_code_failed(
+    run: RunDir, job_id: str, node: str, rank: int, error: str, at: str | None, line: str
+) -> None:
+    run.record(USER_CODE_FAILED, job_id=job_id, node=node, rank=rank, error=error, at=at, line=line)
+
+
+def record_node_check_failed(
+    run: RunDir, job_id: str, node: str, rank: int, check: str, detail: str, fix: str
+) -> None:
+    run.record(
+        NODE_CHECK_FAILED, job_id=job_id, node=node, rank=rank, check=check, detail=detail, fix=fix
+    )
+
+
+def record_ended(
+    run: RunDir,
+    job_id: str,
+    exit_code: int,
+    reason: str,
+    node_checks_failed: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """A start ended with ``exit_code`` for ``reason``, at the run's newest checkpoint step."""
+    extra = {"node_checks_failed": list(node_checks_failed)} if node_checks_failed else {}
+    run.record(
+        ENDED,
+        job_id=job_id,
+        exit_code=exit_code,
+        reason=reason,
+        step=run.checkpoint_step(),
+        **extra,
+    )
+
+
+def record_ended_by_slurm(
+    run: RunDir, job_id: str, exit_code: int | None, reason: str, slurm_state: str
+) -> None:
+    """A start whose batch shell died without recording its end, closed at the next start from
+    what Slurm's accounting says of its job (``source: sacct``)."""
+    run.record(
+        ENDED,
+        job_id=job_id,
+        exit_code=exit_code,
+        reason=reason,
+        step=run.checkpoint_step(),
+        source="sacct",
+        slurm_state=slurm_state,
+    )
+
+
+def record_released(run: RunDir, job_id: str, after_s: float) -> None:
+    run.record(RELEASED, job_id=job_id, after_s=after_s)
+
+
+def record_not_started(run: RunDir, job_id: str, owner: str) -> None:
+    run.record(NOT_STARTED, job_id=job_id, owner=owner)
+
+
+def record_requeued(run: RunDir, job_id: str, why: str) -> None:
+    run.record(REQUEUED, job_id=job_id, why=why)
+
+
+def record_gave_up(run: RunDir, job_id: str, why: str) -> None:
+    run.record(GAVE_UP, job_id=job_id, why=why)
+
+
+def record_cancelled(run: RunDir, jobs: Sequence[str]) -> None:
+    run.record(CANCELLED, jobs=[str(job) for job in jobs])

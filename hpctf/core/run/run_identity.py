@@ -1,0 +1,57 @@
+"""A run directory knows where it was made: a copy or a move is refused, not run.
+
+``cp -a RUN copy; hpctf resubmit copy`` submitted ``copy/job.sbatch``, whose ``RUN_DIR=`` still
+named ``RUN``: the job trained and journalled in the original while the copy stayed ``queued``
+for ever, and the "still running" guard read only the copy. The journal's first record
+(``created``) names the directory it was made in; every command that would start or stop the
+run's jobs (resubmit, cancel, the batch script's ``job-start``, each worker) checks it first.
+
+Why a copy is refused rather than taken on as a new run: it holds the other run's journal (its
+job ids, starts and requeue budgets), its config points at the other run's code snapshot and its
+script at the other directory. Re-rendering would have to rewrite all three and still show the
+other run's history as its own; a new run from the experiment is one command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpctf.core.errors import UserError
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+
+
+def made_in(run: RunDir) -> Path | None:
+    """The directory the run's journal says it was created in (None for runs made before this
+    was recorded, or without a readable ``created`` record). Reads that one record only: every
+    worker of a job asks, and a journal on a parallel filesystem may hold hundreds."""
+    try:
+        first = min(run.journal.glob(journal.files_of(journal.CREATED)), default=None)
+        entry = json.loads(first.read_bytes().decode("utf-8")) if first else None
+    except (OSError, ValueError):
+        return None
+    if journal.problem(entry) is not None or not isinstance(entry, dict):
+        return None
+    where = entry.get("run_dir")
+    return Path(where) if isinstance(where, str) and where else None
+
+
+def check_not_a_copy(run: RunDir) -> None:
+    """A UserError (one line) when ``run`` is not the directory it was created as."""
+    original = made_in(run)
+    if original is None or _same(original, run.path):
+        return
+    raise UserError(
+        f"{run.path} is a copy of the run directory {original} (or was moved from there): its "
+        "script, config and journal name that one, so it cannot run or be cancelled as it is; "
+        f"continue the original with hpctf resubmit {original}, or start a new run with "
+        "hpctf submit EXPERIMENT"
+    )
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and a.samefile(b))
+    except OSError:
+        return False

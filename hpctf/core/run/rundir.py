@@ -1,0 +1,272 @@
+"""The run directory: the unit a user holds on to.
+
+Layout (every later command works from this alone)::
+
+    RUN_DIR/
+      config.json        the resolved config, frozen at submit
+      job.sbatch         the rendered batch script (the latest; older ones as job-<n>.sbatch)
+      journal/           the state journal: one small JSON file per event, each written
+                         atomically. One file per event (not one shared file rewritten by
+                         read-modify-write) because the login node and the batch script both
+                         record events, and flock is unreliable on parallel filesystems.
+      logs/              slurm-<jobid>.out and rank-<n>.log
+      checkpoints/       the chief's checkpoints
+      metrics.jsonl      one JSON object per logged step (chief only)
+      DONE               written by the chief when training completes
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run import checkpoint_files, journal, snapshot
+from hpctf.core.run.runstate import end_of_start, failed_node_checks, since_last_start
+from hpctf.core.settings.config import ResolvedConfig
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old content or the new, never a part.
+
+    A filesystem that refuses (full, read-only, over quota) is an EnvironmentProblem naming the
+    file, with the OSError kept as its cause.
+    """
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise EnvironmentProblem(f"cannot write {path}: {exc.strerror or exc}") from exc
+        raise
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        """An existing run directory, or a UserError saying ``path`` is not one."""
+        run = cls(path.resolve())
+        run.load_config()
+        return run
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def script(self) -> Path:
+        return self.path / "job.sbatch"
+
+    @property
+    def journal(self) -> Path:
+        return self.path / "journal"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def done(self) -> Path:
+        return self.path / "DONE"
+
+    def checkpoint_step(self) -> int:
+        """The step of the newest checkpoint whose files are on disk (0 for none), read without
+        TensorFlow (:mod:`hpctf.core.run.checkpoint_files`: the ``checkpoint`` state file is only a
+        hint, and a damaged one must not read as "no checkpoint")."""
+        return checkpoint_files.newest_step(self.checkpoints)
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.log"
+
+    def load_config(self) -> ResolvedConfig:
+        """The frozen config; a UserError (one line) when it is missing or damaged, an
+        EnvironmentProblem when it cannot be read."""
+        try:
+            data = self.config_file.read_bytes()
+        except FileNotFoundError:
+            raise UserError(
+                f"{self.path}: not a run directory (no config.json); "
+                "pass the directory that `hpctf submit` printed"
+            ) from None
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot read {self.config_file}: {exc.strerror or exc}"
+            ) from exc
+        try:
+            return ResolvedConfig.model_validate_json(data)
+        except ValidationError as exc:
+            raise UserError(
+                f"{self.config_file}: damaged run config: {exc.errors()[0]['msg']}"
+            ) from None
+
+    def record(self, event: str, **fields: Any) -> None:
+        """Append one event to the journal (atomic, safe from several writers at once); its
+        writers are :mod:`hpctf.core.run.journal`'s ``record_*`` functions."""
+        self.journal.mkdir(parents=True, exist_ok=True)
+        stamp = time.time_ns()
+        entry = {
+            "event": event,
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **fields,
+        }
+        write_atomic(self.journal / journal.file_name(stamp, os.getpid(), event), json.dumps(entry))
+
+    def record_end(self, job_id: str, exit_code: int, walltime_signal: str) -> str:
+        """A start ended with ``exit_code``: record why (:func:`hpctf.core.run.runstate.
+        end_of_start`), the checkpoint step reached and the nodes that failed a quick check;
+        returns the reason."""
+        since_start = since_last_start(self.events())
+        reason = end_of_start(since_start, exit_code, self.done.exists(), walltime_signal)
+        journal.record_ended(self, job_id, exit_code, reason, failed_node_checks(since_start))
+        return reason
+
+    def events(self) -> list[dict[str, Any]]:
+        """All journal events, oldest first; damaged entries are left out
+        (:meth:`read_journal` says which)."""
+        return self.read_journal()[0]
+
+    def read_journal(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The journal's events, oldest first, and one line per entry left out as damaged
+        (:func:`hpctf.core.run.journal.problem`; older event names read as
+        today's). The journal is data anyone who can write the run directory
+        controls: one bad entry must not break a status, nor a listing of many runs."""
+        if not self.journal.is_dir():
+            return [], []
+        events: list[dict[str, Any]] = []
+        damaged: list[str] = []
+        for file in sorted(self.journal.glob("*.json")):
+            try:
+                entry = json.loads(file.read_bytes().decode("utf-8"))
+            except OSError:
+                continue  # gone between the listing and the read
+            except ValueError:  # not JSON, not UTF-8: our writers never leave partial files
+                damaged.append(f"{file}: not a JSON document")
+                continue
+            problem = journal.problem(entry)
+            if problem is None:
+                events.append(journal.upgraded(entry))
+            else:
+                damaged.append(f"{file}: {problem}")
+        return events, damaged
+
+    def check_journal(self) -> None:
+        """A UserError naming the first damaged journal entry, for commands that act on the
+        run's jobs (cancel, resubmit): acting on a partial view could miss a running job."""
+        damaged = self.read_journal()[1]
+        if damaged:
+            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+            raise UserError(
+                f"damaged journal entry {damaged[0]}{more}: hpctf did not write it; move it out "
+                "of the journal directory and run the command again"
+            )
+
+
+def runs_root(config: ResolvedConfig) -> Path:
+    """The site's runs_root, as resolved (``~`` and ``$VARS`` were expanded then, once)."""
+    return Path(config.site.runs_root).resolve()
+
+
+def run_dirs_under(root: Path) -> list[Path]:
+    """The run directories directly under ``root`` (those holding a config.json), unsorted; []
+    when ``root`` does not exist."""
+    try:
+        children = list(root.iterdir())
+    except OSError:
+        return []
+    return [child for child in children if (child / "config.json").is_file()]
+
+
+class RunDirTaken(UserError):
+    """Another submit took the planned run directory first (two submits in one second)."""
+
+
+def plan_run_dir(config: ResolvedConfig) -> RunDir:
+    """Choose a new run directory's path (``<runs_root>/<name>-<timestamp>``); creates nothing."""
+    root = runs_root(config)
+    base = f"{config.experiment.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    for attempt in range(1000):
+        path = root / (base if attempt == 0 else f"{base}-{attempt}")
+        if not path.exists():
+            return RunDir(path)
+    raise UserError(f"cannot find a free run directory name under {root}")
+
+
+def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> ResolvedConfig:
+    """Create the planned run directory: the code snapshot (:mod:`hpctf.core.run.snapshot`), the
+    frozen config (its python_path pointing at the snapshot), the batch script. Returns the
+    frozen config. On any failure nothing is left behind."""
+    try:
+        run.path.parent.mkdir(parents=True, exist_ok=True)
+        run.path.mkdir()
+    except FileExistsError:
+        raise RunDirTaken(
+            f"{run.path} already exists; submit again for a new run directory"
+        ) from None
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
+    try:
+        run.logs.mkdir()
+        run.checkpoints.mkdir()
+        frozen = with_snapshot(config, run)
+        write_atomic(run.script, script)
+        run.script.chmod(0o755)
+        journal.record_created(run, config.experiment_file, config.site.name)
+    except (OSError, EnvironmentProblem, UserError) as exc:
+        remove_new_run_dir(run)  # nothing half-made is left behind
+        if isinstance(exc, EnvironmentProblem | UserError):
+            raise
+        raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
+    return frozen
+
+
+def with_snapshot(
+    config: ResolvedConfig, run: RunDir, sources: list[str] | None = None
+) -> ResolvedConfig:
+    """Copy the code into ``run`` (from ``sources``, default the config's python_path) and
+    write the config, its python_path pointing at the copies; returns that config."""
+    copied = snapshot.take(
+        sources if sources is not None else config.experiment.train.python_path,
+        run.path,
+        runs_root(config),
+    )
+    update: dict[str, Any] = {"python_path": [s.copy for s in copied]}
+    if config.experiment.train.script is not None:
+        update["script"] = snapshot.copy_of(config.experiment.train.script, copied)
+    train = config.experiment.train.model_copy(update=update)
+    frozen = config.model_copy(
+        update={"experiment": config.experiment.model_copy(update={"train": train})}
+    )
+    write_atomic(run.config_file, frozen.model_dump_json(indent=2))
+    return frozen
+
+
+def remove_new_run_dir(run: RunDir) -> None:
+    """Remove a run directory this process has just created and nothing has run in."""
+    shutil.rmtree(run.path, ignore_errors=True)

@@ -1,0 +1,435 @@
+"""A run's state, derived from its journal alone: a pure function, and the requeue decision.
+
+The journal holds one event per fact (:mod:`hpctf.core.run.journal` names them and writes them):
+``submitted``, ``started`` (with the checkpoint step the start resumes from and the site's
+walltime signal), ``saved_on_warning`` (the chief saved an agreed step after a warning),
+``signalled`` (the batch shell got SIGTERM), ``nodes_down`` (nodes of the job that Slurm said
+were down or drained when it was killed), ``ended`` (with its reason, exit code and step),
+``requeued``, ``gave_up``, ``cancelled``, ``not_started`` (a job that found the run owned by
+another ended at once: no start of the run). This module is the one interpreter of it: how a start
+ended (:func:`end_of_start`), every start with its times (:func:`starts_of`), the run's state
+(:func:`run_state`); the commands that show a run (status, logs, cancel) derive their views from
+these (:mod:`hpctf.core.run.jobs` folds the starts into jobs). Nothing else is consulted, so
+``hpctf status`` and the batch script always agree on what happened; the one exception is what
+Slurm's queue adds to the view of ``hpctf status`` (a job that Slurm requeued itself before its
+batch shell could say so), applied in one place:
+:func:`hpctf.login.watching.run_report.with_slurm_queue`.
+
+Ends, by reason:
+
+========== ========================================================== ====================
+reason     what happened                                              budget it uses
+========== ========================================================== ====================
+done       training complete                                          --
+preempted  warned by SIGTERM (preemption); all ranks saved one step   preemption
+timeout    warned by the walltime signal; all ranks saved one step    preemption
+stalled    a rank's watchdog saw no progress (exit 124)               failure, if advanced
+failed     a rank exited non-zero (a crash, an exception, OOM)        failure, if advanced
+node_fail  the job was killed from outside without a warning: a node  failure
+           lost, ``scontrol requeue``, an unwarned preemption
+cancelled  ``hpctf cancel`` or scancel                                --
+========== ========================================================== ====================
+
+A start that the environment stopped (the chief recorded ``environment_failed``: a full disk
+at save time) is not requeued: it would fail again at the next save. Nor is a start that the
+user's code stopped (a rank recorded ``user_code_failed``: the entry, a data function, a loss
+raised): it would raise again; its line is the run's why.
+A crash or a stall is requeued only when the run advanced (its checkpoint step grew) during
+that start: an entry that raises at step 0 gives up at once instead of burning allocations. A
+node failure is not the code's fault and is retried within the failure budget alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
+from hpctf.core.run import journal
+
+REASONS = ("done", "preempted", "timeout", "stalled", "failed", "node_fail", "cancelled")
+PREEMPTION_REASONS = frozenset({"preempted", "timeout"})
+FAILURE_REASONS = frozenset({"stalled", "failed", "node_fail"})
+# The walltime signal of a start recorded by an hpctf that did not keep it (the site default).
+OLD_WALLTIME_SIGNAL = "USR2"
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """How many times one run may be requeued, by kind of end."""
+
+    preemption: int
+    failure: int
+
+
+@dataclass(frozen=True)
+class Start:
+    """One start of a job: what it resumed from and how it ended (None: not ended yet)."""
+
+    job_id: str
+    step: int
+    reason: str | None = None
+    exit_code: int | None = None
+    end_step: int | None = None
+    nodes: str | None = None
+    # What the chief said when the environment stopped the start (a full disk at save time).
+    environment: str | None = None
+    # The line of the first rank that recorded an exception raised in the user's code.
+    user_code: str | None = None
+    # When it started, when it recorded its end (None: it did not), its last record's time.
+    started_at: str = ""
+    ended_at: str | None = None
+    last_at: str = ""
+    # hpctf requeued its job after it ended; job-start refused to go on (it ran no worker);
+    # the batch shell got SIGTERM (Slurm is ending the job itself).
+    requeued: bool = False
+    refused: bool = False
+    signalled: bool = False
+
+    @property
+    def advanced(self) -> bool:
+        return self.end_step is not None and self.end_step > self.step
+
+
+@dataclass(frozen=True)
+class RunState:
+    """``state`` is one of queued, running, requeued, done, preempted (saved, not requeued),
+    failed, gave_up, cancelled."""
+
+    state: str
+    why: str = ""
+    starts: tuple[Start, ...] = ()
+    preemption_requeues: int = 0
+    failure_requeues: int = 0
+    jobs: tuple[str, ...] = field(default=())
+    # Nodes that failed under one of the run's jobs, in the order they did: every later start
+    # leaves them out (the requeued job's ExcNodeList, resubmit's --exclude).
+    failed_nodes: tuple[str, ...] = ()
+
+    @property
+    def last(self) -> Start | None:
+        return self.starts[-1] if self.starts else None
+
+
+def end_reason(
+    exit_code: int,
+    done: bool,
+    warned_by: str | None,
+    signalled: bool,
+    cancelled: bool,
+    walltime_signal: str = "USR2",
+) -> str:
+    """Why a start ended. ``warned_by`` is the signal the ranks saved on (None if they did
+    not; ``walltime_signal`` is the site's warning before the time limit), ``signalled``
+    whether the batch shell got SIGTERM, ``cancelled`` whether the user cancelled the run
+    during this start."""
+    if done and exit_code == 0:
+        return "done"
+    # Before the warnings: scancel sends SIGTERM, which the ranks take as a warning and save on.
+    if cancelled:
+        return "cancelled"
+    if warned_by is not None or exit_code == PREEMPTED_EXIT:
+        return "timeout" if warned_by == walltime_signal != "TERM" else "preempted"
+    if exit_code == STALLED_EXIT:
+        return "stalled"
+    # Only the batch shell's own SIGTERM says "killed from outside": srun reports 143 or 137
+    # too when --kill-on-bad-exit ended the other ranks after one of them failed.
+    if signalled:
+        return "node_fail"
+    return "failed" if exit_code != 0 else "done"
+
+
+def since_last_start(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The events after the last ``started`` record (all of them when there is none)."""
+    last = max((i for i, e in enumerate(events) if e.get("event") == journal.STARTED), default=-1)
+    return list(events[last + 1 :])
+
+
+def saved_on_warning(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The chief's last ``saved_on_warning`` record among ``events``, or None."""
+    return next((e for e in reversed(events) if e.get("event") == journal.SAVED_ON_WARNING), None)
+
+
+def end_of_start(
+    events: Sequence[Mapping[str, Any]], exit_code: int | None, done: bool, walltime_signal: str
+) -> str:
+    """Why a start ended (:func:`end_reason`), from ``events``, the journal since its
+    ``started`` record. ``exit_code`` None: the start recorded no end, its batch shell was
+    killed first (Slurm requeued the job: a preemption, a lost node, ``scontrol requeue``);
+    then it ended ``preempted`` or ``timeout`` when the ranks saved an agreed step, else
+    ``node_fail``."""
+    saved = saved_on_warning(events)
+    warned = None if saved is None else str(saved.get("signal") or "TERM")
+    if exit_code is None:
+        if warned is None:
+            return "node_fail"
+        exit_code = PREEMPTED_EXIT
+    return end_reason(
+        exit_code,
+        done=done,
+        warned_by=warned,
+        signalled=any(e.get("event") == journal.SIGNALLED for e in events),
+        cancelled=any(e.get("event") == journal.CANCELLED for e in events),
+        walltime_signal=walltime_signal,
+    )
+
+
+def failed_node_checks(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Which nodes failed a check of ``train.preflight: quick`` among ``events``: srun's exit
+    status cannot say (it reports the ranks it killed afterwards, 143 or 137), the ranks'
+    records can."""
+    return [
+        {"node": e.get("node"), "rank": e.get("rank"), "check": e.get("check")}
+        for e in events
+        if e.get("event") == journal.NODE_CHECK_FAILED
+    ]
+
+
+def starts_of(events: Sequence[Mapping[str, Any]], close_last: bool = False) -> list[Start]:
+    """Every start of every job of the run, in order, with how each ended and when.
+
+    A start whose job was started again without an ``ended`` record had its batch shell killed
+    before it could say so: it is closed by :func:`end_of_start` with no exit code, at the step
+    the chief recorded when the ranks saved an agreed step. ``close_last``: close the last
+    start so too, when something outside the journal says its job is back in the queue.
+    """
+    starts: list[Start] = []
+    since: list[Mapping[str, Any]] = []
+    walltime = OLD_WALLTIME_SIGNAL
+
+    def close() -> None:
+        if starts and starts[-1].reason is None:
+            saved = saved_on_warning(since)
+            starts[-1] = replace(
+                starts[-1],
+                reason=end_of_start(since, None, False, walltime),
+                end_step=None if saved is None else saved.get("step"),
+            )
+
+    for event in events:
+        kind = event.get("event")
+        time = str(event.get("time", ""))
+        if kind == journal.STARTED:
+            close()
+            since = []
+            walltime = str(event.get("walltime_signal") or OLD_WALLTIME_SIGNAL)
+            starts.append(
+                Start(
+                    job_id=str(event.get("job_id")),
+                    step=int(event.get("step") or 0),
+                    nodes=event.get("nodes"),
+                    started_at=time,
+                    last_at=time,
+                )
+            )
+            continue
+        since.append(event)
+        if not starts:
+            continue
+        start = starts[-1]
+        start = replace(start, last_at=time)
+        if kind == journal.ENVIRONMENT_FAILED and start.reason is None:
+            start = replace(start, environment=str(event.get("why") or "the environment failed"))
+        elif kind == journal.USER_CODE_FAILED and start.user_code is None:
+            start = replace(
+                start, user_code=str(event.get("line") or "your code raised an exception")
+            )
+        elif kind == journal.ENDED and start.reason is None:
+            start = replace(
+                start,
+                reason=event.get("reason") or "failed",
+                exit_code=event.get("exit_code"),
+                end_step=event.get("step"),
+                ended_at=time,
+            )
+        elif kind == journal.SIGNALLED:
+            start = replace(start, signalled=True)
+        elif kind == journal.GAVE_UP and len(since) == 1 and event.get("job_id") == start.job_id:
+            start = replace(start, refused=True)
+        starts[-1] = start
+        if kind == journal.REQUEUED:
+            _mark_requeued(starts, str(event.get("job_id")))
+    if close_last:
+        close()
+    return starts
+
+
+def _mark_requeued(starts: list[Start], job_id: str) -> None:
+    for i in range(len(starts) - 1, -1, -1):
+        if starts[i].job_id == job_id:
+            starts[i] = replace(starts[i], requeued=True)
+            return
+
+
+def reason_from_slurm(
+    slurm_state: str, saved_signal: str | None, done: bool, walltime_signal: str
+) -> str:
+    """Why a start ended whose batch shell died without a record (with its node), from what
+    Slurm (sacct) says of its job: ``slurm_state`` (COMPLETED, FAILED, NODE_FAIL, ...),
+    ``saved_signal`` the signal the ranks saved on during that start (None: no save), ``done``
+    whether the run is complete, ``walltime_signal`` the site's warning before the time limit."""
+    if done and slurm_state == "COMPLETED":
+        return "done"
+    if slurm_state == "CANCELLED":
+        return "cancelled"
+    if saved_signal is not None:
+        return "timeout" if saved_signal == walltime_signal else "preempted"
+    if slurm_state in ("FAILED", "OUT_OF_MEMORY", "COMPLETED"):
+        return "failed"
+    return "node_fail"  # NODE_FAIL, BOOT_FAIL, TIMEOUT or PREEMPTED without a save
+
+
+def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
+    """The run's state from its journal alone (pure; table-tested)."""
+    starts = starts_of(events)
+    state, why = _state(events, starts)
+    return RunState(
+        state,
+        why,
+        tuple(starts),
+        preemption_requeues=sum(1 for s in starts[:-1] if s.reason in PREEMPTION_REASONS),
+        failure_requeues=sum(1 for s in starts[:-1] if _spends_failure_budget(s)),
+        jobs=tuple(dict.fromkeys(str(e["job_id"]) for e in events if e.get("job_id") is not None)),
+        failed_nodes=failed_nodes(events),
+    )
+
+
+def _spends_failure_budget(start: Start) -> bool:
+    """A crash, stall or node failure does; an exception from the user's code does not (it is
+    never requeued, and a resubmit after a fix starts with the whole budget)."""
+    return start.reason in FAILURE_REASONS and start.user_code is None
+
+
+def failed_nodes(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """Every node a ``nodes_down`` record names, first failure first, each once."""
+    nodes: dict[str, None] = {}
+    for event in events:
+        if event.get("event") == journal.NODES_DOWN:
+            nodes.update(dict.fromkeys(str(n) for n in event.get("nodes") or ()))
+    return tuple(nodes)
+
+
+def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tuple[str, str]:
+    if any(start.reason == "done" for start in starts[_starts_before_extension(events) :]):
+        return "done", ""
+    # The last word since the last start: the budget's, the user's, a new submission, a requeue.
+    # A job that found the run owned by another ended at once: its submission says nothing.
+    not_started = {e.get("job_id") for e in events if e.get("event") == journal.NOT_STARTED}
+    word = next(
+        (
+            e
+            for e in reversed(since_last_start(events))
+            if e.get("event")
+            in (journal.GAVE_UP, journal.CANCELLED, journal.SUBMITTED, journal.REQUEUED)
+            and not (e.get("event") == journal.SUBMITTED and e.get("job_id") in not_started)
+        ),
+        None,
+    )
+    kind = word.get("event") if word is not None else None
+    if word is not None and kind == journal.GAVE_UP:
+        return "gave_up", str(word.get("why", ""))
+    if kind == journal.CANCELLED:
+        return "cancelled", "cancelled by the user"
+    if not starts or kind == journal.SUBMITTED:
+        return "queued", ""
+    last = starts[-1]
+    if last.reason is None:
+        return "running", ""
+    if kind == journal.REQUEUED:
+        return "requeued", f"after {last.reason}"
+    if last.user_code is not None:
+        return "failed", last.user_code
+    if last.reason in PREEMPTION_REASONS:  # saved, and nothing requeued it (a local SIGTERM)
+        return "preempted", f"saved step {last.end_step}; hpctf resubmit resumes it"
+    return "failed", f"{last.reason} (exit {last.exit_code})"
+
+
+def _starts_before_extension(events: Sequence[Mapping[str, Any]]) -> int:
+    """How many starts came before the last ``extended`` record (``resubmit --set
+    train.steps=``): a done run extended is done again only once a later start is."""
+    last = max((i for i, e in enumerate(events) if e.get("event") == journal.EXTENDED), default=-1)
+    return sum(1 for e in events[: last + 1] if e.get("event") == journal.STARTED)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether to go on (requeue the job that ended; let a start proceed), whether the run has
+    given up for good, and why, in words for the log and the journal."""
+
+    go: bool
+    gave_up: bool
+    why: str
+
+
+def after_end(state: RunState, budgets: Budgets) -> Decision:
+    """Whether hpctf should requeue the start that just ended, within the run's budgets.
+
+    ``state`` must include the ended start as its last one (:func:`run_state` of the journal
+    after the ``ended`` record). When the batch shell got SIGTERM (``Start.signalled``), Slurm is
+    ending this job itself (a preemption, a lost node, ``scontrol requeue``, scancel) and
+    requeues it where its configuration says so; hpctf does not requeue it a second time, and
+    the next start checks the budgets (:func:`before_start`).
+    """
+    last = state.last
+    if last is None or last.reason is None:
+        return Decision(False, False, "no ended start")
+    reason = last.reason
+    if reason in ("done", "cancelled"):
+        return Decision(False, False, reason)
+    if last.signalled or reason == "node_fail":
+        return Decision(False, False, f"{reason}: Slurm ended the job and requeues it if it can")
+    if last.environment is not None:
+        # A full disk or a read-only filesystem stays so: a requeue would fail at the next save.
+        return Decision(False, True, f"{reason}: {last.environment}")
+    if last.user_code is not None and reason in FAILURE_REASONS:
+        # An exception from the user's code raises again at the next start: no requeue.
+        return Decision(
+            False, True, f"{last.user_code}; not requeued: fix it and run hpctf resubmit"
+        )
+    if reason in PREEMPTION_REASONS:
+        used = state.preemption_requeues
+        if used >= budgets.preemption:
+            return Decision(
+                False, True, f"{reason}: {used} preemption requeues used of {budgets.preemption}"
+            )
+        return Decision(True, False, f"{reason}: requeue {used + 1} of {budgets.preemption}")
+    used = state.failure_requeues
+    if reason != "node_fail" and not last.advanced:
+        return Decision(
+            False,
+            True,
+            f"{reason} without progress (checkpoint step {last.step} -> {last.end_step}): "
+            "not requeued; fix the cause and run hpctf resubmit",
+        )
+    if used >= budgets.failure:
+        return Decision(False, True, f"{reason}: {used} failure requeues used of {budgets.failure}")
+    return Decision(True, False, f"{reason}: requeue {used + 1} of {budgets.failure}")
+
+
+def before_start(state: RunState, budgets: Budgets) -> Decision:
+    """Whether a new start may go on, from the state before it is recorded: not after the run
+    gave up (unless resubmitted) or completed, and not past a budget, whoever requeued the job.
+    A start still running in the journal was killed without a word (a lost node,
+    ``scontrol requeue``): it counts as a failure."""
+    if state.state == "done":
+        return Decision(False, False, "the run is complete")
+    if state.state == "gave_up":
+        return Decision(False, True, f"the run gave up: {state.why}")
+    failures = sum(1 for s in state.starts if _spends_failure_budget(s) or s.reason is None)
+    preemptions = sum(1 for s in state.starts if s.reason in PREEMPTION_REASONS)
+    if failures > budgets.failure:
+        return Decision(
+            False,
+            True,
+            f"restarted {failures} times after failures, over the budget of {budgets.failure} "
+            "(the site's preemption.max_failure_requeues)",
+        )
+    if preemptions > budgets.preemption:
+        return Decision(
+            False,
+            True,
+            f"requeued {preemptions} times after preemption, over the budget of "
+            f"{budgets.preemption} (the site's preemption.max_requeues)",
+        )
+    return Decision(True, False, "ok")

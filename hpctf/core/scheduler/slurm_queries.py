@@ -1,0 +1,234 @@
+"""Queries for many jobs at once, through the one wrapper
+(:func:`hpctf.core.scheduler.slurm.run_command`):
+one ``squeue`` and one ``sacct`` call however many runs a command shows, each parsed into
+:class:`JobRecord`, transient failures retried a couple of times with backoff within a time
+budget, so a user with fifty runs never floods slurmctld (submitit#1759,
+Snakemake-Profiles/slurm#74).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from hpctf.core.scheduler.slurm import (
+    FINAL_STATES,
+    SlurmError,
+    SlurmFailure,
+    checked_job_ids,
+    run_command,
+)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What Slurm says of one job: its state in Slurm's words (PENDING, RUNNING, REQUEUED,
+    PREEMPTED, TIMEOUT, NODE_FAIL, CANCELLED, FAILED, COMPLETED, ...), why it is pending
+    (``reason``, "" for none), and which command said so (``source``: squeue or sacct)."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    source: str = "squeue"
+    exit_code: str = ""
+    start: str = ""
+    end: str = ""
+    elapsed: str = ""
+    nodes: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+# squeue has no --parsable: a format with "|" between fields (none of them holds one).
+SQUEUE_FIELDS = ("%i", "%T", "%r", "%S", "%M", "%N")
+SACCT_FIELDS = ("JobIDRaw", "State", "Reason", "ExitCode", "Start", "End", "Elapsed", "NodeList")
+
+# Words of a Slurm client that could not get an answer this time (the controller busy, the RPC
+# rate limit, a failover), worth another try: slurm_errno.c and the client's error lines.
+TRANSIENT = (
+    "Socket timed out",
+    "Unable to contact slurm controller",
+    "Connection refused",
+    "Connection timed out",
+    "Resource temporarily unavailable",
+    "Zero Bytes were transmitted",
+    "Too many RPCs",
+    "slurmdbd: Connection",
+)
+# Pauses between tries after a transient failure (a couple of retries, then give up).
+RETRY_PAUSES_S = (1.0, 3.0)
+# A failure that took this long is not tried again (measured: squeue against a slurmctld that
+# is down fails after 18 s with "Unable to contact slurm controller", MessageTimeout 10 s).
+SLOW_FAILURE_S = 5.0
+
+
+def _none_word(value: str) -> str:
+    return "" if value in ("None", "(null)", "n/a", "Unknown") else value
+
+
+def parse_squeue(out: str) -> dict[str, JobRecord]:
+    """``squeue --noheader --format=<SQUEUE_FIELDS joined by |>`` output, by job id."""
+    jobs: dict[str, JobRecord] = {}
+    for line in out.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != len(SQUEUE_FIELDS) or not fields[0]:
+            continue
+        job_id, state, reason, start, elapsed, nodes = fields
+        jobs[job_id] = JobRecord(
+            job_id,
+            state,
+            reason=_none_word(reason),
+            source="squeue",
+            start=_none_word(start),
+            elapsed=elapsed,
+            nodes=nodes,
+        )
+    return jobs
+
+
+def parse_sacct(out: str) -> dict[str, JobRecord]:
+    """``sacct --parsable2 --noheader --format=<SACCT_FIELDS>`` output, by job id.
+
+    A state such as ``CANCELLED by 1000`` keeps its first word. A job listed twice (a requeue,
+    with ``--duplicates``) keeps its last line, the newest record.
+    """
+    jobs: dict[str, JobRecord] = {}
+    for line in out.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != len(SACCT_FIELDS) or not fields[0]:
+            continue
+        job_id, state, reason, exit_code, start, end, elapsed, nodes = fields
+        jobs[job_id] = JobRecord(
+            job_id,
+            state.split(" ")[0],
+            reason=_none_word(reason),
+            source="sacct",
+            exit_code=exit_code,
+            start=_none_word(start),
+            end=_none_word(end),
+            elapsed=elapsed,
+            nodes=_none_word(nodes),
+        )
+    return jobs
+
+
+def query(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    budget_s: float = 40.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """:func:`run_command` for a read-only query, tried again after quick :data:`TRANSIENT`
+    failures (pausing :data:`RETRY_PAUSES_S`) while ``budget_s`` seconds last; the last failure
+    is raised. A command that ran out of time, or took :data:`SLOW_FAILURE_S` or more to fail
+    (the client had already retried: an unreachable slurmctld takes MessageTimeout and more),
+    is not tried again: a slow controller gets no more load from us, nor the user a longer wait."""
+    deadline = time.monotonic() + budget_s
+    pauses = list(RETRY_PAUSES_S)
+    while True:
+        began = time.monotonic()
+        try:
+            return run_command(argv, env=env, timeout=max(deadline - began, 1.0))
+        except SlurmError as exc:
+            said = f"{exc.stdout}\n{exc.stderr}"
+            transient = exc.returncode > 0 and any(word in said for word in TRANSIENT)
+            quick = time.monotonic() - began < SLOW_FAILURE_S
+            if not (transient and quick and pauses) or time.monotonic() + pauses[0] >= deadline:
+                raise
+            sleep(pauses.pop(0))
+
+
+def squeue_jobs(
+    job_ids: Sequence[str], env: Mapping[str, str] | None = None
+) -> dict[str, JobRecord]:
+    """What slurmctld knows of ``job_ids``, in ONE squeue call, by job id: jobs it has forgotten
+    (ended longer than MinJobAge ago) are missing. Raises SlurmError when it cannot answer."""
+    ids = sorted(set(checked_job_ids(job_ids)))
+    if not ids:
+        return {}
+    # --array: one line per array task. Without it squeue folds pending tasks into one line
+    # (500003_[1-2]) that names none of the ids asked (measured, Slurm 22.05).
+    argv = [
+        "squeue",
+        f"--jobs={','.join(ids)}",
+        "--array",
+        "--states=all",
+        "--noheader",
+        f"--format={'|'.join(SQUEUE_FIELDS)}",
+    ]
+    try:
+        out = query(argv, env=env)
+    except SlurmFailure as exc:
+        # Every id forgotten: squeue exits 1 ("slurm_load_jobs error: Invalid job id specified").
+        if "Invalid job id" in exc.stderr:
+            return {}
+        raise
+    return {job_id: job for job_id, job in parse_squeue(out).items() if job_id in ids}
+
+
+def sacct_jobs(
+    job_ids: Sequence[str], env: Mapping[str, str] | None = None
+) -> dict[str, JobRecord]:
+    """What the accounting database knows of ``job_ids``, in ONE sacct call (the job
+    allocations, the newest record of a requeued job), by job id. A cluster without
+    accounting ("Slurm accounting storage is disabled") knows nothing: ``{}``. Raises
+    SlurmError when slurmdbd cannot answer."""
+    ids = sorted(set(checked_job_ids(job_ids)))
+    if not ids:
+        return {}
+    argv = [
+        "sacct",
+        f"--jobs={','.join(ids)}",
+        "--allocations",
+        "--noheader",
+        "--parsable2",
+        f"--format={','.join(SACCT_FIELDS)}",
+    ]
+    try:
+        out = query(argv, env=env)
+    except SlurmFailure as exc:
+        if "accounting storage is disabled" in f"{exc.stdout}\n{exc.stderr}":
+            return {}
+        raise
+    return {job_id: job for job_id, job in parse_sacct(out).items() if job_id in ids}
+
+
+def sacct_runs(job_id: str, env: Mapping[str, str] | None = None) -> list[JobRecord]:
+    """Every run of job ``job_id`` that the accounting database knows, oldest first: a job
+    Slurm requeued has one record per start (``sacct --duplicates``), the earlier ones REQUEUED,
+    PREEMPTED or NODE_FAIL. [] without accounting."""
+    argv = [
+        "sacct",
+        f"--jobs={job_id}",
+        "--allocations",
+        "--duplicates",
+        "--noheader",
+        "--parsable2",
+        f"--format={','.join(SACCT_FIELDS)}",
+    ]
+    try:
+        out = query(argv, env=env, budget_s=10.0)
+    except SlurmFailure as exc:
+        if "accounting storage is disabled" in f"{exc.stdout}\n{exc.stderr}":
+            return []
+        raise
+    runs = []
+    for line in out.splitlines():
+        record = parse_sacct(line).get(job_id)
+        if record is not None:
+            runs.append(record)
+    return runs
+
+
+def max_array_size(env: Mapping[str, str] | None = None) -> int:
+    """The cluster's MaxArraySize (``scontrol show config``): every array index must be
+    below it (slurm.conf(5))."""
+    out = query(["scontrol", "show", "config"], env=env)
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return int(value.strip())
+    raise SlurmError(["scontrol", "show", "config"], 0, "", "no MaxArraySize in its output")

@@ -1,0 +1,406 @@
+"""Experiment and site files: the schemas, and the resolved config a run is frozen with.
+
+Shared by both wings: the login node validates and resolves
+(:mod:`hpctf.login.resolving.resolve`); the worker reads the frozen result back from the run
+directory. Value grammar lives in :mod:`hpctf.core.settings.values`, the sbatch option table in
+:mod:`hpctf.core.settings.sbatch_options`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from hpctf.core.scheduler.hostnames import check_hostname_template
+from hpctf.core.scheduler.launcher import allows_containers
+from hpctf.core.settings.container import Container
+from hpctf.core.settings.sbatch_options import normalize_sbatch_option
+from hpctf.core.settings.values import (
+    Constraint,
+    Dependency,
+    EnvValue,
+    Exclusive,
+    MailTypes,
+    MailUser,
+    Mem,
+    Module,
+    Name,
+    Partition,
+    ShellLines,
+    SlurmName,
+    Time,
+    check_entry,
+    check_env,
+)
+
+# --- extra_sbatch --------------------------------------------------------------------------
+
+ExtraSbatch = Annotated[
+    list[Annotated[str, AfterValidator(normalize_sbatch_option)]],
+    Field(description="more #SBATCH options, one per item, e.g. --gres-flags=enforce-binding"),
+]
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class Resources(_Strict):
+    """What the job asks Slurm for, in Slurm's own names.
+
+    A site file may give a default for every key here except ``nodes`` and ``dependency``;
+    a key given in the experiment (even as ``null``) wins over the site's default.
+    """
+
+    nodes: int = Field(1, ge=1, le=100_000)
+    tasks_per_node: int = Field(1, ge=1, le=1024)
+    gpus_per_node: int | None = Field(None, ge=0, le=64, description="default: the site's")
+    cpus_per_task: int = Field(1, ge=1, le=4096)
+    mem: Mem | None = Field(None, description="--mem per node, e.g. 64G; 0 is all of it")
+    time: Time = "01:00:00"
+    partition: Partition | None = Field(None, description="default: the site's")
+    account: SlurmName | None = None
+    qos: SlurmName | None = None
+    constraint: Constraint | None = None
+    reservation: SlurmName | None = None
+    exclusive: Exclusive = False
+    mail_type: MailTypes = Field(default_factory=list)
+    mail_user: MailUser | None = None
+    dependency: Dependency | None = None
+    extra_sbatch: ExtraSbatch = Field(default_factory=list)
+
+
+# Resource keys a site file may give defaults for (the rest are per experiment).
+SITE_RESOURCE_KEYS = tuple(k for k in Resources.model_fields if k not in {"nodes", "dependency"})
+
+
+class Train(_Strict):
+    """What to train and for how long: an ``entry`` (hpctf's loop) or a ``script`` (the user's).
+
+    With ``script`` the batch size, the steps and the checkpoints are the script's business;
+    with ``entry`` ``global_batch_size`` and one of ``steps``/``epochs`` are required.
+    """
+
+    entry: str | None = Field(
+        None, description="module:function returning hpctf.Task; or give script"
+    )
+    script: str | None = Field(
+        None,
+        description="a Python script every task runs as __main__ (its own strategy, model.fit "
+        "...), relative to the experiment file; or give entry",
+    )
+    script_args: list[str] = Field(
+        default_factory=list, description="the script's command-line arguments (sys.argv[1:])"
+    )
+    keras: Literal[2, 3] = Field(
+        3,
+        description="3: Keras 3; 2: tf_keras (TF_USE_LEGACY_KERAS=1, set before TensorFlow is "
+        "imported), whose model.fit works under MultiWorkerMirroredStrategy; script only; "
+        "install hpctf[keras2]",
+    )
+    args: dict[str, Any] = Field(default_factory=dict)
+    steps: int | None = Field(None, ge=1)
+    epochs: int | None = Field(None, ge=1)
+    global_batch_size: int | None = Field(None, ge=1, description="required with entry")
+    log_every_steps: int = Field(10, ge=1)
+    seed: int = 0
+    python_path: list[str] = Field(
+        default_factory=lambda: ["."],
+        description="directories put on sys.path for the entry, relative to the experiment file",
+    )
+    eval_every_steps: int | None = Field(
+        None, ge=1, description="evaluate every N steps as well as at the end"
+    )
+    scale_learning_rate: bool = Field(
+        False, description="multiply the optimizer's learning rate by the number of replicas"
+    )
+    mixed_precision: bool = Field(
+        False, description="mixed_float16 on GPUs, mixed_bfloat16 on CPUs"
+    )
+    jit_compile: bool = Field(False, description="compile the step's forward and backward with XLA")
+    # On by default: the checks take milliseconds (sysfs reads, two name lookups, one bind;
+    # TensorFlow is imported next anyway), and what they catch, a port of the fabric down or an
+    # HCA missing, otherwise costs a whole allocation that hangs in NCCL's start or trains over
+    # TCP sockets at a fraction of the speed.
+    preflight: Literal["quick", "off"] = Field(
+        "quick",
+        description="quick: each rank checks its node (memlock, InfiniBand ports, addresses, "
+        "port, TensorFlow and GPUs) before joining, and a failed check ends the job naming node "
+        "and check; off: only the addresses, the port and the GPUs, as a plain error",
+    )
+    communication: Literal["auto", "nccl", "ring"] = Field(
+        "auto", description="collective implementation; auto: NCCL when GPUs are visible, else RING"
+    )
+    # Bounded failure: a dead, frozen or stuck rank ends the whole job within these bounds.
+    heartbeat_timeout_seconds: int = Field(
+        10,
+        ge=1,
+        description="a rank whose heartbeats stop (dead or frozen) fails the job after this",
+    )
+    stall_timeout_seconds: int | None = Field(
+        1800,
+        ge=1,
+        description=(
+            "a rank that finishes no step, save or evaluation batch for this long (a live but "
+            "stuck peer, a hung collective) exits 124; null: wait for ever"
+        ),
+    )
+    startup_timeout_seconds: int = Field(
+        300, ge=1, description="every rank must join the cluster within this"
+    )
+    preemption_check_every_steps: int = Field(
+        10, ge=1, description="how often the ranks agree whether any got a preemption signal"
+    )
+    loop: Literal["builtin", "custom"] = Field(
+        "builtin",
+        description="builtin: entry returns hpctf.Task; custom: entry(session, **args) trains",
+    )
+
+    _entry = field_validator("entry", mode="before")(check_entry)
+
+    @field_validator("script")
+    @classmethod
+    def _python_file(cls, value: str | None) -> str | None:
+        if value is not None and not value.endswith(".py"):
+            raise ValueError(f"{value!r} is not a .py file (hpctf copies .py files into the run)")
+        return value
+
+    @model_validator(mode="after")
+    def _entry_or_script(self) -> Train:
+        if (self.entry is None) == (self.script is None):
+            raise ValueError("give exactly one of train.entry (module:function) or train.script")
+        if self.script is not None:
+            given = [
+                k for k in ("steps", "epochs", "global_batch_size", "args") if getattr(self, k)
+            ]
+            if given or self.loop != "builtin":
+                keys = ", ".join(f"train.{k}" for k in given or ["loop"])
+                raise ValueError(
+                    f"{keys} is for train.entry; a train.script sets its own (use script_args)"
+                )
+            return self
+        if self.keras != 3:
+            raise ValueError("train.keras: 2 is for train.script; hpctf's loop runs Keras 3")
+        if self.global_batch_size is None:
+            raise ValueError("train.global_batch_size is required with train.entry")
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("give exactly one of train.steps or train.epochs")
+        return self
+
+
+class Checkpoint(_Strict):
+    every_steps: int = Field(100, ge=1)
+    keep: int = Field(3, ge=1)
+    asynchronous: bool = Field(
+        True,
+        description="write checkpoints while training goes on (the save stalls only to copy "
+        "the variables to host memory, kept there: one more copy of the weights and optimizer "
+        "state per worker); a preemption or the end waits for the write; the Keras fit loop "
+        "saves synchronously",
+    )
+
+
+class MLflowTracking(_Strict):
+    """Where the chief logs the run in MLflow (:mod:`hpctf.compute.records.tracking`)."""
+
+    tracking_uri: str | None = Field(
+        None, description="e.g. http://mlflow:5000 or file:///path; default: $MLFLOW_TRACKING_URI"
+    )
+    experiment: str | None = Field(None, description="MLflow experiment; default: the name")
+
+
+class Tracking(_Strict):
+    """Experiment trackers: one tracker run per hpctf run, across every requeue and resubmit."""
+
+    mlflow: MLflowTracking | None = None
+
+
+class Experiment(_Strict):
+    """One experiment.yaml."""
+
+    name: Name
+    site: str | None = Field(None, description="default site (name or .yaml path); --site wins")
+    resources: Resources = Field(default_factory=Resources)
+    train: Train
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    tracking: Tracking = Field(default_factory=Tracking)
+    env: dict[str, EnvValue] = Field(
+        default_factory=dict, description="exported after the site's env; values are literal"
+    )
+    setup: ShellLines = Field(
+        default_factory=list,
+        description="RAW SHELL run in the batch script after the site's setup lines",
+    )
+
+    _env = field_validator("env")(check_env)
+
+
+class Preemption(_Strict):
+    """How Slurm warns a job before preempting it or ending it at its time limit.
+
+    Slurm jobs of such a site are submitted with ``--signal=<signal>@<warning_seconds>`` and
+    ``--requeue``: on the warning every worker saves an agreed step and exits 75, and the batch
+    script requeues the job (at most ``max_requeues`` times), which resumes from that step.
+    """
+
+    # Not USR1: NCCL uses SIGUSR1 itself. The worker handles exactly these two.
+    signal: Literal["USR2", "TERM"] = "USR2"
+    warning_seconds: int = Field(300, ge=1, le=65535)
+    max_requeues: int = Field(
+        20, ge=0, description="requeues of one run after a warned preemption or walltime"
+    )
+    max_failure_requeues: int = Field(
+        3,
+        ge=0,
+        description="requeues of one run after a crash, a stall or a node failure (a crash or "
+        "stall only when the run advanced since its start)",
+    )
+
+
+class Doctor(_Strict):
+    """What ``hpctf doctor`` holds the site's nodes to, beyond every check passing."""
+
+    min_busbw_gbps: float | None = Field(
+        None,
+        gt=0,
+        description="fail the all-reduce check below this bus bandwidth at the largest message "
+        "size, in GB/s (gigabytes per second, the unit nccl-tests prints busbw in)",
+    )
+
+
+class Sweep(_Strict):
+    """How ``hpctf sweep`` submits on this site."""
+
+    max_array_size: int | None = Field(
+        None,
+        ge=1,
+        description="tasks per job array; default: the cluster's MaxArraySize (scontrol show "
+        "config). Larger sweeps are split into several arrays",
+    )
+
+
+class Site(_Strict):
+    """One site_configs/<name>.yaml: what is true of a cluster for every experiment on it."""
+
+    name: Name
+    description: str = ""
+    extends: str | None = Field(
+        None, description="a site name, or a .yaml path relative to this file, to start from"
+    )
+    scheduler: Literal["slurm", "local"]
+    # Defaults for the experiment's resources (the experiment's own value wins key by key).
+    partition: Partition | None = None
+    account: SlurmName | None = None
+    qos: SlurmName | None = None
+    constraint: Constraint | None = None
+    reservation: SlurmName | None = None
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    tasks_per_node: int | None = Field(None, ge=1, le=1024)
+    cpus_per_task: int | None = Field(None, ge=1, le=4096)
+    mem: Mem | None = None
+    time: Time | None = None
+    exclusive: Exclusive | None = None
+    mail_type: MailTypes | None = None
+    mail_user: MailUser | None = None
+    extra_sbatch: ExtraSbatch = Field(
+        default_factory=list, description="written before the experiment's extra_sbatch"
+    )
+    gpu_request: Literal["gpus-per-node", "gres"] = Field(
+        "gpus-per-node",
+        description="how to ask for GPUs: --gpus-per-node=N (cons_tres) or --gres=gpu:N",
+    )
+    modules: list[Module] = Field(default_factory=list, description="`module load`, in order")
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="values are literal")
+    setup: ShellLines = Field(
+        default_factory=list,
+        description="RAW SHELL run in the batch script after modules and env: the only place "
+        "a site file holds shell code",
+    )
+    runs_root: str = Field(min_length=1, description="~ and $VARS are expanded at submit")
+    python: str | None = Field(
+        None, description="interpreter on compute nodes; default: the one running hpctf submit"
+    )
+    venv: str | None = Field(None, description="a virtualenv activated on compute nodes")
+    port_range: tuple[int, int] = (20000, 30000)
+    template: str | None = Field(
+        None,
+        description='a Jinja template, relative to this file, that {% extends "sbatch.sh.j2" %}',
+    )
+    preemption: Preemption = Field(default_factory=Preemption)
+    hostname_template: str = Field(
+        "{host}", description="address of a node in TF_CONFIG, e.g. '{host}-ib' for IPoIB"
+    )
+    doctor: Doctor = Field(default_factory=Doctor, description="thresholds for hpctf doctor")
+    sweep: Sweep = Field(default_factory=Sweep, description="how hpctf sweep submits job arrays")
+    container: Container | None = Field(
+        None, description="run the workers in a container: runtime, image, mounts, env, python"
+    )
+
+    _env = field_validator("env")(check_env)
+    _hostname_template = field_validator("hostname_template")(check_hostname_template)
+
+    @field_validator("port_range")
+    @classmethod
+    def _valid_ports(cls, value: tuple[int, int]) -> tuple[int, int]:
+        low, high = value
+        if not 1024 <= low < high <= 65535:
+            raise ValueError("port_range must be [low, high] with 1024 <= low < high <= 65535")
+        return value
+
+    @field_validator("python", "venv", "runs_root")
+    @classmethod
+    def _path_like(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("-") or any(c in value for c in "\n\r\0")):
+            raise ValueError(f"{value!r} is not a path (no leading -, newline or NUL)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_python(self) -> Site:
+        if self.python and self.venv:
+            raise ValueError("give at most one of python and venv")
+        return self
+
+    @field_validator("container")
+    @classmethod
+    def _container_on_slurm(cls, value: Container | None, info: ValidationInfo) -> Container | None:
+        # The local launcher starts plain processes: a container there would be ignored.
+        scheduler = info.data.get("scheduler")
+        if value is not None and scheduler is not None and not allows_containers(scheduler):
+            raise ValueError(
+                "a container needs scheduler: slurm (the local site starts plain processes)"
+            )
+        return value
+
+
+class ResolvedConfig(_Strict):
+    """Everything a run needs, after precedence; frozen as config.json in the run directory.
+
+    ``experiment.resources`` holds the effective request (the site's defaults filled in, the
+    site's ``extra_sbatch`` first); the site's ``venv``, ``python`` and ``runs_root`` are
+    expanded.
+    """
+
+    experiment: Experiment
+    site: Site
+    experiment_file: str
+    python: str = Field(description="interpreter that runs `hpctf worker` on compute nodes")
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.experiment.resources.gpus_per_node or 0
+
+    @property
+    def ntasks(self) -> int:
+        return self.experiment.resources.nodes * self.experiment.resources.tasks_per_node
