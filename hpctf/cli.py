@@ -24,7 +24,7 @@ from hpctf.compute import commands as compute_commands
 from hpctf.core.errors import BUG_EXIT, EnvironmentProblem, UserError
 from hpctf.login.doctor.commands import doctor
 from hpctf.login.submitting import commands as submitting
-from hpctf.login.sweeps.commands import sweep
+from hpctf.login.sweeps.start import sweep
 from hpctf.login.watching import cancel, logs, plot, status
 
 

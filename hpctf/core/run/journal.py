@@ -17,10 +17,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from pathlib import Path
+from typing import Any, Final, Protocol
 
-if TYPE_CHECKING:
-    from hpctf.core.run.rundir import RunDir
+
+class RunDir(Protocol):
+    """What the writers need of a run directory (:class:`hpctf.core.run.rundir.RunDir` has it):
+    a protocol, so that the run directory may use this module to read its journal."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def record(self, event: str, **fields: Any) -> None: ...
+
+    def checkpoint_step(self) -> int: ...
+
 
 # The events, by who writes them.
 CREATED: Final = "created"  # submit: the run directory was made

@@ -14,14 +14,32 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from hpctf.core.errors import UserError
 from hpctf.core.scheduler import slurm
 
 if TYPE_CHECKING:
-    from hpctf.core.settings.config import Site
     from hpctf.core.settings.container import Container
+
+
+class _Preemption(Protocol):
+    @property
+    def warning_seconds(self) -> int: ...
+
+
+class Site(Protocol):
+    """What a launcher reads of a site (:class:`hpctf.core.settings.config.Site` has it): a
+    protocol, so that the site's schema may ask the launchers what they allow."""
+
+    @property
+    def scheduler(self) -> str: ...
+
+    @property
+    def preemption(self) -> _Preemption: ...
+
+    @property
+    def container(self) -> Container | None: ...
 
 
 class Launcher:

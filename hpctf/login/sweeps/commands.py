@@ -34,11 +34,9 @@ from hpctf.login.resolving.readings import Readings
 from hpctf.login.submitting.launch import start_run
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
-    DEFAULT_MAX_POINTS,
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
     Point,
     chunks,
-    run_names,
 )
 from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
 from hpctf.login.watching.slurm_view import job_states, slurm_records
@@ -184,89 +182,6 @@ def submit_arrays(
             f"{spread or chunk_indices[0]}"
         )
     return ids
-
-
-@click.command()
-@click.argument("experiment", type=click.Path(path_type=Path, dir_okay=False))
-@click.option(
-    "--grid",
-    "grids",
-    multiple=True,
-    metavar="KEY=V1,V2,...",
-    help="Values of one experiment key (repeatable: the points are the product).",
-)
-@click.option(
-    "--random",
-    "draws",
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="Draw N points from the --range keys (times the grid's points).",
-)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draws.")
-@click.option(
-    "--range",
-    "ranges",
-    multiple=True,
-    metavar="KEY=LO:HI[:log]",
-    help="A range to draw from (uniform, or log-uniform with :log).",
-)
-@click.option(
-    "--max-running",
-    type=click.IntRange(min=1),
-    metavar="K",
-    help="Run at most K points at once (the array's %K).",
-)
-@click.option(
-    "--max-points",
-    type=click.IntRange(min=1),
-    default=DEFAULT_MAX_POINTS,
-    show_default=True,
-    help="Refuse sweeps with more points than this.",
-)
-@click.option("--site", "site_name", metavar="NAME", help="Site config name or path.")
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY.PATH=VALUE",
-    help="Override an experiment key for every point (repeatable).",
-)
-@click.option("--dry-run", is_flag=True, help="Print the points and the array script(s); "
-              "write and submit nothing.")  # fmt: skip
-def sweep(
-    experiment: Path, grids: tuple[str, ...], draws: int | None, seed: int,
-    ranges: tuple[str, ...], max_running: int | None, max_points: int, site_name: str | None,
-    overrides: tuple[str, ...], dry_run: bool,
-) -> None:  # fmt: skip
-    """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
-    directory of its own, all of them one Slurm job array (local sites: one after another)."""
-    from hpctf.login.sweeps.start import plan_sweep, start_sweep  # it uses this module's parts
-
-    points, configs = plan_sweep(experiment, grids, ranges, draws, seed, max_points, site_name,
-                                 overrides)  # fmt: skip
-    base = configs[0]
-    if dry_run:
-        sweep_path = _sweep_path(base)
-        run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
-        click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
-        for point, path in zip(points, run_dirs, strict=True):
-            click.echo(f"# point {point.index}: {point.label()} -> {path.name}")
-        if launcher_for(base.site).slurm:
-            limit, source = array_size_limit(base, dry_run=True)
-            scripts = _array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
-                                     max_running)  # fmt: skip
-            click.echo(f"# {len(scripts)} job array(s) of at most {limit} tasks ({source})")
-            for number, (indices, script) in enumerate(scripts):
-                click.echo(f"# ----- array-{number}.sbatch: points {indices[0]}-{indices[-1]}")
-                click.echo(script, nl=False)
-        click.echo("# dry run: nothing written, nothing submitted", err=True)
-        return
-    spec = {"grid": list(grids), "range": list(ranges), "random": draws, "seed": seed,
-            "set": list(overrides), "max_running": max_running}  # fmt: skip
-    record, status = start_sweep(experiment, points, configs, spec)
-    if not is_slurm(record.data.get("scheduler")):
-        sys.exit(status)
-    click.echo(f"status: hpctf status {record.path}")
 
 
 def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:

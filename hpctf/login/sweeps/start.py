@@ -1,10 +1,11 @@
-"""Starting a sweep, for ``hpctf sweep`` and :func:`hpctf.sweep` alike: its points planned
+"""``hpctf sweep``, and starting a sweep for it and :func:`hpctf.sweep` alike: its points planned
 and resolved (:func:`plan_sweep`), then its sweep directory, a run directory per point and the
 job array(s) (:func:`start_sweep`). The array's parts are in :mod:`hpctf.login.sweeps.commands`.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,12 +14,18 @@ from typing import Any
 import click
 
 from hpctf.core.run.rundir import RunDir, create_run_dir
-from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.launch import warn_if_writable_by_others
 from hpctf.login.submitting.render import render
 from hpctf.login.sweeps import commands  # the array's parts (looked up at each call)
-from hpctf.login.sweeps.plan import Point, parse_axes, plan_points, run_names
+from hpctf.login.sweeps.plan import (
+    DEFAULT_MAX_POINTS,
+    Point,
+    parse_axes,
+    plan_points,
+    run_names,
+)
 from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir
 
 
@@ -67,3 +74,84 @@ def start_sweep(
         return record, commands._run_locally(record, range(len(points)))
     commands.submit_arrays(record, base, range(len(points)), limit)
     return record, 0
+
+
+@click.command()
+@click.argument("experiment", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--grid",
+    "grids",
+    multiple=True,
+    metavar="KEY=V1,V2,...",
+    help="Values of one experiment key (repeatable: the points are the product).",
+)
+@click.option(
+    "--random",
+    "draws",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Draw N points from the --range keys (times the grid's points).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draws.")
+@click.option(
+    "--range",
+    "ranges",
+    multiple=True,
+    metavar="KEY=LO:HI[:log]",
+    help="A range to draw from (uniform, or log-uniform with :log).",
+)
+@click.option(
+    "--max-running",
+    type=click.IntRange(min=1),
+    metavar="K",
+    help="Run at most K points at once (the array's %K).",
+)
+@click.option(
+    "--max-points",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_POINTS,
+    show_default=True,
+    help="Refuse sweeps with more points than this.",
+)
+@click.option("--site", "site_name", metavar="NAME", help="Site config name or path.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override an experiment key for every point (repeatable).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the points and the array script(s); "
+              "write and submit nothing.")  # fmt: skip
+def sweep(
+    experiment: Path, grids: tuple[str, ...], draws: int | None, seed: int,
+    ranges: tuple[str, ...], max_running: int | None, max_points: int, site_name: str | None,
+    overrides: tuple[str, ...], dry_run: bool,
+) -> None:  # fmt: skip
+    """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
+    directory of its own, all of them one Slurm job array (local sites: one after another)."""
+    points, configs = plan_sweep(experiment, grids, ranges, draws, seed, max_points, site_name,
+                                 overrides)  # fmt: skip
+    base = configs[0]
+    if dry_run:
+        sweep_path = commands._sweep_path(base)
+        run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
+        click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
+        for point, path in zip(points, run_dirs, strict=True):
+            click.echo(f"# point {point.index}: {point.label()} -> {path.name}")
+        if launcher_for(base.site).slurm:
+            limit, source = commands.array_size_limit(base, dry_run=True)
+            scripts = commands._array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
+                                     max_running)  # fmt: skip
+            click.echo(f"# {len(scripts)} job array(s) of at most {limit} tasks ({source})")
+            for number, (indices, script) in enumerate(scripts):
+                click.echo(f"# ----- array-{number}.sbatch: points {indices[0]}-{indices[-1]}")
+                click.echo(script, nl=False)
+        click.echo("# dry run: nothing written, nothing submitted", err=True)
+        return
+    spec = {"grid": list(grids), "range": list(ranges), "random": draws, "seed": seed,
+            "set": list(overrides), "max_running": max_running}  # fmt: skip
+    record, status = start_sweep(experiment, points, configs, spec)
+    if not is_slurm(record.data.get("scheduler")):
+        sys.exit(status)
+    click.echo(f"status: hpctf status {record.path}")
