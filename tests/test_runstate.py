@@ -9,16 +9,9 @@ import pytest
 
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
 from hpctf.core.run import journal
+from hpctf.core.run.ends import REASONS, end_of_start, end_reason
 from hpctf.core.run.jobs import jobs_of, open_jobs
-from hpctf.core.run.runstate import (
-    REASONS,
-    after_end,
-    before_start,
-    end_of_start,
-    end_reason,
-    run_state,
-    starts_of,
-)
+from hpctf.core.run.runstate import after_end, before_start, run_state, starts_of
 from tests.journal_records import BUDGETS, SUBMITTED, ended, requeued, started
 
 

@@ -19,17 +19,10 @@ import click
 
 from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProblem, UserError
 from hpctf.core.run import journal, ownership
+from hpctf.core.run.ends import reason_from_slurm, saved_on_warning, since_last_start
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import (
-    Budgets,
-    after_end,
-    before_start,
-    reason_from_slurm,
-    run_state,
-    saved_on_warning,
-    since_last_start,
-)
+from hpctf.core.run.runstate import Budgets, after_end, before_start, run_state
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.settings.config import ResolvedConfig
 

@@ -49,8 +49,8 @@ from hpctf.core.errors import (
     UserError,
 )
 from hpctf.core.run import journal
+from hpctf.core.run.ends import saved_on_warning, since_last_start
 from hpctf.core.run.rundir import RunDir, write_atomic
-from hpctf.core.run.runstate import saved_on_warning, since_last_start
 from hpctf.core.settings.config import ResolvedConfig, Train
 
 log = logging.getLogger("hpctf.worker")

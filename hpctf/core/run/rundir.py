@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, snapshot
-from hpctf.core.run.runstate import end_of_start, failed_node_checks, since_last_start
+from hpctf.core.run.ends import end_of_start, failed_node_checks, since_last_start
 from hpctf.core.settings.config import ResolvedConfig
 
 

@@ -6,8 +6,9 @@ walltime signal), ``saved_on_warning`` (the chief saved an agreed step after a w
 ``signalled`` (the batch shell got SIGTERM), ``nodes_down`` (nodes of the job that Slurm said
 were down or drained when it was killed), ``ended`` (with its reason, exit code and step),
 ``requeued``, ``gave_up``, ``cancelled``, ``not_started`` (a job that found the run owned by
-another ended at once: no start of the run). This module is the one interpreter of it: how a start
-ended (:func:`end_of_start`), every start with its times (:func:`starts_of`), the run's state
+another ended at once: no start of the run). This module is the one interpreter of it, with
+:mod:`hpctf.core.run.ends` (how one start ended: :func:`~hpctf.core.run.ends.end_of_start`): every
+start with its times (:func:`starts_of`), the run's state
 (:func:`run_state`); the commands that show a run (status, logs, cancel) derive their views from
 these (:mod:`hpctf.core.run.jobs` folds the starts into jobs). Nothing else is consulted, so
 ``hpctf status`` and the batch script always agree on what happened; the one exception is what
@@ -45,14 +46,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
 from hpctf.core.run import journal
-
-REASONS = ("done", "preempted", "timeout", "stalled", "failed", "node_fail", "cancelled")
-PREEMPTION_REASONS = frozenset({"preempted", "timeout"})
-FAILURE_REASONS = frozenset({"stalled", "failed", "node_fail"})
-# The walltime signal of a start recorded by an hpctf that did not keep it (the site default).
-OLD_WALLTIME_SIGNAL = "USR2"
+from hpctf.core.run.ends import (
+    FAILURE_REASONS,
+    OLD_WALLTIME_SIGNAL,
+    PREEMPTION_REASONS,
+    end_of_start,
+    saved_on_warning,
+    since_last_start,
+)
 
 
 @dataclass(frozen=True)
@@ -112,85 +114,12 @@ class RunState:
         return self.starts[-1] if self.starts else None
 
 
-def end_reason(
-    exit_code: int,
-    done: bool,
-    warned_by: str | None,
-    signalled: bool,
-    cancelled: bool,
-    walltime_signal: str = "USR2",
-) -> str:
-    """Why a start ended. ``warned_by`` is the signal the ranks saved on (None if they did
-    not; ``walltime_signal`` is the site's warning before the time limit), ``signalled``
-    whether the batch shell got SIGTERM, ``cancelled`` whether the user cancelled the run
-    during this start."""
-    if done and exit_code == 0:
-        return "done"
-    # Before the warnings: scancel sends SIGTERM, which the ranks take as a warning and save on.
-    if cancelled:
-        return "cancelled"
-    if warned_by is not None or exit_code == PREEMPTED_EXIT:
-        return "timeout" if warned_by == walltime_signal != "TERM" else "preempted"
-    if exit_code == STALLED_EXIT:
-        return "stalled"
-    # Only the batch shell's own SIGTERM says "killed from outside": srun reports 143 or 137
-    # too when --kill-on-bad-exit ended the other ranks after one of them failed.
-    if signalled:
-        return "node_fail"
-    return "failed" if exit_code != 0 else "done"
-
-
-def since_last_start(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The events after the last ``started`` record (all of them when there is none)."""
-    last = max((i for i, e in enumerate(events) if e.get("event") == journal.STARTED), default=-1)
-    return list(events[last + 1 :])
-
-
-def saved_on_warning(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The chief's last ``saved_on_warning`` record among ``events``, or None."""
-    return next((e for e in reversed(events) if e.get("event") == journal.SAVED_ON_WARNING), None)
-
-
-def end_of_start(
-    events: Sequence[Mapping[str, Any]], exit_code: int | None, done: bool, walltime_signal: str
-) -> str:
-    """Why a start ended (:func:`end_reason`), from ``events``, the journal since its
-    ``started`` record. ``exit_code`` None: the start recorded no end, its batch shell was
-    killed first (Slurm requeued the job: a preemption, a lost node, ``scontrol requeue``);
-    then it ended ``preempted`` or ``timeout`` when the ranks saved an agreed step, else
-    ``node_fail``."""
-    saved = saved_on_warning(events)
-    warned = None if saved is None else str(saved.get("signal") or "TERM")
-    if exit_code is None:
-        if warned is None:
-            return "node_fail"
-        exit_code = PREEMPTED_EXIT
-    return end_reason(
-        exit_code,
-        done=done,
-        warned_by=warned,
-        signalled=any(e.get("event") == journal.SIGNALLED for e in events),
-        cancelled=any(e.get("event") == journal.CANCELLED for e in events),
-        walltime_signal=walltime_signal,
-    )
-
-
-def failed_node_checks(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Which nodes failed a check of ``train.preflight: quick`` among ``events``: srun's exit
-    status cannot say (it reports the ranks it killed afterwards, 143 or 137), the ranks'
-    records can."""
-    return [
-        {"node": e.get("node"), "rank": e.get("rank"), "check": e.get("check")}
-        for e in events
-        if e.get("event") == journal.NODE_CHECK_FAILED
-    ]
-
-
 def starts_of(events: Sequence[Mapping[str, Any]], close_last: bool = False) -> list[Start]:
     """Every start of every job of the run, in order, with how each ended and when.
 
     A start whose job was started again without an ``ended`` record had its batch shell killed
-    before it could say so: it is closed by :func:`end_of_start` with no exit code, at the step
+    before it could say so: it is closed by :func:`~hpctf.core.run.ends.end_of_start` with no exit
+    code, at the step
     the chief recorded when the ranks saved an agreed step. ``close_last``: close the last
     start so too, when something outside the journal says its job is back in the queue.
     """
@@ -260,24 +189,6 @@ def _mark_requeued(starts: list[Start], job_id: str) -> None:
         if starts[i].job_id == job_id:
             starts[i] = replace(starts[i], requeued=True)
             return
-
-
-def reason_from_slurm(
-    slurm_state: str, saved_signal: str | None, done: bool, walltime_signal: str
-) -> str:
-    """Why a start ended whose batch shell died without a record (with its node), from what
-    Slurm (sacct) says of its job: ``slurm_state`` (COMPLETED, FAILED, NODE_FAIL, ...),
-    ``saved_signal`` the signal the ranks saved on during that start (None: no save), ``done``
-    whether the run is complete, ``walltime_signal`` the site's warning before the time limit."""
-    if done and slurm_state == "COMPLETED":
-        return "done"
-    if slurm_state == "CANCELLED":
-        return "cancelled"
-    if saved_signal is not None:
-        return "timeout" if saved_signal == walltime_signal else "preempted"
-    if slurm_state in ("FAILED", "OUT_OF_MEMORY", "COMPLETED"):
-        return "failed"
-    return "node_fail"  # NODE_FAIL, BOOT_FAIL, TIMEOUT or PREEMPTED without a save
 
 
 def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:

@@ -10,14 +10,9 @@ from dataclasses import replace
 from typing import Any
 
 from hpctf.core.run import journal, snapshot
+from hpctf.core.run.ends import FAILURE_REASONS, PREEMPTION_REASONS
 from hpctf.core.run.jobs import jobs_of
-from hpctf.core.run.runstate import (
-    FAILURE_REASONS,
-    PREEMPTION_REASONS,
-    RunState,
-    Start,
-    starts_of,
-)
+from hpctf.core.run.runstate import RunState, Start, starts_of
 from hpctf.core.scheduler import slurm
 from hpctf.login.watching.progress import code_text, duration, progress, sparkline
 from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records

@@ -1,0 +1,111 @@
+"""How one start of a run ended, from the journal's events since it began (pure): the reasons
+a start can end for, :func:`end_of_start` (the batch shell's ``job-end``, and a start closed
+without a record), :func:`reason_from_slurm` (a start whose batch shell died, closed from
+Slurm's accounting) and the nodes that failed a quick check. :mod:`hpctf.core.run.runstate`
+folds the starts into the run's state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
+from hpctf.core.run import journal
+
+REASONS = ("done", "preempted", "timeout", "stalled", "failed", "node_fail", "cancelled")
+PREEMPTION_REASONS = frozenset({"preempted", "timeout"})
+FAILURE_REASONS = frozenset({"stalled", "failed", "node_fail"})
+# The walltime signal of a start recorded by an hpctf that did not keep it (the site default).
+OLD_WALLTIME_SIGNAL = "USR2"
+
+
+def end_reason(
+    exit_code: int,
+    done: bool,
+    warned_by: str | None,
+    signalled: bool,
+    cancelled: bool,
+    walltime_signal: str = "USR2",
+) -> str:
+    """Why a start ended. ``warned_by`` is the signal the ranks saved on (None if they did
+    not; ``walltime_signal`` is the site's warning before the time limit), ``signalled``
+    whether the batch shell got SIGTERM, ``cancelled`` whether the user cancelled the run
+    during this start."""
+    if done and exit_code == 0:
+        return "done"
+    # Before the warnings: scancel sends SIGTERM, which the ranks take as a warning and save on.
+    if cancelled:
+        return "cancelled"
+    if warned_by is not None or exit_code == PREEMPTED_EXIT:
+        return "timeout" if warned_by == walltime_signal != "TERM" else "preempted"
+    if exit_code == STALLED_EXIT:
+        return "stalled"
+    # Only the batch shell's own SIGTERM says "killed from outside": srun reports 143 or 137
+    # too when --kill-on-bad-exit ended the other ranks after one of them failed.
+    if signalled:
+        return "node_fail"
+    return "failed" if exit_code != 0 else "done"
+
+
+def since_last_start(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The events after the last ``started`` record (all of them when there is none)."""
+    last = max((i for i, e in enumerate(events) if e.get("event") == journal.STARTED), default=-1)
+    return list(events[last + 1 :])
+
+
+def saved_on_warning(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The chief's last ``saved_on_warning`` record among ``events``, or None."""
+    return next((e for e in reversed(events) if e.get("event") == journal.SAVED_ON_WARNING), None)
+
+
+def end_of_start(
+    events: Sequence[Mapping[str, Any]], exit_code: int | None, done: bool, walltime_signal: str
+) -> str:
+    """Why a start ended (:func:`end_reason`), from ``events``, the journal since its
+    ``started`` record. ``exit_code`` None: the start recorded no end, its batch shell was
+    killed first (Slurm requeued the job: a preemption, a lost node, ``scontrol requeue``);
+    then it ended ``preempted`` or ``timeout`` when the ranks saved an agreed step, else
+    ``node_fail``."""
+    saved = saved_on_warning(events)
+    warned = None if saved is None else str(saved.get("signal") or "TERM")
+    if exit_code is None:
+        if warned is None:
+            return "node_fail"
+        exit_code = PREEMPTED_EXIT
+    return end_reason(
+        exit_code,
+        done=done,
+        warned_by=warned,
+        signalled=any(e.get("event") == journal.SIGNALLED for e in events),
+        cancelled=any(e.get("event") == journal.CANCELLED for e in events),
+        walltime_signal=walltime_signal,
+    )
+
+
+def failed_node_checks(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Which nodes failed a check of ``train.preflight: quick`` among ``events``: srun's exit
+    status cannot say (it reports the ranks it killed afterwards, 143 or 137), the ranks'
+    records can."""
+    return [
+        {"node": e.get("node"), "rank": e.get("rank"), "check": e.get("check")}
+        for e in events
+        if e.get("event") == journal.NODE_CHECK_FAILED
+    ]
+
+
+def reason_from_slurm(
+    slurm_state: str, saved_signal: str | None, done: bool, walltime_signal: str
+) -> str:
+    """Why a start ended whose batch shell died without a record (with its node), from what
+    Slurm (sacct) says of its job: ``slurm_state`` (COMPLETED, FAILED, NODE_FAIL, ...),
+    ``saved_signal`` the signal the ranks saved on during that start (None: no save), ``done``
+    whether the run is complete, ``walltime_signal`` the site's warning before the time limit."""
+    if done and slurm_state == "COMPLETED":
+        return "done"
+    if slurm_state == "CANCELLED":
+        return "cancelled"
+    if saved_signal is not None:
+        return "timeout" if saved_signal == walltime_signal else "preempted"
+    if slurm_state in ("FAILED", "OUT_OF_MEMORY", "COMPLETED"):
+        return "failed"
+    return "node_fail"  # NODE_FAIL, BOOT_FAIL, TIMEOUT or PREEMPTED without a save
