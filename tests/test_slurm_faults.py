@@ -331,7 +331,7 @@ def test_a_full_disk_at_save_time_keeps_the_last_checkpoint_and_resumes_after_a_
         assert info["JobState"] == "FAILED" and info["Restarts"] == "0", logs_of(run_dir)
         events = RunDir(run_dir).events()
         kinds = [e["event"] for e in events]
-        assert kinds[-3:] == ["environment_failed", "ended", "gave_up"], kinds
+        assert kinds[-3:] == ["environment_failed", "ended", "gave_up"], (kinds, logs_of(run_dir))
         ended = events[-2]
         assert ended["reason"] == "failed" and ended["step"] == 1000, ended
         assert "No space left on device" in str(events[-1]["why"])

@@ -45,7 +45,7 @@ from hpctf.compute.start.joining import Connection, connect
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir, write_atomic
-from hpctf.core.settings.config import Checkpoint, Train
+from hpctf.core.settings.config import Checkpoint, ResolvedConfig, Train
 
 log = logging.getLogger("hpctf.worker")
 
@@ -91,13 +91,15 @@ def open_session(
     run: RunDir,
     spec: ClusterSpec,
     warning_seconds: int | None = None,
+    config: ResolvedConfig | None = None,
 ) -> Iterator[Session]:
     """Join the cluster (:func:`hpctf.compute.start.joining.connect`), then a :class:`Session` with
     its watchdog and preemption watch for as long as the block runs; on leaving, the watchdog
     is stopped and the signal handlers the watch replaced are back.
 
     ``warning_seconds``: how long before the time limit Slurm warns (None off Slurm); it
-    bounds how long a warning may wait for the ranks' agreement, in seconds.
+    bounds how long a warning may wait for the ranks' agreement, in seconds. ``config``: the
+    run's, for its ``tracking:`` trackers (without it: metrics.jsonl and TensorBoard only).
     """
     if settings.global_batch_size is None:  # the config allows that for train.script only
         raise UserError("train.global_batch_size is required with train.entry")
@@ -119,6 +121,8 @@ def open_session(
                 preemption=preemption,
                 watchdog=watchdog,
                 clock=AgreementClock(settings.preemption_check_every_steps, warning_seconds),
+                # After the strategy too: TensorBoard's writer starts TensorFlow's context.
+                records=ChiefRecords(run, spec.is_chief, config),
             )
     finally:
         if watchdog is not None:
@@ -144,6 +148,7 @@ class Session:
         preemption: PreemptionWatch,
         watchdog: ProgressWatchdog | None,
         clock: AgreementClock,
+        records: ChiefRecords,
     ) -> None:
         self.settings = settings
         self.global_batch_size: int = settings.global_batch_size or 0
@@ -164,7 +169,7 @@ class Session:
         self._last_save_seconds: float | None = None  # the last save, for the records
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self._checkpointer: Checkpointer | None = None
-        self._records = ChiefRecords(run, spec.is_chief)
+        self._records = records
         self._window = (time.perf_counter(), 0)
 
     @property

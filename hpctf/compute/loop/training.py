@@ -57,7 +57,9 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     A peer that stops answering is :class:`hpctf.compute.start.peers.PeerLost` (exit 3)."""
     settings = config.experiment.train
     warning = launcher_for(config.site).warning_seconds
-    with open_session(settings, config.experiment.checkpoint, run, spec, warning) as session:
+    with open_session(
+        settings, config.experiment.checkpoint, run, spec, warning, config
+    ) as session:
         try:
             return _train(config, run, spec, session)
         except tf.errors.OpError as exc:

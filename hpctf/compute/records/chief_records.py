@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from hpctf.compute.records.tracking import start_tracking
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.settings.config import ResolvedConfig
 
 log = logging.getLogger("hpctf.worker")
 
@@ -18,11 +19,12 @@ log = logging.getLogger("hpctf.worker")
 class ChiefRecords:
     """The chief's metrics.jsonl and TensorBoard events; nothing on the other ranks."""
 
-    def __init__(self, run: RunDir, chief: bool) -> None:
+    def __init__(self, run: RunDir, chief: bool, config: ResolvedConfig | None = None) -> None:
+        """``config``: the run's, for its ``tracking:`` trackers (none without it)."""
         self._run = run
         self._chief = chief
         self._writer = None
-        self._trackers = start_tracking(run) if chief else []
+        self._trackers = start_tracking(run, config) if chief and config is not None else []
         if chief and _tensorboard_installed():
             self._writer = tf.summary.create_file_writer(str(run.path / "tensorboard"))
         elif chief:

@@ -263,10 +263,9 @@ def _read_state(path: os.PathLike[str]) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def start_tracking(run: RunDir) -> list[Tracker]:
-    """The chief's trackers for ``run``, from its config's ``tracking:`` section; none when it
-    has none. A tracker whose package is missing here is said once and left out."""
-    config = run.load_config()
+def start_tracking(run: RunDir, config: ResolvedConfig) -> list[Tracker]:
+    """The chief's trackers for ``run``, from its ``config``'s ``tracking:`` section; none when
+    it has none. A tracker whose package is missing here is said once and left out."""
     trackers = []
     if config.experiment.tracking.mlflow is not None:
         if importlib.util.find_spec("mlflow") is None:

@@ -79,7 +79,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._warning_seconds = launcher_for(config.site).warning_seconds
         self._run = run
         self._spec = spec
-        self._records = ChiefRecords(run, spec.is_chief)
+        self._records = ChiefRecords(run, spec.is_chief, config)
         self._epoch = 0
         self._initial_epoch = 0
         self._step = 0
