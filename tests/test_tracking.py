@@ -41,13 +41,13 @@ def test_one_mlflow_run_across_starts_every_step_once_params_once(
     uri = f"file://{tmp_path / 'mlruns'}"
     run = rendered_run(tmp_path, uri)
     # Start 1: steps 1-6, an evaluation at 5; stopped without DONE (a preemption).
-    (first,) = start_tracking(run)
+    (first,) = start_tracking(run, run.load_config())
     for step in range(1, 7):
         first.log(step, {"loss": 1.0 / step})
     first.log(5, {"accuracy": 0.5}, "eval")
     first.close()
     # Start 2 resumes from a checkpoint at step 4: steps 5 and 6 come again, left out.
-    (second,) = start_tracking(run)
+    (second,) = start_tracking(run, run.load_config())
     for step in range(5, 11):
         second.log(step, {"loss": 1.0 / step})
     second.log(5, {"accuracy": 0.6}, "eval")  # logged by start 1 already
@@ -79,7 +79,7 @@ def test_a_tracker_that_is_down_never_holds_training_up(
     run = rendered_run(tmp_path, "http://127.0.0.1:9")  # the discard port: refused
     began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="hpctf.worker"):
-        (tracker,) = start_tracking(run)
+        (tracker,) = start_tracking(run, run.load_config())
         for step in range(1, 1001):
             tracker.log(step, {"loss": 0.5})
         logged = time.monotonic() - began

@@ -203,9 +203,7 @@ class Train(_Strict):
 class Checkpoint(_Strict):
     every_steps: int = Field(100, ge=1)
     keep: int = Field(3, ge=1)
-    # Off by default: on the real test cluster a full disk during an asynchronous write ended
-    # the chief with a traceback and left the journal's disk full, where the synchronous save
-    # ends in one line and a recorded end (tests/test_slurm_faults.py, the full-disk test).
+    # Off by default: a full disk during an asynchronous write is not one line yet (full-disk test).
     asynchronous: bool = Field(
         False,
         description="write checkpoints while training goes on (the save stalls only to copy "
