@@ -42,6 +42,7 @@ from hpctf.compute.records.checkpoints import Checkpointer
 from hpctf.compute.records.chief_records import ChiefRecords
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.joining import Connection, connect
+from hpctf.compute.start.leaving import exit_later
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir, write_atomic
@@ -313,6 +314,7 @@ class Session:
         # No rank leaves before the chief has written the checkpoint and the record: the
         # caller's close() is the barrier.
         log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
+        exit_later(PREEMPTED_EXIT)  # whatever the unwinding tears down (leaving.py)
         raise Preempted()
 
     def _warn_if_saves_outlast_the_warning(self, slowest_step: float) -> None:

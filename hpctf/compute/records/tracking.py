@@ -12,7 +12,7 @@ of
   ``MAX_FAILURES`` failed calls the tracker is off for the rest of this start. At exit
   (DONE, or an agreed preemption save) what is queued is sent for at most ``FLUSH_S`` (the
   worker leaves within 4 s of the end of training:
-  :data:`hpctf.compute.loop.training.LEAVE_WITHIN_S`),
+  :data:`hpctf.compute.start.leaving.LEAVE_WITHIN_S`),
   and the tracker run is marked finished (DONE) or killed (to be resumed).
 - A tracker is one small class (:class:`Backend`): MLflow now (``mlflow`` or ``mlflow-skinny``,
   the extra ``hpctf[mlflow]``).

@@ -41,7 +41,11 @@ def leave(code: int) -> NoReturn:
     exit_now(code)
 
 
-def exit_later(code: int, seconds: float) -> None:
+# From the end of training (DONE written, or the agreed preemption save) to the process's exit.
+LEAVE_WITHIN_S = 4.0
+
+
+def exit_later(code: int, seconds: float = LEAVE_WITHIN_S) -> None:
     """Bound what is left to do: the process exits ``code`` in ``seconds`` unless it has
     already."""
     timer = threading.Timer(seconds, exit_now, args=(code,))
