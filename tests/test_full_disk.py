@@ -5,6 +5,7 @@ fills a real filesystem under a real Slurm job; here the refusal is TensorFlow's
 from __future__ import annotations
 
 import errno
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -67,8 +68,12 @@ def test_a_full_disk_during_an_asynchronous_save_is_one_line_at_the_wait(
     # TensorFlow's writer thread saves through a Checkpoint of its own: patch the class.
     monkeypatch.setattr(tf.train.Checkpoint, "_write", full_in_the_background)
     assert saver.save(200) == str(directory / "ckpt-200")  # returned before the write
+    # Taken after the next step (poll), not a thousand steps later at the next save.
+    deadline = time.monotonic() + 30
     with pytest.raises(EnvironmentProblem) as caught:
-        saver.wait()
+        while time.monotonic() < deadline:
+            saver.poll()
+            time.sleep(0.01)
     full_disk_said_and_100_kept(str(caught.value), directory)
 
 

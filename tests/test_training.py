@@ -103,6 +103,8 @@ def test_resumed_run_matches_uninterrupted_run_step_by_step(
 
     log = resubmit(run_dir)
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
+    # Saved as by default: asynchronously (checkpoint.asynchronous), the agreed step included.
+    assert "checkpoints are written while training goes on" in log
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     logged = [record["step"] for record in records if "loss" in record]
     assert len(logged) == len(set(logged)), "a step trained twice"

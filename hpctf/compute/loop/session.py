@@ -279,6 +279,8 @@ class Session:
         saves this step on all ranks and raises :class:`Preempted` (exit status 75)."""
         self.keepalive(f"step {step}")
         self.total_steps  # noqa: B018 -- UserError while the last step is unknown
+        if self._checkpointer is not None:
+            self._checkpointer.poll()  # a background save that failed ends the run now
         due = self._cadence.due(step, self._clock.next)
         if loss is not None and due.log:
             self._log_progress(step, loss)

@@ -203,13 +203,12 @@ class Train(_Strict):
 class Checkpoint(_Strict):
     every_steps: int = Field(100, ge=1)
     keep: int = Field(3, ge=1)
-    # Off by default: a full disk during an asynchronous write is not one line yet (full-disk test).
     asynchronous: bool = Field(
-        False,
+        True,
         description="write checkpoints while training goes on (the save stalls only to copy "
         "the variables to host memory, kept there: one more copy of the weights and optimizer "
         "state per worker); a preemption or the end waits for the write; the Keras fit loop "
-        "saves synchronously. Off by default: a full disk during a write is not yet one line",
+        "saves synchronously; false: every save stalls until written",
     )
 
 
