@@ -32,16 +32,53 @@ def test_the_flags_ride_in_the_one_reduction_of_the_step(monkeypatch: pytest.Mon
     data = iter(tf.data.Dataset.from_tensor_slices(([1.0, 2.0, 3.0, 4.0], [0.0] * 4)).repeat())
     assert float(step(data)) == pytest.approx(1.9)  # 1 x 1.9
     assert len(reductions) == 1  # traced once: one reduction, as make_train_step's
-    assert flags.agreed_signal() is None
+    # No warning yet; no step time brought yet. This rank brings 0.0123 s from now on.
+    assert flags.agree(0.0123, replicas=1) == (0, 0.0)
 
     flags.raise_flag(signal.SIGUSR2)  # what the handler does: no TensorFlow call
-    assert flags.agreed_signal() is None  # not before the next step carries it
+    assert flags.agree(0.0123, replicas=1)[0] == 0  # not before the next step carries it
     flags.push()
     assert float(step(data)) == pytest.approx(2 * 1.8)
-    assert flags.agreed_signal() == signal.SIGUSR2
+    assert flags.agree(0.5, replicas=1) == (signal.SIGUSR2, 0.012)  # whole milliseconds
     flags.raise_flag(signal.SIGTERM)
     flags.push()
     step(data)
-    assert flags.agreed_signal() == signal.SIGUSR2  # sticky; WATCHED order decides the name
+    # Sticky; SIGTERM (a preemption) wins over the walltime warning, as the gather's agreement.
+    assert flags.agree(0.5, replicas=1) == (signal.SIGTERM, 0.5)
     assert list(flags.agreed.numpy()) == [1.0, 1.0]
     assert len(reductions) == 1  # no retracing, no second reduction
+
+
+def test_the_step_time_is_whole_milliseconds_whose_sum_is_exact() -> None:
+    from hpctf.compute.loop.step_flags import StepFlags
+
+    flags = StepFlags()
+    flags.agree(1e9, replicas=4)  # a step of 31 years: clamped so that 4 of them add up exactly
+    assert float(flags.my_step_ms.numpy()) * 4 < 2**24
+
+
+def test_a_watch_whose_steps_carry_the_flags_never_gathers() -> None:
+    """Session.step_flags: a real signal to this process reaches the agreement through the next
+    step's reduction; the watch's gather is never called."""
+    import os
+
+    import tensorflow as tf
+
+    from hpctf.compute.loop.preemption import PreemptionWatch
+    from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
+
+    def gather(value: int) -> list[int]:
+        raise AssertionError("a collective the flags were to replace")
+
+    step = flagged_train_step(
+        tf.distribute.get_strategy(), lambda f, y: tf.reduce_sum(f - y), flags := StepFlags()
+    )
+    data = iter(tf.data.Dataset.from_tensor_slices(([1.0], [0.0])).repeat())
+    with PreemptionWatch(gather) as watch:
+        watch.carry(flags, replicas=1)
+        step(data)
+        assert watch.agree(0.002) == (0, 0.0)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        flags.push()
+        step(data)
+        assert watch.agree(0.002) == (signal.SIGUSR2, 0.002)

@@ -9,6 +9,8 @@ import dataclasses
 import time
 
 from hpctf.compute.loop.preemption import check_interval
+from hpctf.core.errors import UserError
+from hpctf.core.settings.config import Train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,3 +69,25 @@ class AgreementClock:
         """The ranks agreed at ``step`` on ``slowest_step`` seconds per step."""
         self._last = (time.perf_counter(), step)
         self.next = step + check_interval(self._check_every, slowest_step, self.warning_seconds)
+
+
+def format_eta(seconds: float) -> str:
+    """``seconds`` as ``1h02m03s``, or ``2m03s`` under an hour."""
+    minutes, secs = divmod(max(0, round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def steps_for_epochs(settings: Train, examples: int | None, global_batch: int) -> int:
+    """``train.epochs`` times the full global batches in one pass over ``examples``."""
+    if examples is None:
+        raise UserError(
+            "train.epochs needs a training set of known size (a finite dataset, or "
+            "hpctf.Files(..., examples=N)); or give train.steps"
+        )
+    per_epoch = examples // global_batch
+    if per_epoch == 0:
+        raise UserError(
+            f"train.global_batch_size {global_batch} exceeds the {examples} training examples"
+        )
+    return per_epoch * (settings.epochs or 1)

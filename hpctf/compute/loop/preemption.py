@@ -14,9 +14,12 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctf.core.errors import PREEMPTED_EXIT
+
+if TYPE_CHECKING:  # imports TensorFlow; this module is imported before it
+    from hpctf.compute.loop.step_flags import StepFlags
 
 log = logging.getLogger("hpctf.worker")
 
@@ -109,6 +112,14 @@ class PreemptionWatch:
         self._signalled = 0
         self._gather = gather
         self._handling = handling(self._on_signal)
+        self._carried: tuple[StepFlags, int] | None = None
+
+    def carry(self, flags: StepFlags, replicas: int) -> None:
+        """From now on every step carries the warnings (:mod:`hpctf.compute.loop.step_flags`):
+        :meth:`agree` reads them instead of gathering. Every rank calls it, or none."""
+        self._carried = (flags, replicas)
+        if self._signalled:
+            flags.raise_flag(self._signalled)
 
     def __enter__(self) -> PreemptionWatch:
         originals = self._handling.__enter__()
@@ -133,11 +144,17 @@ class PreemptionWatch:
         if not self._signalled:
             log.warning("got %s: saving at the next agreed step", signal.Signals(signum).name)
         self._signalled = signum
+        if self._carried is not None:
+            self._carried[0].raise_flag(signum)
 
     def agree(self, step_seconds: float) -> tuple[int, float]:
         """A collective: every rank calls it at the same step. Returns the signal any rank got
         (SIGTERM, a preemption, wins over the walltime warning; 0 for none) and the slowest
-        rank's seconds per step, the same on every rank."""
+        rank's seconds per step, the same on every rank (with :meth:`carry`: the mean, as
+        of the last step, without a collective)."""
+        if self._carried is not None:
+            flags, replicas = self._carried
+            return flags.agree(step_seconds, replicas)
         micros = min(max(round(step_seconds * 1e6), 0), _MICROS_MASK)
         values = self._gather(self._signalled << _SIGNAL_SHIFT | micros)
         signum = max(value >> _SIGNAL_SHIFT for value in values)

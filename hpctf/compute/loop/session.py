@@ -34,9 +34,10 @@ import tensorflow as tf
 
 from hpctf.api import DataSource
 from hpctf.compute.doctor.procstat import process_usage
-from hpctf.compute.loop.cadence import AgreementClock, Cadence
+from hpctf.compute.loop.cadence import AgreementClock, Cadence, format_eta, steps_for_epochs
 from hpctf.compute.loop.data import cardinality, evaluation_dataset, plan_shards, training_input
 from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather
+from hpctf.compute.loop.step_flags import StepFlags
 from hpctf.compute.loop.watchdog import ProgressWatchdog
 from hpctf.compute.records.checkpoints import Checkpointer
 from hpctf.compute.records.chief_records import ChiefRecords
@@ -62,27 +63,6 @@ def with_loss_scaling(optimizer: Any, policy: str | None) -> Any:
     if policy != "mixed_float16" or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return optimizer
     return keras.optimizers.LossScaleOptimizer(optimizer)
-
-
-def _format_eta(seconds: float) -> str:
-    minutes, secs = divmod(max(0, round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
-
-
-def steps_for_epochs(settings: Train, examples: int | None, global_batch: int) -> int:
-    """``train.epochs`` times the full global batches in one pass over ``examples``."""
-    if examples is None:
-        raise UserError(
-            "train.epochs needs a training set of known size (a finite dataset, or "
-            "hpctf.Files(..., examples=N)); or give train.steps"
-        )
-    per_epoch = examples // global_batch
-    if per_epoch == 0:
-        raise UserError(
-            f"train.global_batch_size {global_batch} exceeds the {examples} training examples"
-        )
-    return per_epoch * (settings.epochs or 1)
 
 
 @contextlib.contextmanager
@@ -212,6 +192,14 @@ class Session:
         self._window = (time.perf_counter(), start)
         self._clock.restart(start)
         return start
+
+    def step_flags(self) -> StepFlags:
+        """For a loop whose step carries the preemption warnings in its own reduction
+        (:func:`hpctf.compute.loop.step_flags.flagged_train_step`): the flags to build it with,
+        and :meth:`step_done` agrees without a collective from now on. Every rank calls it."""
+        flags = StepFlags()
+        self._preemption.carry(flags, self.strategy.num_replicas_in_sync)
+        return flags
 
     @property
     def checkpoint_every_steps(self) -> int:
@@ -343,7 +331,7 @@ class Session:
         self._window = (now, step)
         batch = self.global_batch_size
         total = self.total_steps
-        eta = _format_eta((total - step) / rate) if rate else "?"
+        eta = format_eta((total - step) / rate) if rate else "?"
         log.info(
             "step %d/%s loss %.4f %.1f steps/s %.0f examples/s eta %s",
             step,

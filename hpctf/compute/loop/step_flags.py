@@ -1,28 +1,29 @@
 """Preemption warnings carried in the step's own reduction: no extra collective per step.
 
-Today's agreement (:class:`hpctf.compute.loop.preemption.PreemptionWatch`) gathers every rank's
-signal every ``train.preemption_check_every_steps`` steps: one more collective, and a host
-sync, whether or not any rank was warned (~5 points of the digits example's runtime, issue
-#21). Each built-in step already reduces its loss across every replica
-(``strategy.reduce(SUM, loss)`` in :func:`hpctf.compute.loop.training.make_train_step`). Here that
-one reduction carries, beside the loss, one count per watched signal: the rank's ``pending``
-flags, which its signal handler raises. What comes back is the same on every rank after the
-same step, so every rank folds it into ``agreed`` (sticky) at the same step, and reading
-``agreed`` every N steps (a local read, no collective) gives every rank the same answer at the
-same step: the save is at one agreed step, as before.
+The ranks must agree on one step to save at when any of them is warned. A separate agreement
+(:meth:`hpctf.compute.loop.preemption.PreemptionWatch.agree` over a gather) costs one more
+collective and a host sync every ``train.preemption_check_every_steps`` steps, warned or not:
+about 5 points of the digits example's runtime (issue #21). Each built-in step already reduces
+its loss across every replica (``strategy.reduce(SUM, loss)`` in
+:func:`hpctf.compute.loop.training.make_train_step`); here that one reduction carries, beside
+the loss, one count per watched signal (the rank's ``pending`` flags, which its signal handler
+raises) and the rank's seconds per step. What comes back is the same on every rank after the
+same step, so every rank folds it into ``agreed`` (sticky) and ``step_ms`` at the same step,
+and reading them every N steps (a local read, no collective) gives every rank the same answer
+at the same step: the save is at one agreed step, as before.
 
 Why this cannot deadlock or miss a warning: no collective is added or made conditional (the
 vector replaces the scalar in a reduction every rank already runs at every step); a flag,
 once raised, stays raised until the run exits, so a warning that lands between two steps is in
-the next step's reduction; and every rank decides from ``agreed`` read after the same step
-number, which holds the same values everywhere. The bound from warning to save is the check
-cadence in steps (which must be the same number on every rank: a fixed count, or one computed
-from values of this same reduction) plus one step.
+the next step's reduction; and every rank decides from values read after the same step number,
+which are the same everywhere. The check cadence comes from those same values (the step times
+are whole milliseconds, exact in float32 up to 2**24, so their sum is the same bits on every
+rank whatever the order of the additions), so every rank checks at the same steps. The bound
+from warning to save is the check cadence in steps plus one step.
 
-Not wired in yet (the session and preemption modules are being restructured): the loop would
-build its step with :func:`flagged_train_step`, call :meth:`StepFlags.push` before each step
-(an integer compare unless a signal came) and :meth:`StepFlags.agreed_signal` where it checks
-today.
+Only hpctf's built-in loop carries the flags
+(:meth:`hpctf.compute.loop.session.Session.step_flags`); a custom loop or ``model.fit`` keeps
+the gather.
 """
 
 from __future__ import annotations
@@ -34,18 +35,20 @@ from typing import Any
 import tensorflow as tf
 
 WATCHED = (signal.SIGUSR2, signal.SIGTERM)  # Slurm's warning; a preemption or the time limit
+_MS_EXACT = float(1 << 24)  # float32 holds whole numbers exactly up to here
 
 
 class StepFlags:
-    """This rank's pending warnings and the warnings every rank had as of the last step.
+    """This rank's pending warnings and step time, and what every rank had as of the last step.
 
-    Create it outside the strategy's scope: both are plain local variables, one float per
-    signal of :data:`WATCHED`.
+    Create it outside the strategy's scope: all are plain local variables.
     """
 
     def __init__(self) -> None:
         self.pending = tf.Variable(tf.zeros([len(WATCHED)]), trainable=False, name="pending")
         self.agreed = tf.Variable(tf.zeros([len(WATCHED)]), trainable=False, name="agreed")
+        self.my_step_ms = tf.Variable(0.0, trainable=False, name="my_step_ms")
+        self.step_ms = tf.Variable(0.0, trainable=False, name="step_ms")  # summed over replicas
         self._raised: list[int] = []  # set by the signal handler: no TensorFlow call there
         self._pushed = 0
 
@@ -55,39 +58,46 @@ class StepFlags:
             self._raised.append(signum)
 
     def push(self) -> None:
-        """Before a step, in the loop: put flags raised since the last push into ``pending``."""
+        """Before a step, in the loop: put flags raised since the last push into ``pending``.
+        Not in the signal handler: it may run while a ``tf.function`` is being traced, and an
+        assignment there would land in that graph."""
         if len(self._raised) == self._pushed:
             return
         for signum in self._raised[self._pushed :]:
             self.pending[WATCHED.index(signum)].assign(1.0)
         self._pushed = len(self._raised)
 
-    def agreed_signal(self) -> int | None:
-        """The signal some rank had got as of the last step (the same answer on every rank
-        after the same step), or None. Waits for the dispatched steps: call it every N steps."""
-        counts = self.agreed.numpy()
-        for signum, count in zip(WATCHED, counts, strict=True):
-            if count > 0:
-                return int(signum)
-        return None
+    def agree(self, step_seconds: float, replicas: int) -> tuple[int, float]:
+        """At a check: the signal some rank had got as of the last step (SIGTERM over SIGUSR2,
+        as the gather's agreement; 0 for none) and the ranks' mean seconds per step as they
+        last brought it, the same on every rank after the same step. Brings ``step_seconds``
+        (this rank's) to the next steps. Waits for the dispatched steps."""
+        counts, summed = self.agreed.numpy(), float(self.step_ms.numpy())
+        self.my_step_ms.assign(min(round(step_seconds * 1e3), _MS_EXACT / max(replicas, 1) - 1))
+        signum = max((int(s) for s, c in zip(WATCHED, counts, strict=True) if c > 0), default=0)
+        return signum, summed / max(replicas, 1) / 1e3
 
 
 def flagged_train_step(
     strategy: Any, replica_step: Callable[[Any, Any], Any], flags: StepFlags
 ) -> Any:
-    """``make_train_step``'s step with the flags in its one reduction: returns the loss summed
-    over replicas, and folds every rank's pending flags into ``flags.agreed``."""
+    """A ``tf.function`` running ``replica_step`` on the next batch of its iterator on every
+    replica, with the flags in its one reduction: returns the loss summed over replicas, and
+    folds every rank's pending flags into ``flags.agreed`` and step times into ``flags.step_ms``."""
 
     def replica(features: Any, labels: Any) -> Any:
         loss = tf.reshape(tf.cast(replica_step(features, labels), tf.float32), [1])
-        return tf.concat([loss, flags.pending.read_value()], axis=0)
+        step_ms = tf.reshape(flags.my_step_ms.read_value(), [1])
+        return tf.concat([loss, flags.pending.read_value(), step_ms], axis=0)
 
     @tf.function
     def train_step(iterator: Any) -> Any:
         features, labels = next(iterator)
         per_replica = strategy.run(replica, args=(features, labels))
         total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-        flags.agreed.assign(tf.maximum(flags.agreed, tf.cast(total[1:] > 0, tf.float32)))
+        seen = tf.cast(total[1 : 1 + len(WATCHED)] > 0, tf.float32)
+        flags.agreed.assign(tf.maximum(flags.agreed, seen))
+        flags.step_ms.assign(total[-1])
         return total[0]
 
     return train_step

@@ -22,6 +22,7 @@ import tensorflow as tf
 from hpctf.api import DataSource, Task
 from hpctf.compute.loop.preemption import Preempted
 from hpctf.compute.loop.session import Session, open_session, with_loss_scaling
+from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.leaving import exit_later
 from hpctf.compute.start.peers import PeerLost, lost_peer
@@ -213,7 +214,10 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     task, start = _restored_task(session, entry)
     iterator = session.distribute(task.train_data, task.shuffle_buffer)
     total = session.total_steps
-    train_step = make_train_step(strategy, task, session.global_batch_size, settings.jit_compile)
+    flags = session.step_flags()
+    train_step = make_train_step(
+        strategy, task, session.global_batch_size, settings.jit_compile, flags
+    )
     evaluator = Evaluator(session, task.eval_data, task) if task.eval_data is not None else None
 
     def evaluate(step: int) -> dict[str, float]:
@@ -234,6 +238,7 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     for step in range(start + 1, total + 1):
         if hooks:
             hooks.step_begin(step)
+        flags.push()  # a warning since the last step rides in this one
         loss = train_step(iterator)
         if hooks:
             hooks.step_end(step, loss)  # TerminateOnNaN sees a NaN before hpctf refuses it
@@ -279,8 +284,11 @@ def steps_per_epoch(settings: Train, total: int) -> int:
     return settings.eval_every_steps or total
 
 
-def make_train_step(strategy: Any, task: Task, global_batch: int, jit_compile: bool) -> Any:
-    """One optimizer step on the next global batch; returns the loss summed over replicas."""
+def make_train_step(
+    strategy: Any, task: Task, global_batch: int, jit_compile: bool, flags: StepFlags | None = None
+) -> Any:
+    """One optimizer step on the next global batch; returns the loss summed over replicas.
+    With ``flags``, the step's one reduction also carries the ranks' preemption warnings."""
     model, optimizer, loss_fn = task.model, task.optimizer, task.loss
 
     def gradients(features: Any, labels: Any) -> tuple[Any, Any]:
@@ -308,6 +316,9 @@ def make_train_step(strategy: Any, task: Task, global_batch: int, jit_compile: b
         loss, grads = compiled(features, labels)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
+
+    if flags is not None:
+        return flagged_train_step(strategy, replica_step, flags)
 
     @tf.function
     def train_step(iterator: Any) -> Any:
