@@ -1,4 +1,11 @@
-"""The runtime section: steps/s of hpctf against the plain MWMS loop (plain_mwms.py)."""
+"""The runtime section: steps/s of hpctf against the plain MWMS loop (plain_mwms.py).
+
+Two baselines for the digits example: the tutorial's loop (one step per ``tf.function`` call,
+what a user writes), and the same loop running ``PER_CALL`` steps per call (what hpctf's loop
+does between two steps that call for something: the best a hand-written loop can do against
+the Python cost of a call). A wider digits MLP gives a step of about 50 ms, where the cost
+of a call is small beside the step. Sides alternate, who goes first rotating every round.
+"""
 
 from __future__ import annotations
 
@@ -23,73 +30,157 @@ from harness import (
     windows,
 )
 
+GOAL = 0.98
+# hpctf's loop runs the steps up to the next log, save or preemption check in one call: with
+# the defaults (the check every 10 steps), 10.
+PER_CALL = 10
+
 
 class RuntimeBench(Harness):
     """One section's measurements, over the shared harness."""
 
     def runtime(self) -> dict[str, Any]:
         sizes = self.sizes
-        work = self.folder("runtime")
-        steps, log_every = sizes.runtime_steps, sizes.runtime_log_every
-        hpctf_runs: list[list[float]] = []
-        plain_runs: list[list[float]] = []
-        for index in range(sizes.runtime_rounds):  # alternate who goes first
-            order = ("hpctf", "plain") if index % 2 == 0 else ("plain", "hpctf")
-            for side in order:
-                if side == "hpctf":
-                    run_dir, _ = self.submit(
-                        DIGITS,
-                        [
-                            f"train.steps={steps}",
-                            f"train.log_every_steps={log_every}",
-                            f"train.global_batch_size={GLOBAL_BATCH}",
-                            f"checkpoint.every_steps={steps}",  # the stall is measured apart
-                        ],
-                        work / "runs",
-                        work / f"hpctf-{index}.log",
-                    )
-                    rates = [rate for _, rate in windows(metrics(run_dir))]
-                    hpctf_runs.append(rates[WARMUP_WINDOWS:])
-                    self.finished_run = run_dir
-                else:
-                    plain_runs.append(self._plain(work, index, steps, log_every)[WARMUP_WINDOWS:])
-                say(f"runtime: round {index + 1}/{sizes.runtime_rounds}: {side} done")
-        hpctf_rate = median([w for run in hpctf_runs for w in run])
-        plain_rate = median([w for run in plain_runs for w in run])
-        ratio = hpctf_rate / plain_rate
-        rounds = [median(h) / median(p) for h, p in zip(hpctf_runs, plain_runs, strict=True)]
-        self.row(
-            benchmark="runtime: digits, 2 local workers, global batch 64",
-            hpctf=f"{hpctf_rate:.1f} steps/s",
-            baseline=f"{plain_rate:.1f} steps/s (plain MWMS script)",
-            result=f"{ratio:.3f} (rounds {each_round(rounds)})",
-            goal=">= 0.97",
-            met=ratio >= 0.97,
+        digits = self._compare(
+            "digits",
+            {"hpctf": {}, "plain": {}, "plain_per_call": {"steps_per_call": PER_CALL}},
+            hidden=None,
+            batch=GLOBAL_BATCH,
+            steps=sizes.runtime_steps,
+            log_every=sizes.runtime_log_every,
+            rounds=sizes.runtime_rounds,
         )
-        return {
+        self._rows("digits (64 hidden)", digits, GLOBAL_BATCH)
+        result: dict[str, Any] = {
             "model": "examples/digits (MLP 64 hidden, Adam 0.01)",
             "workers": 2,
             "global_batch": GLOBAL_BATCH,
-            "steps": steps,
-            "log_every_steps": log_every,
+            "steps": sizes.runtime_steps,
+            "log_every_steps": sizes.runtime_log_every,
             "warmup_windows_left_out": WARMUP_WINDOWS,
             "rounds": sizes.runtime_rounds,
-            "hpctf_steps_per_s": round(hpctf_rate, 3),
-            "plain_steps_per_s": round(plain_rate, 3),
-            "ratio": round(ratio, 4),
-            "per_round_ratio": [round(r, 4) for r in rounds],
-            "hpctf_windows": hpctf_runs,
-            "plain_windows": plain_runs,
-            "goal_ratio_min": 0.97,
-            "met": ratio >= 0.97,
+            **digits,
+            "goal_ratio_min": GOAL,
+            "met": digits["ratio"] >= GOAL,
         }
+        if sizes.wide_rounds:
+            wide = self._compare(
+                "wide",
+                {"hpctf": {}, "plain": {}},
+                hidden=sizes.wide_hidden,
+                batch=sizes.wide_batch,
+                steps=sizes.wide_steps,
+                log_every=sizes.wide_log_every,
+                rounds=sizes.wide_rounds,
+            )
+            self._rows(f"digits ({sizes.wide_hidden} hidden)", wide, sizes.wide_batch)
+            result["wide"] = {
+                "hidden": sizes.wide_hidden,
+                "global_batch": sizes.wide_batch,
+                "steps": sizes.wide_steps,
+                "rounds": sizes.wide_rounds,
+                **wide,
+                "met": wide["ratio"] >= GOAL,
+            }
+            result["met"] = result["met"] and wide["ratio"] >= GOAL
+        return result
 
-    def _plain(self, work: Path, index: int, steps: int, log_every: int) -> list[float]:
-        out = work / f"plain-{index}.json"
-        log = work / f"plain-{index}.log"
+    def _compare(
+        self,
+        name: str,
+        sides: dict[str, dict[str, int]],
+        hidden: int | None,
+        batch: int,
+        steps: int,
+        log_every: int,
+        rounds: int,
+    ) -> dict[str, Any]:
+        """``rounds`` rounds of every side, the first side rotating; each side's steps/s (the
+        median of its timed windows) and hpctf's ratio against each plain side."""
+        work = self.folder(f"runtime-{name}")
+        runs: dict[str, list[list[float]]] = {side: [] for side in sides}
+        order = list(sides)
+        for index in range(rounds):
+            turn = order[index % len(order) :] + order[: index % len(order)]
+            for side in turn:
+                if side == "hpctf":
+                    sets = [
+                        f"train.steps={steps}",
+                        f"train.log_every_steps={log_every}",
+                        f"train.global_batch_size={batch}",
+                        f"checkpoint.every_steps={steps}",  # the stall is measured apart
+                    ]
+                    if hidden is not None:
+                        sets.append(f"train.args.hidden={hidden}")
+                    run_dir, _ = self.submit(
+                        DIGITS, sets, work / "runs", work / f"hpctf-{index}.log"
+                    )
+                    rates = [rate for _, rate in windows(metrics(run_dir))]
+                    runs[side].append(rates[WARMUP_WINDOWS:])
+                    self.finished_run = run_dir
+                else:
+                    per_call = sides[side].get("steps_per_call", 1)
+                    rates = self._plain(
+                        work, f"{side}-{index}", steps, log_every, batch, hidden, per_call
+                    )
+                    runs[side].append(rates[WARMUP_WINDOWS:])
+                say(f"runtime {name}: round {index + 1}/{rounds}: {side} done")
+        rate = {side: median([w for run in runs[side] for w in run]) for side in sides}
+        found: dict[str, Any] = {
+            "hpctf_steps_per_s": round(rate["hpctf"], 3),
+            "hpctf_windows": runs["hpctf"],
+        }
+        for side in sides:
+            if side == "hpctf":
+                continue
+            prefix = "" if side == "plain" else f"{side}_"
+            rounds_ratio = [
+                median(h) / median(p) for h, p in zip(runs["hpctf"], runs[side], strict=True)
+            ]
+            found[f"{side}_steps_per_s"] = round(rate[side], 3)
+            found[f"{side}_windows"] = runs[side]
+            found[f"{prefix}ratio"] = round(rate["hpctf"] / rate[side], 4)
+            found[f"{prefix}per_round_ratio"] = [round(r, 4) for r in rounds_ratio]
+        return found
+
+    def _rows(self, model: str, found: dict[str, Any], batch: int) -> None:
+        hpctf = f"{found['hpctf_steps_per_s']:.1f} steps/s"
+        self.row(
+            benchmark=f"runtime: {model}, 2 local workers, global batch {batch}",
+            hpctf=hpctf,
+            baseline=f"{found['plain_steps_per_s']:.1f} steps/s (plain MWMS loop, 1 step per call)",
+            result=f"{found['ratio']:.3f} (rounds {each_round(found['per_round_ratio'])})",
+            goal=f">= {GOAL}",
+            met=found["ratio"] >= GOAL,
+        )
+        if "plain_per_call_ratio" in found:
+            ratio, rounds = found["plain_per_call_ratio"], found["plain_per_call_per_round_ratio"]
+            self.row(
+                benchmark=f"runtime: {model}, against a plain loop of {PER_CALL} steps per call",
+                hpctf=hpctf,
+                baseline=f"{found['plain_per_call_steps_per_s']:.1f} steps/s",
+                result=f"{ratio:.3f} (rounds {each_round(rounds)})",
+                goal="(report)",
+                met=None,
+            )
+
+    def _plain(
+        self,
+        work: Path,
+        name: str,
+        steps: int,
+        log_every: int,
+        batch: int,
+        hidden: int | None,
+        per_call: int,
+    ) -> list[float]:
+        out = work / f"plain-{name}.json"
+        log = work / f"plain-{name}.log"
         argv = [sys.executable, str(HERE / "plain_mwms.py"), "--workers", "2"]
         argv += ["--steps", str(steps), "--log-every", str(log_every)]
-        argv += ["--batch", str(GLOBAL_BATCH), "--out", str(out)]
+        argv += ["--batch", str(batch), "--out", str(out), "--steps-per-call", str(per_call)]
+        if hidden is not None:
+            argv += ["--hidden", str(hidden)]
         with log.open("wb") as handle:
             proc = subprocess.run(
                 argv, env=self.env(work), stdout=handle, stderr=subprocess.STDOUT, check=False

@@ -46,6 +46,11 @@ class Sizes:
     runtime_steps: int
     runtime_log_every: int
     runtime_rounds: int
+    wide_hidden: int  # the digits MLP with a hidden layer this wide: a step of about 50 ms
+    wide_batch: int
+    wide_steps: int
+    wide_log_every: int
+    wide_rounds: int  # alternated pairs; 0: the row is left out
     preempt_after: int  # steps trained before the signal
     restart_rounds: int
     stall_steps: int
@@ -72,7 +77,12 @@ FULL = Sizes(
     resolver_repeat=50,
     runtime_steps=2000,
     runtime_log_every=250,
-    runtime_rounds=4,
+    runtime_rounds=5,
+    wide_hidden=4096,
+    wide_batch=1024,
+    wide_steps=300,
+    wide_log_every=50,
+    wide_rounds=5,
     preempt_after=200,
     restart_rounds=4,
     stall_steps=1000,
@@ -103,6 +113,7 @@ TINY = replace(
     runtime_steps=200,
     runtime_log_every=50,
     runtime_rounds=1,
+    wide_rounds=0,  # the digits row's code with other numbers
     preempt_after=20,
     restart_rounds=1,
     stall_steps=100,

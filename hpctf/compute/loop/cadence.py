@@ -41,6 +41,19 @@ class Cadence:
             agree=last or step >= next_agreement,
         )
 
+    def next_due(self, step: int, next_agreement: int) -> int:
+        """The first step after ``step`` that :meth:`due` gives anything to do: a loop may run
+        the steps up to it in one call, and every log, save and agreement is still on its
+        exact step."""
+        after = [
+            (step // self.log_every + 1) * self.log_every,
+            (step // self.save_every + 1) * self.save_every,
+            max(next_agreement, step + 1),
+        ]
+        if self.total is not None and self.total > step:
+            after.append(self.total)
+        return min(after)
+
 
 class AgreementClock:
     """When the ranks next agree on a warning, and the step time each brings to it.

@@ -277,6 +277,12 @@ class Session:
         if due.agree:
             self._agree(step, saved=due.save)
 
+    def next_due(self, step: int) -> int:
+        """The first step after ``step`` at which :meth:`step_done` does more than note the
+        step (log, save, agree): a loop may run the steps up to it in one call and call
+        :meth:`step_done` for that one alone."""
+        return self._cadence.next_due(step, self._clock.next)
+
     def _agree(self, step: int, saved: bool) -> None:
         """The ranks' agreement at ``step``: on a warning to any rank, save (unless ``saved``),
         record it and raise :class:`Preempted`; at the last step, finish instead."""

@@ -80,10 +80,12 @@ class StepFlags:
 
 def flagged_train_step(
     strategy: Any, replica_step: Callable[[Any, Any], Any], flags: StepFlags
-) -> Any:
-    """A ``tf.function`` running ``replica_step`` on the next batch of its iterator on every
-    replica, with the flags in its one reduction: returns the loss summed over replicas, and
-    folds every rank's pending flags into ``flags.agreed`` and step times into ``flags.step_ms``."""
+) -> Callable[..., Any]:
+    """``train_step(iterator, steps=1)``: ``steps`` steps in one call of one ``tf.function``
+    (as Keras's ``steps_per_execution``: the Python of a call is paid once for them), each
+    running ``replica_step`` on the next batch on every replica, with the flags in the step's
+    one reduction. Returns the last step's loss summed over replicas; folds every rank's
+    pending flags into ``flags.agreed`` and step times into ``flags.step_ms``."""
 
     def replica(features: Any, labels: Any) -> Any:
         loss = tf.reshape(tf.cast(replica_step(features, labels), tf.float32), [1])
@@ -91,13 +93,24 @@ def flagged_train_step(
         return tf.concat([loss, flags.pending.read_value(), step_ms], axis=0)
 
     @tf.function
-    def train_step(iterator: Any) -> Any:
-        features, labels = next(iterator)
-        per_replica = strategy.run(replica, args=(features, labels))
-        total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-        seen = tf.cast(total[1 : 1 + len(WATCHED)] > 0, tf.float32)
-        flags.agreed.assign(tf.maximum(flags.agreed, seen))
-        flags.step_ms.assign(total[-1])
-        return total[0]
+    def train_steps(iterator: Any, steps: Any) -> Any:
+        loss = tf.constant(0.0)
+        for _ in tf.range(steps):
+            features, labels = next(iterator)
+            per_replica = strategy.run(replica, args=(features, labels))
+            total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            seen = tf.cast(total[1 : 1 + len(WATCHED)] > 0, tf.float32)
+            flags.agreed.assign(tf.maximum(flags.agreed, seen))
+            flags.step_ms.assign(total[-1])
+            loss = total[0]
+        return loss
+
+    counts: dict[int, Any] = {}  # a tensor per count: a Python int would trace once per value
+
+    def train_step(iterator: Any, steps: int = 1) -> Any:
+        count = counts.get(steps)
+        if count is None:
+            count = counts[steps] = tf.constant(steps, tf.int32)
+        return train_steps(iterator, count)
 
     return train_step

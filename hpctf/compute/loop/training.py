@@ -235,11 +235,19 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         hooks.train_begin(start)
     results: dict[str, float] = {}
     evaluated = final = -1  # the step of the last evaluation; the step training ended at
-    for step in range(start + 1, total + 1):
+    every_eval = settings.eval_every_steps
+    step = start
+    while step < total:
+        # The steps up to the next one that calls for anything run in one call; with Keras
+        # callbacks (per-step hooks) one at a time.
+        ahead = 1 if hooks else session.next_due(step) - step
+        if every_eval:
+            ahead = min(ahead, every_eval - step % every_eval)
         if hooks:
-            hooks.step_begin(step)
-        flags.push()  # a warning since the last step rides in this one
-        loss = train_step(iterator)
+            hooks.step_begin(step + 1)
+        flags.push()  # a warning since the last call rides in this one
+        loss = train_step(iterator, ahead)
+        step += ahead
         if hooks:
             hooks.step_end(step, loss)  # TerminateOnNaN sees a NaN before hpctf refuses it
         stopping = bool(hooks) and hooks.stop
@@ -251,7 +259,7 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
             if not math.isfinite(value) and not stopping:
                 raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
         epoch_end = bool(hooks) and (hooks.epoch_ends(step) or step == total or stopping)
-        due = bool(settings.eval_every_steps) and step % (settings.eval_every_steps or 1) == 0
+        due = bool(every_eval) and step % (every_eval or 1) == 0
         if (due and step != total) or (epoch_end and evaluator is not None):
             results, evaluated = evaluate(step), step
         if epoch_end:
