@@ -106,8 +106,8 @@ def test_agreement_step_time_is_microseconds_clamped_to_its_bits() -> None:
         (10, 0.01, 0, 10),
         (10, 0.0, 300, 10),  # no step time measured yet
         (10, 0.01, 300, 10),  # fast steps: as configured, never more
-        (100, 1.0, 300, 75),  # a quarter of 300 s at 1 s per step
-        (100, 30.0, 300, 2),
+        (100, 1.0, 300, 37),  # an eighth of 300 s at 1 s per step: two of them, a quarter
+        (100, 15.0, 300, 2),
         (100, 200.0, 300, 1),  # a step longer than the quarter: every step, never 0
     ],
 )

@@ -171,8 +171,10 @@ _MICROS_MASK = (1 << _SIGNAL_SHIFT) - 1
 def check_interval(configured: int, slowest_step: float, warning_seconds: int | None) -> int:
     """Steps until the ranks next agree on a warning: ``train.preemption_check_every_steps``,
     fewer when steps are slow, so that a warning waits at most a quarter of the site's
-    ``preemption.warning_seconds`` for the agreement (the rest is for the save and the exit).
+    ``preemption.warning_seconds`` for the agreement (the rest is for the save and the exit):
+    an eighth per interval, as a warning can wait for two of them (the built-in loop carries
+    it in the steps after the call it arrived in: :mod:`hpctf.compute.loop.step_flags`).
     Pure, and fed the same values on every rank, so every rank picks the same step."""
     if not warning_seconds or slowest_step <= 0:
         return configured
-    return max(1, min(configured, int(warning_seconds / 4 / slowest_step)))
+    return max(1, min(configured, int(warning_seconds / 8 / slowest_step)))
