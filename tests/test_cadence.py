@@ -31,6 +31,32 @@ def test_due(cadence: Cadence, step: int, next_agreement: int, expected: Due) ->
     assert cadence.due(step, next_agreement) == expected
 
 
+@pytest.mark.parametrize(
+    ("cadence", "step", "next_agreement", "expected"),
+    [
+        (RUN, 0, 10, 10),  # the first agreement comes before the first log
+        (RUN, 10, 20, 20),
+        (RUN, 0, 30, 10),  # the first log before the agreement
+        (RUN, 45, 60, 50),  # a save
+        (RUN, 50, 40, 51),  # an agreement late: the very next step
+        (RUN, 115, 130, 120),  # the last step, whatever the intervals say
+        (Cadence(7, 33, 101), 98, 200, 99),  # a save at 3 x 33
+        (Cadence(7, 33, 101), 99, 200, 101),
+        (Cadence(10, 50, None), 120, 200, 130),  # the last step unknown: only the intervals
+    ],
+)
+def test_next_due_is_the_first_step_due_calls_for(
+    cadence: Cadence, step: int, next_agreement: int, expected: int
+) -> None:
+    found = cadence.next_due(step, next_agreement)
+    assert found == expected
+    # what the loop relies on: nothing is due in between, something is due there
+    assert not any(
+        any(vars(cadence.due(s, next_agreement)).values()) for s in range(step + 1, found)
+    )
+    assert any(vars(cadence.due(found, next_agreement)).values())
+
+
 def test_agreement_clock_moves_by_the_agreed_step_time() -> None:
     clock = AgreementClock(check_every=10, warning_seconds=300)
     clock.restart(40)  # resumed at step 40
@@ -38,8 +64,8 @@ def test_agreement_clock_moves_by_the_agreed_step_time() -> None:
     assert clock.step_seconds(50) >= 0.0
     clock.agreed(50, slowest_step=0.01)  # fast steps: as configured
     assert clock.next == 60
-    clock.agreed(60, slowest_step=15.0)  # a quarter of 300 s is 5 steps of 15 s
-    assert clock.next == 65
+    clock.agreed(60, slowest_step=15.0)  # an eighth of 300 s is 2 steps of 15 s
+    assert clock.next == 62
     off_slurm = AgreementClock(check_every=10, warning_seconds=None)
     off_slurm.agreed(7, slowest_step=100.0)
     assert off_slurm.next == 17
