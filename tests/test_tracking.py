@@ -15,19 +15,22 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient  # hpctf[dev] brings mlflow-skinny
 
 from hpctf.cli import cli
-from hpctf.compute.records import tracking
 from hpctf.compute.records.tracking import start_tracking
+from hpctf.compute.records.tracking import tracker as tracking
 from hpctf.core.run.rundir import RunDir
 from hpctf.login.resolving import tracking_check
+from tests import wandb_records
 from tests.conftest import DIGITS, write
 
 
-def rendered_run(tmp_path: Path, uri: str) -> RunDir:
-    """A run directory (render -o: nothing submitted) whose experiment tracks to ``uri``."""
+def rendered_run(tmp_path: Path, uri: str | None = None, *sets: str) -> RunDir:
+    """A run directory (render -o: nothing submitted) whose experiment tracks to MLflow at
+    ``uri`` (and ``sets``: ``--set`` values)."""
     script = tmp_path / "job.sbatch"
+    tracking = [f"tracking.mlflow.tracking_uri={uri}"] if uri else []
     result = CliRunner().invoke(cli, [
-        "render", str(DIGITS), "--site", "local", "-o", str(script),
-        "--set", f"tracking.mlflow.tracking_uri={uri}", "--set", "env.TOKEN=secret",
+        "render", str(DIGITS), "--site", "local", "-o", str(script), "--set", "env.TOKEN=secret",
+        *(arg for value in [*tracking, *sets] for arg in ("--set", value)),
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     (path,) = (tmp_path / "runs").iterdir()
@@ -71,6 +74,50 @@ def test_one_mlflow_run_across_starts_every_step_once_params_once(
     assert found.data.tags["hpctf.run_dir"] == str(run.path)
 
 
+def test_one_wandb_run_across_a_preemption_and_a_resubmit_every_step_once_params_once(
+    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb", reason="wandb is not installed (hpctf[dev] or hpctf[wandb])")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = rendered_run(tmp_path, None, "tracking.wandb.project=hpctf-test")
+    # Start 1 (Slurm job 101): steps 1-6, an evaluation at 6; a warned preemption, no DONE.
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    (first,) = start_tracking(run, run.load_config())
+    for step in range(1, 7):
+        first.log(step, {"loss": 1.0 / step})
+    first.log(6, {"accuracy": 0.5}, "eval")
+    first.close()
+    # Start 2 (job 102, a resubmit) resumes from a checkpoint at step 4: 5 and 6 come again.
+    monkeypatch.setenv("SLURM_JOB_ID", "102")
+    (second,) = start_tracking(run, run.load_config())
+    for step in range(5, 11):
+        second.log(step, {"loss": 1.0 / step})
+    second.log(6, {"accuracy": 0.6}, "eval")  # logged by start 1 already
+    second.log(10, {"accuracy": 0.9}, "eval")
+    write(run.done, '{"step": 10}\n')
+    second.close()
+
+    starts = wandb_records.offline_starts(run.path)
+    kept = json.loads((run.path / "tracking" / "wandb.json").read_text())
+    assert [s.run_id for s in starts] == [kept["run_id"]] * 2  # one W&B run, two starts
+    assert {s.project for s in starts} == {"hpctf-test"}
+    rows = [row for s in starts for row in s.history]
+    assert [row["_step"] for row in rows] == list(range(1, 11))  # every step once, in order
+    assert [row["loss"] for row in rows] == [1.0 / step for step in range(1, 11)]
+    evals = [(row["_step"], row["eval/accuracy"]) for row in rows if "eval/accuracy" in row]
+    assert evals == [(6, 0.5), (10, 0.9)]
+    params = [u for s in starts for u in s.config_updates if "train.steps" in u]
+    assert len(params) == 1 and params[0]["train.steps"] == "300"  # once, at start 1
+    assert params[0]["site"] == "local" and not any(k.startswith("env") for k in params[0])
+    tags = [next(u for u in s.config_updates if "hpctf.run_dir" in u) for s in starts]
+    assert [t["hpctf.slurm_jobs"] for t in tags] == ["101", "102"]
+    assert all(t["hpctf.run_dir"] == str(run.path) for t in tags)
+    # The end state: start 1 preempted (W&B resumes it), start 2 done.
+    assert [(s.preempting, s.exit_code, s.summary["hpctf.end"]) for s in starts] == [
+        (True, 1, "stopped"), (False, 0, "done")
+    ]  # fmt: skip
+
+
 def test_a_tracker_that_is_down_never_holds_training_up(
     runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -90,14 +137,16 @@ def test_a_tracker_that_is_down_never_holds_training_up(
     assert any("tracker mlflow failed (training goes on; retrying)" in w for w in warned), warned
 
 
+@pytest.mark.parametrize("tracker, key", [("mlflow", "experiment"), ("wandb", "project")])
 def test_validate_names_a_missing_tracker_package(
-    runs_root: Path, monkeypatch: pytest.MonkeyPatch
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch, tracker: str, key: str
 ) -> None:
-    monkeypatch.setitem(tracking_check.PACKAGES, "mlflow", ("hpctf_no_such_module", "pip x"))
+    monkeypatch.setitem(tracking_check.PACKAGES, tracker, ("hpctf_no_such_module", "pip x"))
     result = CliRunner().invoke(
-        cli, ["validate", str(DIGITS), "--set", "tracking.mlflow.experiment=e"]
+        cli, ["validate", str(DIGITS), "--set", f"tracking.{tracker}.{key}=e"]
     )
     assert result.exit_code == 2
-    assert "tracking.mlflow: the hpctf_no_such_module package is not installed here: pip x" in (
+    assert f"tracking.{tracker}: the hpctf_no_such_module package is not installed here: pip x" in (
         result.output
     )
+    assert len(result.output.strip().splitlines()) == 1, result.output
