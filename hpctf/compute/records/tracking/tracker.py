@@ -113,7 +113,7 @@ class Tracker:
                   lambda: self._save(last_step={**self._saved_steps(), key: step}))  # fmt: skip
 
     def close(self) -> None:
-        """Mark the tracker run finished (DONE) or killed, after what is queued, within
+        """Mark the tracker run finished (DONE) or stopped, after what is queued, within
         ``FLUSH_S``; what is still queued then is dropped (said in the log)."""
         if self._closed:
             return

@@ -2,7 +2,7 @@
 
 One W&B run per hpctf run: its id is chosen at the first start, kept by
 :class:`~hpctf.compute.records.tracking.tracker.Tracker` and passed back to ``wandb.init``
-with ``resume="allow"`` at every later one. Steps are hpctf's own (``log(step=...)``): W&B
+(``resume="allow"``) at every later one. Steps are hpctf's own (``log(step=...)``): W&B
 drops a step below the last one it has, which the tracker never sends (it skips the steps an
 earlier start logged). In offline mode each start writes a directory of its own under
 ``RUN_DIR/tracking/wandb``, all with the same run id: ``wandb sync`` sends them into one run.
@@ -18,7 +18,7 @@ from typing import Any
 
 from hpctf.core.settings.config import WandbTracking
 
-# wandb.init waits 90 s for its service by default; hpctf retries it itself.
+# wandb.init gives up on a server that does not answer after 90 s by default; hpctf retries it.
 _INIT_TIMEOUT_S = 30.0
 # A stopped start (a preemption, to be resumed): W&B shows a run marked preempting that ends
 # with a non-zero exit code as preempted (docs.wandb.ai/models/sweeps/signal-handling-sweep-runs).
