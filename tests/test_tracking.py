@@ -79,6 +79,8 @@ def test_one_wandb_run_across_a_preemption_and_a_resubmit_every_step_once_params
 ) -> None:
     pytest.importorskip("wandb", reason="wandb is not installed (hpctf[dev] or hpctf[wandb])")
     monkeypatch.setenv("WANDB_MODE", "offline")
+    for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):  # not in ~
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
     run = rendered_run(tmp_path, None, "tracking.wandb.project=hpctf-test")
     # Start 1 (Slurm job 101): steps 1-6, an evaluation at 6; a warned preemption, no DONE.
     monkeypatch.setenv("SLURM_JOB_ID", "101")
