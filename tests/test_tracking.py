@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,50 @@ def test_a_tracker_that_is_down_never_holds_training_up(
     assert time.monotonic() - began < tracking.FLUSH_S + 2.0
     warned = [r.getMessage() for r in caplog.records]
     assert any("tracker mlflow failed (training goes on; retrying)" in w for w in warned), warned
+
+
+class SlowBackend:
+    """A tracker that takes 20 ms a step: behind a chief that logs every step."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.ended: list[bool] = []
+
+    def start(self, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> str:
+        return "r1"
+
+    def log_params(self, params: Mapping[str, str]) -> None:
+        pass
+
+    def log_metrics(self, step: int, values: Mapping[str, float]) -> None:
+        time.sleep(0.02)
+        self.steps.append(step)
+
+    def finish(self, done: bool) -> None:
+        self.ended.append(done)
+
+
+def test_a_backlog_at_exit_is_left_out_and_the_end_state_still_sent(
+    runs_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the end state, W&B's own exit hook would end a preempted start as finished."""
+    run = rendered_run(tmp_path)
+    backend = SlowBackend()
+    tracker = tracking.Tracker(run, backend, run.load_config())
+    for step in range(1, 501):  # 10 s of calls queued
+        tracker.log(step, {"loss": 0.5})
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="hpctf.worker"):
+        tracker.close()
+    assert time.monotonic() - began < tracking.FLUSH_S + 0.1
+    assert backend.ended == [False]  # no DONE: stopped, to be resumed
+    assert 0 < len(backend.steps) < 500 and backend.steps == sorted(set(backend.steps))
+    kept = json.loads((run.path / "tracking" / "slow.json").read_text())
+    assert kept["last_step"]["train"] == backend.steps[-1]  # the next start goes on from there
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "not sent within 1.5 s at exit; steps left out" in said, said
 
 
 @pytest.mark.parametrize("tracker, key", [("mlflow", "experiment"), ("wandb", "project")])

@@ -6,6 +6,8 @@ the parameters were logged). The contract is in :mod:`hpctf.compute.records.trac
 from __future__ import annotations
 
 import atexit
+import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -25,6 +27,9 @@ RETRIES = 3
 RETRY_PAUSE_S = 0.5
 MAX_FAILURES = 3
 FLUSH_S = 2.0
+# Of FLUSH_S, kept for the tracker run's end state: a backlog of steps still queued when it
+# begins is left out, so that the run is not left looking finished (W&B would end it itself).
+END_STATE_S = 0.5
 QUEUE_SIZE = 10_000
 
 
@@ -85,20 +90,19 @@ class Tracker:
         self._path = run.path / "tracking" / f"{backend.name}.json"
         self._state: dict[str, Any] = _read_state(self._path)
         self._last: dict[str, int] = dict(self._state.get("last_step") or {})
-        self._queue: queue.Queue[tuple[Callable[[], None], Callable[[], None]] | None] = (
-            queue.Queue(QUEUE_SIZE)
-        )
+        self._queue: queue.Queue[_Item] = queue.Queue(QUEUE_SIZE)
         self._failures = 0
         self._off = False
         self._said_full = False
         self._closed = False
         self._closing = threading.Event()  # at exit: retries without their pause
+        self._skip_steps = False  # at exit, past FLUSH_S - END_STATE_S: steps left out
         threading.Thread(target=self._send, name="hpctf-tracker", daemon=True).start()
         tags, params = run_tags(run), flat_params(config)
-        self._put(lambda: self._start(config.experiment.name + "/" + run.path.name, tags),
-                  lambda: None)  # fmt: skip
+        self._put(_Item(lambda: self._start(config.experiment.name + "/" + run.path.name, tags)))
         if not self._state.get("params_logged"):
-            self._put(lambda: backend.log_params(params), lambda: self._save(params_logged=True))
+            self._put(_Item(lambda: backend.log_params(params),
+                            lambda: self._save(params_logged=True)))  # fmt: skip
         atexit.register(self.close)
 
     def log(self, step: int, values: Mapping[str, float], group: str | None = None) -> None:
@@ -109,24 +113,36 @@ class Tracker:
             return
         self._last[key] = step
         named = {f"{group}/{k}" if group else k: float(v) for k, v in values.items()}
-        self._put(lambda: self._backend.log_metrics(step, named),
-                  lambda: self._save(last_step={**self._saved_steps(), key: step}))  # fmt: skip
+        self._put(_Item(lambda: self._backend.log_metrics(step, named),
+                        lambda: self._save(last_step={**self._saved_steps(), key: step}),
+                        step=True))  # fmt: skip
 
     def close(self) -> None:
         """Mark the tracker run finished (DONE) or stopped, after what is queued, within
-        ``FLUSH_S``; what is still queued then is dropped (said in the log)."""
+        ``FLUSH_S``: steps still queued ``END_STATE_S`` before its end are left out (said in
+        the log), the end state is not."""
         if self._closed:
             return
         self._closed = True
         self._closing.set()
         done = self._run.done.exists()
-        self._put(lambda: self._backend.finish(done), lambda: None)
         deadline = time.monotonic() + FLUSH_S
+        end = _Item(lambda: self._backend.finish(done))
+        try:
+            self._queue.put_nowait(end)
+        except queue.Full:
+            self._skip_steps = True
+            with contextlib.suppress(queue.Full):
+                self._queue.put(end, timeout=FLUSH_S - END_STATE_S)
+        while self._queue.unfinished_tasks and time.monotonic() < deadline - END_STATE_S:
+            time.sleep(0.02)
+        if self._queue.unfinished_tasks > 1 and not self._off:
+            log.warning("tracker %s: %d call(s) not sent within %.1f s at exit; steps left out",
+                        self._backend.name, self._queue.unfinished_tasks - 1,
+                        FLUSH_S - END_STATE_S)  # fmt: skip
+        self._skip_steps = True
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
-        if self._queue.unfinished_tasks and not self._off:
-            log.warning("tracker %s: %d call(s) not sent within %.0f s at exit; left out",
-                        self._backend.name, self._queue.unfinished_tasks, FLUSH_S)  # fmt: skip
 
     def _start(self, run_name: str, tags: Mapping[str, str]) -> None:
         run_id = self._backend.start(self._state.get("run_id"), run_name, tags)
@@ -146,9 +162,9 @@ class Tracker:
         self._path.parent.mkdir(exist_ok=True)
         write_atomic(self._path, json.dumps(self._state))
 
-    def _put(self, call: Callable[[], None], then: Callable[[], None]) -> None:
+    def _put(self, item: _Item) -> None:
         try:
-            self._queue.put_nowait((call, then))
+            self._queue.put_nowait(item)
         except queue.Full:
             if not self._said_full:
                 self._said_full = True
@@ -159,8 +175,8 @@ class Tracker:
         while True:
             item = self._queue.get()
             try:
-                if item is not None and not self._off:
-                    self._call(*item)
+                if not self._off and not (item.step and self._skip_steps):
+                    self._call(item.call, item.then)
             finally:
                 self._queue.task_done()
 
@@ -183,6 +199,16 @@ class Tracker:
             self._off = True
             log.warning("tracker %s: off for the rest of this start after %d failed call(s)",
                         self._backend.name, self._failures)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Item:
+    """One queued call; ``then`` once it succeeded; ``step``: a logged step (left out at exit
+    when the time is up)."""
+
+    call: Callable[[], None]
+    then: Callable[[], None] = lambda: None
+    step: bool = False
 
 
 def _one_line(exc: BaseException) -> str:
