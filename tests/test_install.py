@@ -1,18 +1,22 @@
 """The install the README gives until hpctf is on PyPI (issue #20 item 5): the wheel and sdist
 built from a clone, the wheel installed into a fresh venv with only the login node's light
-dependencies (no TensorFlow), and the installed ``hpctf`` answering ``--version`` and
-``validate`` from another directory."""
+dependencies (no TensorFlow), the installed ``hpctf`` answering ``--version`` and ``validate``
+from another directory, then the local demo (``make demo``'s command, a few steps) run by it."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tarfile
 from pathlib import Path
 
-from tests.conftest import DIGITS, REPO
+import pytest
+
+from tests.conftest import DIGITS, REPO, run_dir_from
 
 # What `pip install hpctf` brings on a login node (pyproject's dependencies) and what they
 # need, at the versions of this environment: pip finds them in its cache or local index.
@@ -28,6 +32,7 @@ def run(*argv: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None) 
     return proc.stdout
 
 
+@pytest.mark.tf  # the demo at its end
 def test_the_built_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     hatchling = Path(sys.executable).parent / "hatchling"
@@ -62,3 +67,21 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> 
         "hpctf.python_api.run_api", "False"
     ]  # fmt: skip
     assert not (tmp_path / "runs").exists()
+
+    # The local demo, from this install: TensorFlow and the example's scikit-learn are this
+    # environment's (a path line in a .pth, after the venv's own site-packages, so hpctf is the
+    # wheel's and nested .pth files, the editable install's among them, are not read), not
+    # installed again (hundreds of MB).
+    purelib = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    (Path(purelib.strip()) / "hpctf-test-deps.pth").write_text(sysconfig.get_paths()["purelib"])
+    where = "import hpctf; print(hpctf.__file__)"
+    assert run(python, "-c", where, cwd=elsewhere, env=env).startswith(str(venv))
+    small = ["resources.nodes=1", "train.steps=10", "checkpoint.every_steps=10",
+             "train.preflight=off"]  # fmt: skip
+    sets = [arg for value in small for arg in ("--set", value)]
+    demo = run(venv / "bin" / "hpctf", "submit", DIGITS, "--site", "local", *sets,
+               cwd=elsewhere, env=env)  # fmt: skip
+    run_dir = run_dir_from(demo)
+    assert run_dir.parent == tmp_path / "runs"
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 10
+    assert json.loads((run_dir / "config.json").read_text())["python"] == str(python)

@@ -221,10 +221,23 @@ class MLflowTracking(_Strict):
     experiment: str | None = Field(None, description="MLflow experiment; default: the name")
 
 
+class WandbTracking(_Strict):
+    """Where the chief logs the run in Weights & Biases (:mod:`hpctf.compute.records.tracking`)."""
+
+    project: str | None = Field(None, description="default: $WANDB_PROJECT, else the name")
+    entity: str | None = Field(None, description="team or user; default: $WANDB_ENTITY, W&B's")
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        None,
+        description="default: $WANDB_MODE, else online; offline writes RUN_DIR/tracking/wandb "
+        "for `wandb sync`",
+    )
+
+
 class Tracking(_Strict):
     """Experiment trackers: one tracker run per hpctf run, across every requeue and resubmit."""
 
     mlflow: MLflowTracking | None = None
+    wandb: WandbTracking | None = None
 
 
 class Experiment(_Strict):

@@ -11,13 +11,17 @@ from hpctf.core.settings.config import ResolvedConfig
 from hpctf.core.settings.sources import KeyPath
 
 # Tracker -> (the module the chief imports, what to install).
-PACKAGES = {"mlflow": ("mlflow", "pip install mlflow-skinny (or mlflow; the extra hpctf[mlflow])")}
+PACKAGES = {
+    "mlflow": ("mlflow", "pip install mlflow-skinny (or mlflow; the extra hpctf[mlflow])"),
+    "wandb": ("wandb", "pip install 'wandb>=0.19.10,<0.31' (the extra hpctf[wandb])"),
+}
 
 
 def tracking_problems(config: ResolvedConfig) -> list[tuple[KeyPath, str]]:
     if config.site.python or config.site.venv:
         return []  # another environment: hpctf worker says so in the rank log if it lacks one
-    configured = {"mlflow": config.experiment.tracking.mlflow}
+    tracking = config.experiment.tracking
+    configured = {"mlflow": tracking.mlflow, "wandb": tracking.wandb}
     problems: list[tuple[KeyPath, str]] = []
     for tracker, settings in configured.items():
         module, install = PACKAGES[tracker]

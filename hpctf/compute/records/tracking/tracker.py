@@ -1,29 +1,13 @@
-"""The chief's experiment tracker (an experiment's ``tracking:`` section): ONE tracker run per
-hpctf run, across every requeue and resubmit.
-
-- The tracker's run id is kept in the run directory (``tracking/<tracker>.json``) and resumed
-  by every later start, with the last step logged per group, so a step retrained after a
-  failure is not logged twice and the parameters (the resolved config, ``env`` and ``setup``
-  left out: they may hold secrets) are logged once.
-- Only the chief tracks (:class:`hpctf.compute.records.chief_records.ChiefRecords`), from a thread
-of
-  its own with a bounded queue: a tracker that is slow or down never stops training. A failed
-  call is retried (``RETRIES``, with a pause), said once in the rank log, and after
-  ``MAX_FAILURES`` failed calls the tracker is off for the rest of this start. At exit
-  (DONE, or an agreed preemption save) what is queued is sent for at most ``FLUSH_S`` (the
-  worker leaves within 4 s of the end of training:
-  :data:`hpctf.compute.start.leaving.LEAVE_WITHIN_S`),
-  and the tracker run is marked finished (DONE) or killed (to be resumed).
-- A tracker is one small class (:class:`Backend`): MLflow now (``mlflow`` or ``mlflow-skinny``,
-  the extra ``hpctf[mlflow]``).
-
-Imports no TensorFlow (and the tracker's package only when the run uses it).
-"""
+"""One tracker run per hpctf run, from the chief: :class:`Tracker` sends a :class:`Backend`'s
+calls from a thread of its own, with a bounded queue, retries and the run directory's state
+(``tracking/<tracker>.json``: the tracker's run id, the last step logged per group, whether
+the parameters were logged). The contract is in :mod:`hpctf.compute.records.tracking`."""
 
 from __future__ import annotations
 
 import atexit
-import importlib.util
+import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -35,7 +19,7 @@ from typing import Any, Protocol
 
 from hpctf.core.run import snapshot
 from hpctf.core.run.rundir import RunDir, write_atomic
-from hpctf.core.settings.config import MLflowTracking, ResolvedConfig
+from hpctf.core.settings.config import ResolvedConfig
 
 log = logging.getLogger("hpctf.worker")
 
@@ -43,10 +27,10 @@ RETRIES = 3
 RETRY_PAUSE_S = 0.5
 MAX_FAILURES = 3
 FLUSH_S = 2.0
+# Of FLUSH_S, kept for the tracker run's end state: a backlog of steps still queued when it
+# begins is left out, so that the run is not left looking finished (W&B would end it itself).
+END_STATE_S = 0.5
 QUEUE_SIZE = 10_000
-# MLflow's limits: 100 params per batch call, values of at most 6,000 characters.
-_PARAMS_PER_CALL = 100
-_PARAM_CHARS = 500
 
 
 class Backend(Protocol):
@@ -64,57 +48,6 @@ class Backend(Protocol):
 
     def finish(self, done: bool) -> None:
         """The hpctf run is done (True), or this start stopped and a later one resumes it."""
-
-
-class MLflowBackend:
-    """MLflow through its client API (no global active run), e.g. a file store
-    (``file:///path``) or a tracking server."""
-
-    name = "mlflow"
-
-    def __init__(self, settings: MLflowTracking, default_experiment: str) -> None:
-        self._settings = settings
-        self._experiment = settings.experiment or default_experiment
-        self._client: Any = None
-        self._run_id = ""
-
-    def start(self, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> str:
-        # MLflow retries an HTTP call up to 7 times with a growing pause (minutes on a server
-        # that is down); hpctf retries each call itself, RETRIES times: unless the user chose.
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        from mlflow.tracking import MlflowClient  # seconds to import: here, off the training
-
-        self._client = MlflowClient(tracking_uri=self._settings.tracking_uri)
-        if run_id is None:
-            found = self._client.get_experiment_by_name(self._experiment)
-            experiment_id = (
-                found.experiment_id if found else self._client.create_experiment(self._experiment)
-            )
-            run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
-        else:
-            self._client.update_run(run_id, status="RUNNING")
-        self._run_id = run_id
-        for key, value in tags.items():
-            self._client.set_tag(run_id, key, value)
-        return run_id
-
-    def log_params(self, params: Mapping[str, str]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(k, v[:_PARAM_CHARS]) for k, v in params.items()]
-        for i in range(0, len(items), _PARAMS_PER_CALL):
-            self._client.log_batch(self._run_id, params=items[i : i + _PARAMS_PER_CALL])
-
-    def log_metrics(self, step: int, values: Mapping[str, float]) -> None:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for k, v in values.items()]
-        self._client.log_batch(self._run_id, metrics=metrics)
-
-    def finish(self, done: bool) -> None:
-        self._client.set_terminated(self._run_id, "FINISHED" if done else "KILLED")
 
 
 def flat_params(config: ResolvedConfig) -> dict[str, str]:
@@ -157,19 +90,19 @@ class Tracker:
         self._path = run.path / "tracking" / f"{backend.name}.json"
         self._state: dict[str, Any] = _read_state(self._path)
         self._last: dict[str, int] = dict(self._state.get("last_step") or {})
-        self._queue: queue.Queue[tuple[Callable[[], None], Callable[[], None]] | None] = (
-            queue.Queue(QUEUE_SIZE)
-        )
+        self._queue: queue.Queue[_Item] = queue.Queue(QUEUE_SIZE)
         self._failures = 0
         self._off = False
         self._said_full = False
         self._closed = False
+        self._closing = threading.Event()  # at exit: retries without their pause
+        self._skip_steps = False  # at exit, past FLUSH_S - END_STATE_S: steps left out
         threading.Thread(target=self._send, name="hpctf-tracker", daemon=True).start()
         tags, params = run_tags(run), flat_params(config)
-        self._put(lambda: self._start(config.experiment.name + "/" + run.path.name, tags),
-                  lambda: None)  # fmt: skip
+        self._put(_Item(lambda: self._start(config.experiment.name + "/" + run.path.name, tags)))
         if not self._state.get("params_logged"):
-            self._put(lambda: backend.log_params(params), lambda: self._save(params_logged=True))
+            self._put(_Item(lambda: backend.log_params(params),
+                            lambda: self._save(params_logged=True)))  # fmt: skip
         atexit.register(self.close)
 
     def log(self, step: int, values: Mapping[str, float], group: str | None = None) -> None:
@@ -180,28 +113,45 @@ class Tracker:
             return
         self._last[key] = step
         named = {f"{group}/{k}" if group else k: float(v) for k, v in values.items()}
-        self._put(lambda: self._backend.log_metrics(step, named),
-                  lambda: self._save(last_step={**self._saved_steps(), key: step}))  # fmt: skip
+        self._put(_Item(lambda: self._backend.log_metrics(step, named),
+                        lambda: self._save(last_step={**self._saved_steps(), key: step}),
+                        step=True))  # fmt: skip
 
     def close(self) -> None:
-        """Mark the tracker run finished (DONE) or killed, after what is queued, within
-        ``FLUSH_S``; what is still queued then is dropped (said in the log)."""
+        """Mark the tracker run finished (DONE) or stopped, after what is queued, within
+        ``FLUSH_S``: steps still queued ``END_STATE_S`` before its end are left out (said in
+        the log), the end state is not."""
         if self._closed:
             return
         self._closed = True
+        self._closing.set()
         done = self._run.done.exists()
-        self._put(lambda: self._backend.finish(done), lambda: None)
         deadline = time.monotonic() + FLUSH_S
+        end = _Item(lambda: self._backend.finish(done))
+        try:
+            self._queue.put_nowait(end)
+        except queue.Full:
+            self._skip_steps = True
+            with contextlib.suppress(queue.Full):
+                self._queue.put(end, timeout=FLUSH_S - END_STATE_S)
+        while self._queue.unfinished_tasks and time.monotonic() < deadline - END_STATE_S:
+            time.sleep(0.02)
+        if self._queue.unfinished_tasks > 1 and not self._off:
+            log.warning("tracker %s: %d call(s) not sent within %.1f s at exit; steps left out",
+                        self._backend.name, self._queue.unfinished_tasks - 1,
+                        FLUSH_S - END_STATE_S)  # fmt: skip
+        self._skip_steps = True
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
-        if self._queue.unfinished_tasks and not self._off:
-            log.warning("tracker %s: %d call(s) not sent within %.0f s at exit; left out",
-                        self._backend.name, self._queue.unfinished_tasks, FLUSH_S)  # fmt: skip
 
     def _start(self, run_name: str, tags: Mapping[str, str]) -> None:
         run_id = self._backend.start(self._state.get("run_id"), run_name, tags)
         if run_id != self._state.get("run_id"):
             self._save(run_id=run_id)
+        # atexit runs the last registered first: close (the run's end state) before the
+        # tracker's own exit hook, registered by its start (W&B's would finish the run itself).
+        atexit.unregister(self.close)
+        atexit.register(self.close)
         log.info("tracker %s: run %s", self._backend.name, run_id)
 
     def _saved_steps(self) -> dict[str, int]:
@@ -212,9 +162,9 @@ class Tracker:
         self._path.parent.mkdir(exist_ok=True)
         write_atomic(self._path, json.dumps(self._state))
 
-    def _put(self, call: Callable[[], None], then: Callable[[], None]) -> None:
+    def _put(self, item: _Item) -> None:
         try:
-            self._queue.put_nowait((call, then))
+            self._queue.put_nowait(item)
         except queue.Full:
             if not self._said_full:
                 self._said_full = True
@@ -225,8 +175,8 @@ class Tracker:
         while True:
             item = self._queue.get()
             try:
-                if item is not None and not self._off:
-                    self._call(*item)
+                if not self._off and not (item.step and self._skip_steps):
+                    self._call(item.call, item.then)
             finally:
                 self._queue.task_done()
 
@@ -238,7 +188,9 @@ class Tracker:
                 if self._failures == 0 and attempt == 0:
                     log.warning("tracker %s failed (training goes on; retrying): %s",
                                 self._backend.name, _one_line(exc))  # fmt: skip
-                time.sleep(RETRY_PAUSE_S * (attempt + 1))
+                # At exit, a tracker that is down fails its last tries at once instead of
+                # holding the exit for FLUSH_S (a refused connection: measured, README).
+                self._closing.wait(RETRY_PAUSE_S * (attempt + 1))
                 continue
             then()
             return
@@ -247,6 +199,16 @@ class Tracker:
             self._off = True
             log.warning("tracker %s: off for the rest of this start after %d failed call(s)",
                         self._backend.name, self._failures)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Item:
+    """One queued call; ``then`` once it succeeded; ``step``: a logged step (left out at exit
+    when the time is up)."""
+
+    call: Callable[[], None]
+    then: Callable[[], None] = lambda: None
+    step: bool = False
 
 
 def _one_line(exc: BaseException) -> str:
@@ -261,17 +223,3 @@ def _read_state(path: os.PathLike[str]) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return state if isinstance(state, dict) else {}
-
-
-def start_tracking(run: RunDir, config: ResolvedConfig) -> list[Tracker]:
-    """The chief's trackers for ``run``, from its ``config``'s ``tracking:`` section; none when
-    it has none. A tracker whose package is missing here is said once and left out."""
-    trackers = []
-    if config.experiment.tracking.mlflow is not None:
-        if importlib.util.find_spec("mlflow") is None:
-            log.warning("tracking.mlflow: the mlflow package is not installed in this Python; "
-                        "not tracked (pip install mlflow-skinny)")  # fmt: skip
-        else:
-            backend = MLflowBackend(config.experiment.tracking.mlflow, config.experiment.name)
-            trackers.append(Tracker(run, backend, config))
-    return trackers
