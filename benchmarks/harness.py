@@ -23,11 +23,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
-SECTIONS = ("login", "sweep", "resolver", "runtime", "preemption", "stall", "soak")
+SECTIONS = ("login", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak")
 # Run order: login's `hpctf status` reads a finished run, and runtime leaves one behind.
-ORDER = ("resolver", "runtime", "login", "sweep", "preemption", "stall", "soak")
+ORDER = ("resolver", "runtime", "login", "sweep", "preemption", "first_step", "stall", "soak")
 GPU_SECTIONS = ("gpu_runtime", "gpu_stall")
-TINY_SECOND_LANE = ("preemption", "stall")  # run beside the others with --tiny
+TINY_SECOND_LANE = ("preemption", "first_step", "stall")  # run beside the others with --tiny
 GLOBAL_BATCH = 64  # the digits example's, given explicitly to both sides
 SOAK_BATCH = 2  # one example per replica: the step is the collectives, not the model
 
@@ -48,6 +48,8 @@ class Sizes:
     runtime_rounds: int
     preempt_after: int  # steps trained before the signal
     restart_rounds: int
+    first_step_rounds: int  # alternated pairs: hpctf worker and the plain script to step 1
+    first_step_workers: int
     stall_steps: int
     stall_log_every: int
     stall_every: int
@@ -75,6 +77,8 @@ FULL = Sizes(
     runtime_rounds=4,
     preempt_after=200,
     restart_rounds=4,
+    first_step_rounds=4,
+    first_step_workers=2,
     stall_steps=1000,
     stall_log_every=50,
     stall_every=100,
@@ -105,6 +109,8 @@ TINY = replace(
     runtime_rounds=1,
     preempt_after=20,
     restart_rounds=1,
+    first_step_rounds=1,
+    first_step_workers=1,
     stall_steps=100,
     stall_log_every=25,
     stall_every=50,

@@ -40,6 +40,7 @@ from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gathe
 from hpctf.compute.loop.watchdog import ProgressWatchdog
 from hpctf.compute.records.checkpoints import Checkpointer
 from hpctf.compute.records.chief_records import ChiefRecords
+from hpctf.compute.start import startup_clock
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.joining import Connection, connect
 from hpctf.compute.start.leaving import exit_later
@@ -105,6 +106,7 @@ def open_session(
     if settings.global_batch_size is None:  # the config allows that for train.script only
         raise UserError("train.global_batch_size is required with train.entry")
     connection = connect(settings, spec)
+    startup_clock.mark("join")
     gather = make_gather(connection.strategy)
     timeout = settings.stall_timeout_seconds
     where = f"rank {spec.task_index} on {spec.node}"
@@ -172,6 +174,7 @@ class Session:
         self._checkpointer: Checkpointer | None = None
         self._records = records
         self._window = (time.perf_counter(), 0)
+        startup_clock.mark("session")  # the watchdog, the preemption watch, the records
 
     @property
     def total_steps(self) -> int:
@@ -205,6 +208,7 @@ class Session:
         restored = self._checkpointer.restore_agreed(self._gather)
         self.keepalive("restore")
         start = int(self._step.numpy())
+        startup_clock.mark("restore")
         if restored:
             log.info("resumed from %s at step %d", restored, start)
         else:
@@ -278,6 +282,7 @@ class Session:
         ``checkpoint.every_steps`` and at the last step, and on a preemption signal to any rank
         saves this step on all ranks and raises :class:`Preempted` (exit status 75)."""
         self.keepalive(f"step {step}")
+        startup_clock.first_step(step)  # the first call logs where the start's time went
         self.total_steps  # noqa: B018 -- UserError while the last step is unknown
         due = self._cadence.due(step, self._clock.next)
         if loss is not None and due.log:

@@ -22,6 +22,7 @@ import tensorflow as tf
 from hpctf.api import DataSource, Task
 from hpctf.compute.loop.preemption import Preempted
 from hpctf.compute.loop.session import Session, open_session, with_loss_scaling
+from hpctf.compute.start import startup_clock
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.leaving import exit_later
 from hpctf.compute.start.peers import PeerLost, lost_peer
@@ -195,6 +196,7 @@ def _restored_task(session: Session, entry: Callable[..., Any]) -> tuple[Task, i
     the restore when asked), and the step to continue after."""
     settings, strategy = session.settings, session.strategy
     task = build_task(entry, settings, strategy, session.precision_policy)
+    startup_clock.mark("model")
     rescale = (
         learning_rate_scaler(task.optimizer, strategy.num_replicas_in_sync)
         if settings.scale_learning_rate
@@ -230,6 +232,7 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     if hooks:
         hooks.train_begin(start)
     results: dict[str, float] = {}
+    startup_clock.mark("input and step function")
     evaluated = final = -1  # the step of the last evaluation; the step training ended at
     for step in range(start + 1, total + 1):
         if hooks:
