@@ -16,8 +16,8 @@ those windows are the measurement.
     .venv/bin/python benchmarks/plain_mwms.py --steps 3000 --log-every 250 --out plain.json
 
 Rank 0 writes ``{"steps_per_s": [one per window], ...}`` to ``--out``. Every rank prints,
-after its first step, the line hpctf's worker logs there (``first step 1 after 8.12 s:
-python 0.05 s, tensorflow import 5.10 s, ...``, :mod:`hpctf.compute.start.startup_clock`'s
+after its first step, the line hpctf's worker logs there (``first step 1 after 8.12 s (3.50 s
+CPU): python 0.05 s, tensorflow import 5.10 s, ...``, :mod:`hpctf.compute.start.startup_clock`'s
 form), the baseline of ``bench_first_step.py``.
 
 ``make_train_step`` and ``timed_windows`` are also the plain side of ``gpu_check.py``. They
@@ -125,7 +125,9 @@ class StartClock:
             parts.append(f"{phase} {max(when - before, 0.0):.2f} s")
             before = when
         total = self.marks[-1][1] - self.started
-        return f"first step {step} after {total:.2f} s: {', '.join(parts)}"
+        times = os.times()
+        cpu = times.user + times.system
+        return f"first step {step} after {total:.2f} s ({cpu:.2f} s CPU): {', '.join(parts)}"
 
 
 def timed_windows(

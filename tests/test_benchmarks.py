@@ -186,6 +186,7 @@ def test_tiny_first_step(tiny: tuple[dict[str, Any], str]) -> None:
     assert first["workers"] == sizes["first_step_workers"]
     assert len(first["hpctf_s"]) == len(first["plain_s"]) == sizes["first_step_rounds"]
     assert close(first["ratio"], first["hpctf_median_s"] / first["plain_median_s"])
+    assert close(first["cpu_ratio"], first["hpctf_cpu_median_s"] / first["plain_cpu_median_s"])
     # What hpctf's worker (hpctf.compute.start.startup_clock) and the plain script say they
     # did before step 1, in the order they did it; the phases add up to the total.
     hpctf_phases = ["python+hpctf", "config", "node checks", "tensorflow import"]
@@ -202,6 +203,7 @@ def test_tiny_first_step(tiny: tuple[dict[str, Any], str]) -> None:
             # it started the process (plus the line's rounding and the harness's polling).
             assert 1.0 < run["total_s"] <= run["seen_from_outside_s"] + 0.02
             assert run["phases"]["tensorflow import"] > 0.5  # TensorFlow was imported there
+            assert run["cpu_s"] > 0.5  # the process's own CPU time, TensorFlow's import in it
 
 
 @pytest.mark.tf

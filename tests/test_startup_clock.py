@@ -32,15 +32,16 @@ def test_this_process_started_before_now_and_after_boot() -> None:
 
 def test_summary_reads_back_phase_by_phase() -> None:
     marks = [("python+hpctf", 100.5), ("tensorflow import", 103.75), ("first step", 104.0)]
-    line = startup_clock.summary(7, 100.0, marks)
+    line = startup_clock.summary(7, 100.0, marks, 2.5)
     assert line == (
-        "first step 7 after 4.00 s: python+hpctf 0.50 s, tensorflow import 3.25 s, "
+        "first step 7 after 4.00 s (2.50 s CPU): python+hpctf 0.50 s, tensorflow import 3.25 s, "
         "first step 0.25 s"
     )
     found = startup_clock.parse(f"12:00:01 rank 0: warmup\n12:00:02 rank 0: {line}\nstep 8\n")
     assert found == {
         "step": 7,
         "total_s": 4.0,
+        "cpu_s": 2.5,
         "phases": {"python+hpctf": 0.5, "tensorflow import": 3.25, "first step": 0.25},
     }
     assert startup_clock.parse("12:00:01 rank 0: step 50/300 loss 0.1\n") is None
@@ -62,3 +63,4 @@ def test_first_step_logs_once(
     assert list(found["phases"]) == ["join", "first step"]
     # Counted from this process's start: the interpreter and pytest's start are in it.
     assert found["total_s"] >= found["phases"]["join"] > 0
+    assert 0 < found["cpu_s"] <= sum(os.times()[:2])

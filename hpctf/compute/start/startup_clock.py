@@ -3,13 +3,15 @@
 The worker marks the end of each phase as it reaches it (:func:`mark`: one clock reading); at
 the first step the session calls :func:`first_step`, which logs one line and stops the clock::
 
-    first step 1 after 9.84 s: python+hpctf 0.62 s, config 0.01 s, node checks 0.01 s, ...
+    first step 1 after 9.84 s (3.91 s CPU): python+hpctf 0.62 s, config 0.01 s, ...
 
 Each figure is the time since the mark before it (the first: since the process started, which
 the kernel keeps in /proc/self/stat, so the interpreter's own start is counted too). A phase
 that did not run (no evaluation, a custom loop without hpctf's model build) has no mark and
-its time goes to the next one. ``benchmarks/bench_first_step.py`` reads the line back with
-:func:`parse`; the plain baseline there prints the same form.
+its time goes to the next one. The CPU seconds (user and system, every thread of the process)
+move much less with the machine's load than the wall time does.
+``benchmarks/bench_first_step.py`` reads the line back with :func:`parse`; the plain baseline
+there prints the same form.
 """
 
 from __future__ import annotations
@@ -24,17 +26,19 @@ log = logging.getLogger("hpctf.worker")
 
 
 class FirstStep(TypedDict):
-    """The line, read back: the step, the seconds from the process's start, each phase's."""
+    """The line, read back: the step, the seconds from the process's start, the process's
+    CPU seconds until then, each phase's seconds."""
 
     step: int
     total_s: float
+    cpu_s: float
     phases: dict[str, float]
 
 
 _marks: list[tuple[str, float]] = []
 _stopped = False
 
-_LINE_RE = re.compile(r"first step (\d+) after ([0-9.]+) s: (.*)$", re.M)
+_LINE_RE = re.compile(r"first step (\d+) after ([0-9.]+) s \(([0-9.]+) s CPU\): (.*)$", re.M)
 _PHASE_RE = re.compile(r"(.+) ([0-9.]+) s")
 
 
@@ -79,17 +83,19 @@ def first_step(step: int) -> None:
         return
     mark("first step")
     _stopped = True
-    log.info("%s", summary(step, _process_started(), _marks))
+    times = os.times()
+    log.info("%s", summary(step, _process_started(), _marks, times.user + times.system))
 
 
-def summary(step: int, started: float, marks: list[tuple[str, float]]) -> str:
-    """The line: seconds from ``started`` to the last mark, then each phase's share."""
+def summary(step: int, started: float, marks: list[tuple[str, float]], cpu: float) -> str:
+    """The line: seconds from ``started`` to the last mark and ``cpu`` seconds, then each
+    phase's share."""
     parts, before = [], started
     for phase, when in marks:
         parts.append(f"{phase} {max(when - before, 0.0):.2f} s")
         before = when
     total = (marks[-1][1] if marks else started) - started
-    return f"first step {step} after {total:.2f} s: {', '.join(parts)}"
+    return f"first step {step} after {total:.2f} s ({cpu:.2f} s CPU): {', '.join(parts)}"
 
 
 def parse(text: str) -> FirstStep | None:
@@ -98,7 +104,12 @@ def parse(text: str) -> FirstStep | None:
     if found is None:
         return None
     phases = {}
-    for part in found.group(3).split(", "):
+    for part in found.group(4).split(", "):
         if shown := _PHASE_RE.fullmatch(part.strip()):
             phases[shown.group(1)] = float(shown.group(2))
-    return FirstStep(step=int(found.group(1)), total_s=float(found.group(2)), phases=phases)
+    return FirstStep(
+        step=int(found.group(1)),
+        total_s=float(found.group(2)),
+        cpu_s=float(found.group(3)),
+        phases=phases,
+    )
