@@ -63,4 +63,4 @@ def test_first_step_logs_once(
     assert list(found["phases"]) == ["join", "first step"]
     # Counted from this process's start: the interpreter and pytest's start are in it.
     assert found["total_s"] >= found["phases"]["join"] > 0
-    assert 0 < found["cpu_s"] <= sum(os.times()[:2])
+    assert 0 < found["cpu_s"] <= sum(os.times()[:2]) + 0.005  # rounded to 0.01 s
