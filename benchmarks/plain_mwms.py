@@ -15,7 +15,10 @@ those windows are the measurement.
 
     .venv/bin/python benchmarks/plain_mwms.py --steps 3000 --log-every 250 --out plain.json
 
-Rank 0 writes ``{"steps_per_s": [one per window], ...}`` to ``--out``.
+Rank 0 writes ``{"steps_per_s": [one per window], ...}`` to ``--out``. Every rank prints,
+after its first step, the line hpctf's worker logs there (``first step 1 after 8.12 s (3.50 s
+CPU): python 0.05 s, tensorflow import 5.10 s, ...``, :mod:`hpctf.compute.start.startup_clock`'s
+form), the baseline of ``bench_first_step.py``.
 
 ``make_train_step`` and ``timed_windows`` are also the plain side of ``gpu_check.py``. They
 mirror ``hpctf.compute.loop.training.make_train_step`` on purpose and import nothing of hpctf: a
@@ -121,21 +124,60 @@ def make_multi_step(
     return train_steps
 
 
+def process_age() -> float:
+    """Seconds since this process started (the kernel's ``starttime`` in /proc/self/stat,
+    counted on CLOCK_BOOTTIME), as hpctf's worker measures its own; 0 without /proc. A copy of
+    ``hpctf.compute.start.startup_clock.process_age``: this baseline imports nothing of hpctf."""
+    try:
+        with open("/proc/self/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return max(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+class StartClock:
+    """The ends of this process's phases before its first step, on ``time.time()``."""
+
+    def __init__(self) -> None:
+        self.started = time.time() - process_age()
+        self.marks: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, time.time()))
+
+    def line(self, step: int) -> str:
+        """The form of hpctf's line (``hpctf.compute.start.startup_clock.summary``)."""
+        parts, before = [], self.started
+        for phase, when in self.marks:
+            parts.append(f"{phase} {max(when - before, 0.0):.2f} s")
+            before = when
+        total = self.marks[-1][1] - self.started
+        times = os.times()
+        cpu = times.user + times.system
+        return f"first step {step} after {total:.2f} s ({cpu:.2f} s CPU): {', '.join(parts)}"
+
+
 def timed_windows(
     train_step: Any,
     iterator: Any,
     steps: int,
     log_every: int,
     report: Callable[[int, float, float], None] | None = None,
+    first_step: Callable[[], None] | None = None,
 ) -> list[float]:
     """Run ``steps`` steps; the steps/s of each window of ``log_every`` steps, each window
     ended by reading the loss on the host (which waits for the step, as hpctf's loop does when
     it logs; the steps between are dispatched back to back). ``report(step, loss, rate)``
-    is called at the end of each window."""
+    is called at the end of each window, ``first_step()`` once the first step returned (where
+    hpctf's loop calls ``Session.step_done``)."""
     windows: list[float] = []
     started = time.perf_counter()
     for step in range(1, steps + 1):
         loss = train_step(iterator)
+        if step == 1 and first_step is not None:
+            first_step()
         if step % log_every == 0:
             value = float(loss)
             now = time.perf_counter()
@@ -156,6 +198,8 @@ def worker(
     hidden: int = HIDDEN,
     per_call: int = 1,
 ) -> None:
+    clock = StartClock()
+    clock.mark("python")
     os.environ["TF_CONFIG"] = json.dumps(
         {
             "cluster": {"worker": [f"localhost:{port}" for port in ports]},
@@ -168,11 +212,13 @@ def worker(
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
+    clock.mark("tensorflow import")
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING
         )
     )
+    clock.mark("join")
     digits = load_digits()
     features = (digits.data / 16.0).astype(np.float32)
     labels = digits.target.astype(np.int64)
@@ -190,6 +236,7 @@ def worker(
         optimizer = keras.optimizers.Adam(LEARNING_RATE)
         optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    clock.mark("model")
 
     def dataset_fn(context: Any) -> Any:
         per_replica = context.get_per_replica_batch_size(batch)
@@ -203,6 +250,11 @@ def worker(
         train_step = make_multi_step(strategy, model, optimizer, loss_fn, batch, per_call)
     else:
         train_step = make_train_step(strategy, model, optimizer, loss_fn, batch)
+    clock.mark("input and step function")
+
+    def first_step() -> None:
+        clock.mark("first step")
+        print(clock.line(1), flush=True)
 
     def report(step: int, loss: float, rate: float) -> None:
         if rank == 0:
@@ -211,7 +263,9 @@ def worker(
                 flush=True,
             )
 
-    calls = timed_windows(train_step, iterator, steps // per_call, log_every // per_call, report)
+    calls = timed_windows(
+        train_step, iterator, steps // per_call, log_every // per_call, report, first_step
+    )
     windows = [round(rate * per_call, 3) for rate in calls]  # steps/s from calls/s
     if rank == 0:
         out.write_text(

@@ -19,6 +19,9 @@ and noisy: absolute numbers move, ratios much less):
               seconds from signal to exit (goal: 0 lost when warned); then seconds from
               `hpctf resubmit` to the first resumed step against a cold start of the same
               job (goal: <= 1.15)
+  first_step  seconds from a worker process's start to its first trained step, `hpctf
+              worker` against plain_mwms.py (digits, 2 workers, alternated), and each
+              phase's share (hpctf.compute.start.startup_clock)
   stall       seconds the loop waits for each checkpoint save against the time of a step,
               for the digits model and a ~100 MB Dense stack (benchmarks/bench_entries.py);
               the Dense stack saved asynchronously against synchronously (goal: <= 0.1)
@@ -53,6 +56,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from bench_first_step import FirstStepBench
 from bench_gpu import GpuBench
 from bench_login import LoginBench
 from bench_preemption import PreemptionBench
@@ -81,6 +85,7 @@ class Bench(
     ResolverBench,
     RuntimeBench,
     PreemptionBench,
+    FirstStepBench,
     StallBench,
     SoakBench,
     GpuBench,

@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import REPO
 
 RUN = REPO / "benchmarks" / "run.py"
-SECTIONS = {"login", "sweep", "resolver", "runtime", "preemption", "stall", "soak"}
+SECTIONS = {"login", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak"}
 PHASES = ["worker_up", "tensorflow_imported", "strategy", "restored", "first_step"]
 
 
@@ -73,6 +73,7 @@ def test_tiny_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> Non
         "resolver",
         "runtime",
         *["preemption"] * 3,
+        *["first_step"] * 2,
         *["stall"] * 3,
         "soak",
     ]
@@ -180,6 +181,33 @@ def test_tiny_preemption_and_restart(tiny: tuple[dict[str, Any], str]) -> None:
     assert preemption["met"] == (
         preemption["signals"]["SIGUSR2"]["steps_lost"] == 0 and restart["met"]
     )
+
+
+@pytest.mark.tf
+def test_tiny_first_step(tiny: tuple[dict[str, Any], str]) -> None:
+    results = tiny[0]
+    first, sizes = results["sections"]["first_step"], results["sizes"]
+    assert first["workers"] == sizes["first_step_workers"]
+    assert len(first["hpctf_s"]) == len(first["plain_s"]) == sizes["first_step_rounds"]
+    assert close(first["ratio"], first["hpctf_median_s"] / first["plain_median_s"])
+    assert close(first["cpu_ratio"], first["hpctf_cpu_median_s"] / first["plain_cpu_median_s"])
+    # What hpctf's worker (hpctf.compute.start.startup_clock) and the plain script say they
+    # did before step 1, in the order they did it; the phases add up to the total.
+    hpctf_phases = ["python+hpctf", "config", "node checks", "tensorflow import"]
+    hpctf_phases += ["keras and hpctf loop import", "join", "session", "model", "restore"]
+    hpctf_phases += ["input and step function", "first step"]
+    plain_phases = ["python", "tensorflow import", "join", "model", "input and step function"]
+    for side, phases in (("hpctf", hpctf_phases), ("plain", [*plain_phases, "first step"])):
+        assert list(first[f"{side}_phases_s"]) == phases
+        for run in first[f"{side}_runs"]:
+            assert run["step"] == 1 and list(run["phases"]) == phases
+            assert math.isclose(sum(run["phases"].values()), run["total_s"], abs_tol=0.06)
+            assert len(run["every_rank_total_s"]) == first["workers"]
+            # Counted from the process's start, so at most what the harness saw from before
+            # it started the process (plus the line's rounding and the harness's polling).
+            assert 1.0 < run["total_s"] <= run["seen_from_outside_s"] + 0.02
+            assert run["phases"]["tensorflow import"] > 0.5  # TensorFlow was imported there
+            assert run["cpu_s"] > 0.5  # the process's own CPU time, TensorFlow's import in it
 
 
 @pytest.mark.tf

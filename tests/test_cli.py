@@ -508,6 +508,31 @@ def test_login_commands_never_import_tensorflow(
     assert "NO_TF" in proc.stdout, proc.stderr
 
 
+def test_a_compute_node_command_imports_no_login_wing() -> None:
+    """`hpctf worker` on every task loads only the compute wing's commands (hpctf.cli.COMPUTE);
+    the login wing (jinja2, sweeps, doctor) and the batch hooks come with any other command."""
+    code = (
+        "import sys\n"
+        "from hpctf.cli import cli\n"
+        "def loaded():\n"
+        "    return sorted({m.split('.')[1] for m in sys.modules if m.startswith('hpctf.')}\n"
+        "                  & {'login', 'batch', 'compute'}), 'jinja2' in sys.modules\n"
+        "for args in (['worker', '--help'], ['tfconfig', '--help'], ['status', '--help']):\n"
+        "    try:\n        cli(args)\n"
+        "    except SystemExit as exc:\n        assert not exc.code, exc.code\n"
+        "    print(args[0], *loaded())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    said = [line for line in proc.stdout.splitlines() if not line.startswith(("Usage", " "))]
+    assert [line for line in said if line.split(" ")[0] in ("worker", "tfconfig", "status")] == [
+        "worker ['compute'] False",
+        "tfconfig ['compute'] False",
+        "status ['batch', 'compute', 'login'] True",
+    ], proc.stdout
+
+
 def test_init_writes_an_experiment_that_validates(tmp_path: Path, runs_root: Path) -> None:
     target = tmp_path / "My Project!"
     result = CliRunner().invoke(cli, ["init", str(target), "--site", "ib-8gpu"])

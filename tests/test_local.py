@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctf.compute.start.startup_clock import parse
 from hpctf.core.run.rundir import RunDir
 from tests.conftest import (
     DIGITS,
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.tf
 def test_digits_on_two_local_workers(runs_root: Path, tmp_path: Path) -> None:
     node_tmp = tmp_path / "node-tmp"  # where non-chief workers put their throwaway saves
     node_tmp.mkdir()
+    started = time.perf_counter()
     proc = subprocess.run(
         [*HPCTF, "submit", str(DIGITS), "--site", "local"],
         capture_output=True,
@@ -40,6 +43,7 @@ def test_digits_on_two_local_workers(runs_root: Path, tmp_path: Path) -> None:
         env={**os.environ, "TMPDIR": str(node_tmp)},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    took = time.perf_counter() - started
     (run_dir,) = runs_root.iterdir()
     assert run_dir_from(proc.stdout) == run_dir
     done = json.loads((run_dir / "DONE").read_text())
@@ -57,6 +61,17 @@ def test_digits_on_two_local_workers(runs_root: Path, tmp_path: Path) -> None:
         assert log.rstrip().endswith("all ranks finished; leaving") or re.search(
             r"all ranks finished; leaving \(barrier [\d.]+ s\)\n$", log
         )
+        # One line on where the start went, counted from the worker process's own start (so
+        # within the time the submit command took), every phase of the built-in loop's start.
+        first = parse(log)
+        assert first is not None and first["step"] == 1 and log.count(": first step ") == 1, log
+        assert list(first["phases"]) == [
+            *("python+hpctf", "config", "node checks", "tensorflow import"),
+            *("keras and hpctf loop import", "join", "session", "model", "restore"),
+            *("input and step function", "first step"),
+        ]
+        assert math.isclose(sum(first["phases"].values()), first["total_s"], abs_tol=0.06)
+        assert 0 < first["total_s"] < took
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "loss" in m] == [50, 100, 150, 200, 250, 300]
     assert list(node_tmp.iterdir()) == []  # no worker throwaway checkpoints left

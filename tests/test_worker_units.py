@@ -162,7 +162,7 @@ def test_float16_training_gets_loss_scaling(float16_policy: None) -> None:
     """Gradients of 1e-8 underflow in float16: without loss scaling the weights never move."""
     import keras
 
-    from hpctf.compute.loop.session import with_loss_scaling
+    from hpctf.compute.start.joining import with_loss_scaling
 
     plain = keras.optimizers.SGD(1e6)
     assert _tiny_step(plain, 1e-8) == 0.0  # the defect: a plain optimizer's scale is 1

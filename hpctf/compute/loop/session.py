@@ -41,6 +41,7 @@ from hpctf.compute.loop.step_flags import StepFlags
 from hpctf.compute.loop.watchdog import ProgressWatchdog
 from hpctf.compute.records.checkpoints import Checkpointer
 from hpctf.compute.records.chief_records import ChiefRecords
+from hpctf.compute.start import startup_clock
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.joining import Connection, connect
 from hpctf.compute.start.leaving import exit_later
@@ -50,19 +51,6 @@ from hpctf.core.run.rundir import RunDir, write_atomic
 from hpctf.core.settings.config import Checkpoint, ResolvedConfig, Train
 
 log = logging.getLogger("hpctf.worker")
-
-
-def with_loss_scaling(optimizer: Any, policy: str | None) -> Any:
-    """``optimizer`` wrapped in Keras's dynamic loss scaling when ``policy`` computes in
-    float16, whose small gradients underflow to zero without it; unchanged otherwise.
-
-    Keras 3 applies no loss scaling by itself: a plain optimizer's ``scale_loss`` is the
-    identity (keras.io/api/mixed_precision/loss_scale_optimizer). bfloat16 has float32's
-    exponent range and needs none.
-    """
-    if policy != "mixed_float16" or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return optimizer
-    return keras.optimizers.LossScaleOptimizer(optimizer)
 
 
 @contextlib.contextmanager
@@ -85,6 +73,7 @@ def open_session(
     if settings.global_batch_size is None:  # the config allows that for train.script only
         raise UserError("train.global_batch_size is required with train.entry")
     connection = connect(settings, spec)
+    startup_clock.mark("join")
     gather = make_gather(connection.strategy)
     timeout = settings.stall_timeout_seconds
     where = f"rank {spec.task_index} on {spec.node}"
@@ -152,6 +141,7 @@ class Session:
         self._checkpointer: Checkpointer | None = None
         self._records = records
         self._window = (time.perf_counter(), 0)
+        startup_clock.mark("session")  # the watchdog, the preemption watch, the records
 
     @property
     def total_steps(self) -> int:
@@ -179,12 +169,13 @@ class Session:
         ):
             log.warning(
                 "mixed_float16 without loss scaling: small gradients underflow to zero; wrap "
-                "the optimizer with hpctf.compute.loop.session.with_loss_scaling(optimizer, "
+                "the optimizer with hpctf.compute.start.joining.with_loss_scaling(optimizer, "
                 "session.precision_policy)"
             )
         restored = self._checkpointer.restore_agreed(self._gather)
         self.keepalive("restore")
         start = int(self._step.numpy())
+        startup_clock.mark("restore")
         if restored:
             log.info("resumed from %s at step %d", restored, start)
         else:
@@ -194,9 +185,8 @@ class Session:
         return start
 
     def step_flags(self) -> StepFlags:
-        """For a loop whose step carries the preemption warnings in its own reduction
-        (:func:`hpctf.compute.loop.step_flags.flagged_train_step`): the flags to build it with,
-        and :meth:`step_done` agrees without a collective from now on. Every rank calls it."""
+        """The flags for a step that carries the warnings in its own reduction (step_flags);
+        :meth:`step_done` agrees without a collective from now on. Every rank calls it."""
         flags = StepFlags()
         self._preemption.carry(flags, self.strategy.num_replicas_in_sync)
         return flags
@@ -266,6 +256,7 @@ class Session:
         ``checkpoint.every_steps`` and at the last step, and on a preemption signal to any rank
         saves this step on all ranks and raises :class:`Preempted` (exit status 75)."""
         self.keepalive(f"step {step}")
+        startup_clock.first_step(step)  # the first call logs where the start's time went
         self.total_steps  # noqa: B018 -- UserError while the last step is unknown
         if self._checkpointer is not None:
             self._checkpointer.poll()  # a background save that failed ends the run now
@@ -278,9 +269,8 @@ class Session:
             self._agree(step, saved=due.save)
 
     def next_due(self, step: int) -> int:
-        """The first step after ``step`` at which :meth:`step_done` does more than note the
-        step (log, save, agree): a loop may run the steps up to it in one call and call
-        :meth:`step_done` for that one alone."""
+        """The first step after ``step`` that :meth:`step_done` logs, saves or agrees at: a
+        loop may run the steps up to it in one call."""
         return self._cadence.next_due(step, self._clock.next)
 
     def _agree(self, step: int, saved: bool) -> None:
@@ -381,12 +371,8 @@ class Session:
         ``train.stall_timeout_seconds`` or more, its own watchdog most likely ended it (every
         rank's sees a stuck rank at about the same moment): let this rank's watchdog end it
         the same way (exit 124, the run's end ``stalled``). Returns at once otherwise."""
-        watchdog = self._watchdog
-        if watchdog is None or watchdog.stalled_for() < watchdog.timeout / 2:
-            return
-        # The watchdog checks every timeout/10 s (0.5 to 10 s); one check more, and a margin.
-        check = min(max(watchdog.timeout / 10, 0.5), 10.0)
-        time.sleep(max(watchdog.timeout - watchdog.stalled_for(), 0.0) + 2 * check)
+        if self._watchdog is not None:
+            self._watchdog.await_verdict()
 
     def close(self) -> None:
         """Leave together, on every rank, after :meth:`finish` or :class:`Preempted`: one last

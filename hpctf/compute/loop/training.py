@@ -21,9 +21,11 @@ import tensorflow as tf
 
 from hpctf.api import DataSource, Task
 from hpctf.compute.loop.preemption import Preempted
-from hpctf.compute.loop.session import Session, open_session, with_loss_scaling
+from hpctf.compute.loop.session import Session, open_session
 from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
+from hpctf.compute.start import startup_clock
 from hpctf.compute.start.cluster import ClusterSpec
+from hpctf.compute.start.joining import with_loss_scaling
 from hpctf.compute.start.leaving import exit_later
 from hpctf.compute.start.peers import PeerLost, lost_peer
 from hpctf.compute.users_code import user_code
@@ -196,6 +198,7 @@ def _restored_task(session: Session, entry: Callable[..., Any]) -> tuple[Task, i
     the restore when asked), and the step to continue after."""
     settings, strategy = session.settings, session.strategy
     task = build_task(entry, settings, strategy, session.precision_policy)
+    startup_clock.mark("model")
     rescale = (
         learning_rate_scaler(task.optimizer, strategy.num_replicas_in_sync)
         if settings.scale_learning_rate
@@ -234,13 +237,14 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     if hooks:
         hooks.train_begin(start)
     results: dict[str, float] = {}
+    startup_clock.mark("input and step function")
     evaluated = final = -1  # the step of the last evaluation; the step training ended at
     every_eval = settings.eval_every_steps
     step = start
     while step < total:
         # The steps up to the next one that calls for anything run in one call; with Keras
-        # callbacks (per-step hooks) one at a time.
-        ahead = 1 if hooks else session.next_due(step) - step
+        # callbacks (per-step hooks) one at a time, and the first alone (its time is logged).
+        ahead = 1 if hooks or step == start else session.next_due(step) - step
         if every_eval:
             ahead = min(ahead, every_eval - step % every_eval)
         if hooks:

@@ -72,6 +72,15 @@ class ProgressWatchdog:
     def stalled_for(self) -> float:
         return self._clock() - self._last
 
+    def await_verdict(self) -> None:
+        """When this rank made no progress for half the timeout or more, wait until this
+        watchdog has had its say (it ends the process on a stall); return at once otherwise."""
+        if self.stalled_for() < self.timeout / 2:
+            return
+        # The watchdog checks every timeout/10 s (0.5 to 10 s); one check more, and a margin.
+        check = min(max(self.timeout / 10, 0.5), 10.0)
+        time.sleep(max(self.timeout - self.stalled_for(), 0.0) + 2 * check)
+
     def _watch(self) -> None:
         interval = min(max(self.timeout / 10, 0.5), 10.0)
         while not self._stop.wait(interval):

@@ -120,3 +120,16 @@ def connect(settings: Train, spec: ClusterSpec) -> Connection:
     )
     keras.utils.set_random_seed(settings.seed)
     return Connection(strategy, gpus, policy)
+
+
+def with_loss_scaling(optimizer: Any, policy: str | None) -> Any:
+    """``optimizer`` wrapped in Keras's dynamic loss scaling when ``policy`` computes in
+    float16, whose small gradients underflow to zero without it; unchanged otherwise.
+
+    Keras 3 applies no loss scaling by itself: a plain optimizer's ``scale_loss`` is the
+    identity (keras.io/api/mixed_precision/loss_scale_optimizer). bfloat16 has float32's
+    exponent range and needs none.
+    """
+    if policy != "mixed_float16" or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer
+    return keras.optimizers.LossScaleOptimizer(optimizer)

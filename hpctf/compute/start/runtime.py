@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hpctf.compute.doctor.node_checks import check_port_free, check_tensorflow_gpus
 from hpctf.compute.loop.preemption import install_early_handlers
-from hpctf.compute.start import quick_preflight
+from hpctf.compute.start import quick_preflight, startup_clock
 from hpctf.compute.start.cluster import ClusterSpec, cluster_spec
 from hpctf.compute.start.gpus import granted_gpus
 from hpctf.compute.start.launcher_watch import launcher_ended, watch_launcher
@@ -88,6 +88,7 @@ def startup_checks(spec: ClusterSpec) -> None:
 
 def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     """Train this task's share of the run; return the process exit code."""
+    startup_clock.mark("python+hpctf")
     run = RunDir(run_dir.resolve())
     check_not_a_copy(run)
     config = run.load_config()
@@ -112,11 +113,13 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
         return 0
     os.environ.update(keras_environment(config.experiment.train))  # before TF is imported
     quick = config.experiment.train.preflight == "quick"
+    startup_clock.mark("config")
     if quick:
         if (failed := quick_preflight.check_node(run, spec, env)) is not None:
             return failed
     else:
         startup_checks(spec)
+    startup_clock.mark("node checks")
     install_early_handlers()
     prepare_environment(os.environ, spec)
     # The snapshot is read-only (hpctf.core.run.snapshot.seal): no __pycache__ written into it
@@ -133,12 +136,14 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
         check_tensorflow_gpus(grant)
     elif (failed := quick_preflight.check_tensorflow(run, spec, grant)) is not None:
         return failed
+    startup_clock.mark("tensorflow import")
 
     if config.experiment.train.script is not None:
         return run_script(config, run, spec)
     # TensorFlow is imported here and nowhere on the login path.
     from hpctf.compute.loop import training
 
+    startup_clock.mark("keras and hpctf loop import")
     status = training.train(config, run, spec)
     if spec.is_chief and launcher_ended():  # nobody else is left to say how the start ended
         reason = run.record_end(spec.journal_job, status, config.site.preemption.signal)
