@@ -33,6 +33,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from hpctf.compute.start.joining import fixed_instance_keys
+
 WATCHED = (signal.SIGUSR2, signal.SIGTERM)  # Slurm's warning; a preemption or the time limit
 
 
@@ -84,9 +86,10 @@ def flagged_train_step(
 
     @tf.function
     def train_step(iterator: Any) -> Any:
-        features, labels = next(iterator)
-        per_replica = strategy.run(replica, args=(features, labels))
-        total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        with fixed_instance_keys():  # traced once: see make_train_step
+            features, labels = next(iterator)
+            per_replica = strategy.run(replica, args=(features, labels))
+            total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         flags.agreed.assign(tf.maximum(flags.agreed, tf.cast(total[1:] > 0, tf.float32)))
         return total[0]
 
