@@ -25,6 +25,12 @@ RUN = Cadence(log_every=10, save_every=50, total=120)
         (Cadence(7, 33, 101), 101, 200, Due(log=True, save=True, agree=True)),
         # the last step unknown: only the intervals
         (Cadence(10, 50, None), 120, 130, Due(log=True, save=False, agree=False)),
+        # train.restart_every_steps 30: its multiples are saved and restart, but the last
+        (Cadence(10, 50, 120, 30), 30, 40, Due(True, save=True, agree=False, restart=True)),
+        (Cadence(10, 50, 120, 30), 50, 40, Due(True, save=True, agree=True)),
+        (Cadence(10, 50, 120, 30), 119, 130, Due(False, save=False, agree=False)),
+        (Cadence(10, 50, 120, 30), 120, 130, Due(True, save=True, agree=True)),
+        (Cadence(10, 50, None, 30), 90, 130, Due(True, save=True, agree=False, restart=True)),
     ],
 )
 def test_due(cadence: Cadence, step: int, next_agreement: int, expected: Due) -> None:

@@ -18,25 +18,30 @@ class Due:
     log: bool
     save: bool
     agree: bool
+    restart: bool = False  # end the job after this step's save, for a requeue
 
 
 @dataclasses.dataclass(frozen=True)
 class Cadence:
-    """``train.log_every_steps``, ``checkpoint.every_steps`` and the run's last step (None
-    while unknown: then no step is taken for the last)."""
+    """``train.log_every_steps``, ``checkpoint.every_steps``, the run's last step (None
+    while unknown: then no step is taken for the last) and ``train.restart_every_steps``."""
 
     log_every: int
     save_every: int
     total: int | None
+    restart_every: int | None = None
 
     def due(self, step: int, next_agreement: int) -> Due:
         """The last step is logged, saved and agreed on whatever the intervals say; the
-        agreement also comes at ``next_agreement`` (:class:`AgreementClock`) and after."""
+        agreement also comes at ``next_agreement`` (:class:`AgreementClock`) and after. A
+        multiple of ``restart_every`` before the last step is saved and restarts the job."""
         last = step == self.total
+        restart = bool(self.restart_every) and step % (self.restart_every or 1) == 0 and not last
         return Due(
             log=last or step % self.log_every == 0,
-            save=last or step % self.save_every == 0,
+            save=last or restart or step % self.save_every == 0,
             agree=last or step >= next_agreement,
+            restart=restart,
         )
 
 

@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import keras
 import tensorflow as tf
@@ -165,7 +165,12 @@ class Session:
         self._warning_seconds = clock.warning_seconds
         # The last step is known from train.steps; with train.epochs once distribute() has
         # counted the data.
-        self._cadence = Cadence(settings.log_every_steps, checkpoint.every_steps, settings.steps)
+        self._cadence = Cadence(
+            settings.log_every_steps,
+            checkpoint.every_steps,
+            settings.steps,
+            settings.restart_every_steps,
+        )
         self._save_seconds: float | None = None  # the last save, until warned about
         self._last_save_seconds: float | None = None  # the last save, for the records
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -276,7 +281,8 @@ class Session:
     def step_done(self, step: int, loss: float | None = None) -> None:
         """Call after every step, on every rank: logs progress, checkpoints every
         ``checkpoint.every_steps`` and at the last step, and on a preemption signal to any rank
-        saves this step on all ranks and raises :class:`Preempted` (exit status 75)."""
+        saves this step on all ranks and raises :class:`Preempted` (exit status 75), as it does
+        after saving a multiple of ``train.restart_every_steps`` (a planned restart)."""
         self.keepalive(f"step {step}")
         self.total_steps  # noqa: B018 -- UserError while the last step is unknown
         due = self._cadence.due(step, self._clock.next)
@@ -286,6 +292,8 @@ class Session:
             self.save(step)
         if due.agree:
             self._agree(step, saved=due.save)
+        if due.restart:  # every rank knows the step: nothing to agree on
+            self._leave_for_requeue(step, "restart", journal.record_saved_for_restart)
 
     def _agree(self, step: int, saved: bool) -> None:
         """The ranks' agreement at ``step``: on a warning to any rank, save (unless ``saved``),
@@ -301,19 +309,25 @@ class Session:
             return
         if not saved:
             self.save(step)
-        self.wait_for_saves()  # the agreed step on disk before the record says so
+        signal_name = name.removeprefix("SIG")  # as the site names it: USR2, TERM
+        self._leave_for_requeue(
+            step,
+            "preempted",
+            lambda run, job, at: journal.record_saved_on_warning(run, job, at, signal_name),
+        )
+
+    def _leave_for_requeue(
+        self, step: int, why: str, record: Callable[[RunDir, str, int], None]
+    ) -> NoReturn:
+        """Every rank has saved ``step``: the chief records it (``record``), all exit 75."""
+        self.wait_for_saves()  # the step on disk before the record says so
         if self.spec.is_chief:
             # The batch script requeues on this record, not on srun's exit status: srun
             # --kill-on-bad-exit may kill a rank that is still exiting after the save.
-            journal.record_saved_on_warning(
-                self.run,
-                self.spec.journal_job,
-                step,
-                name.removeprefix("SIG"),  # as the site names it: USR2, TERM
-            )
+            record(self.run, self.spec.journal_job, step)
         # No rank leaves before the chief has written the checkpoint and the record: the
         # caller's close() is the barrier.
-        log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
+        log.warning("%s: saved step %d; exiting %d for a requeue", why, step, PREEMPTED_EXIT)
         exit_later(PREEMPTED_EXIT)  # whatever the unwinding tears down (leaving.py)
         raise Preempted()
 
