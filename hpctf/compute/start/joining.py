@@ -73,7 +73,8 @@ def fixed_instance_keys() -> Iterator[None]:
     """Collectives traced inside get their instance keys once, at trace time, instead of a new
     key at every call of the ``tf.function``. Use it inside the Python body of a
     ``tf.function`` traced exactly once and at the same point on every rank (a fixed input
-    signature, called in the same order everywhere), so that the keys agree.
+    signature, called in the same order everywhere), so that the keys agree. The switch is
+    process-wide while the block runs: trace in the thread that trains.
 
     Why: MWMS gives each collective in a ``tf.function`` a new instance key per call
     (``CollectiveReplicaLauncher._next_instance_key``, ``capture_call_time_value``), and the
