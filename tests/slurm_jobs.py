@@ -55,11 +55,12 @@ def job_state(job_id: str) -> str | None:
     return (slurm.job_info(job_id) or {}).get("JobState")
 
 
-def save_to_first_step_s(run_dir: Path) -> float:
-    """Seconds from the chief's last preemption save to the first step it logged after the
-    resume, from rank 0's log (HH:MM:SS stamps)."""
+def save_to_first_step_s(run_dir: Path, saved_by: str = "preempted") -> float:
+    """Seconds from the chief's last save before a requeue (``saved_by``: a preemption, or a
+    planned ``restart``) to the first step it logged after the resume, from rank 0's log
+    (HH:MM:SS stamps)."""
     lines = (run_dir / "logs" / "rank-0.log").read_text().splitlines()
-    saved = max(i for i, line in enumerate(lines) if "preempted: saved step" in line)
+    saved = max(i for i, line in enumerate(lines) if f"{saved_by}: saved step" in line)
     first = next(line for line in lines[saved:] if re.match(r"\d\d:\d\d:\d\d rank 0: step ", line))
 
     def seconds(line: str) -> int:

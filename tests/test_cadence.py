@@ -25,6 +25,12 @@ RUN = Cadence(log_every=10, save_every=50, total=120)
         (Cadence(7, 33, 101), 101, 200, Due(log=True, save=True, agree=True)),
         # the last step unknown: only the intervals
         (Cadence(10, 50, None), 120, 130, Due(log=True, save=False, agree=False)),
+        # train.restart_every_steps 30: its multiples are saved and restart, but the last
+        (Cadence(10, 50, 120, 30), 30, 40, Due(True, save=True, agree=False, restart=True)),
+        (Cadence(10, 50, 120, 30), 50, 40, Due(True, save=True, agree=True)),
+        (Cadence(10, 50, 120, 30), 119, 130, Due(False, save=False, agree=False)),
+        (Cadence(10, 50, 120, 30), 120, 130, Due(True, save=True, agree=True)),
+        (Cadence(10, 50, None, 30), 90, 130, Due(True, save=True, agree=False, restart=True)),
     ],
 )
 def test_due(cadence: Cadence, step: int, next_agreement: int, expected: Due) -> None:
@@ -43,6 +49,7 @@ def test_due(cadence: Cadence, step: int, next_agreement: int, expected: Due) ->
         (Cadence(7, 33, 101), 98, 200, 99),  # a save at 3 x 33
         (Cadence(7, 33, 101), 99, 200, 101),
         (Cadence(10, 50, None), 120, 200, 130),  # the last step unknown: only the intervals
+        (Cadence(10, 50, 1000, restart_every=25), 20, 40, 25),  # a planned restart
     ],
 )
 def test_next_due_is_the_first_step_due_calls_for(
@@ -69,3 +76,24 @@ def test_agreement_clock_moves_by_the_agreed_step_time() -> None:
     off_slurm = AgreementClock(check_every=10, warning_seconds=None)
     off_slurm.agreed(7, slowest_step=100.0)
     assert off_slurm.next == 17
+
+
+@pytest.mark.parametrize(
+    ("save", "step", "warning", "said"),
+    [
+        (None, 1.0, 300, False),  # nothing saved yet
+        (10.0, 1.0, None, False),  # no warning (local)
+        (10.0, 1.0, 300, False),  # 31 s of 300
+        (99.0, 4.0, 300, True),  # 301 s of 300
+    ],
+)
+def test_a_warning_shorter_than_three_saves_and_a_step_is_said(
+    save: float | None, step: float, warning: int | None, said: bool
+) -> None:
+    from hpctf.compute.loop.cadence import save_outlasts_warning
+
+    text = save_outlasts_warning(save, step, warning)
+    assert bool(text) == said
+    if said:
+        assert text.startswith("a checkpoint takes 99.0 s and a step 4.00 s")
+        assert "preemption.warning_seconds (300)" in text

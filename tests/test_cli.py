@@ -192,6 +192,18 @@ BAD_CASES = [
         "resources.mail_user: mail_user without mail_type",
     ),
     ("checkpoint keep zero", experiment_text(checkpoint__keep=0), [], "checkpoint.keep"),
+    (
+        "restart every 0 steps",
+        experiment_text(train__restart_every_steps=0),
+        [],
+        "train.restart_every_steps: Input should be greater than or equal to 1",
+    ),
+    (
+        "planned restarts on a local site",
+        experiment_text(train__restart_every_steps=100),
+        ["--site", "local"],
+        "train.restart_every_steps: needs a Slurm site, which requeues the job; site local",
+    ),
     ("yaml syntax", "name: [unclosed\n", [], "invalid YAML"),
     ("duplicate key", "name: a\nname: b\n", [], ":2: invalid YAML: key 'name' given twice"),
     ("empty file", "", [], "the file is empty"),

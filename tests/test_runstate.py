@@ -109,6 +109,7 @@ def saved(signal: str, step: int = 100) -> dict[str, Any]:
 
 SIGNALLED = {"event": journal.SIGNALLED, "job_id": "7", "signal": "TERM"}
 CANCELLED = {"event": journal.CANCELLED, "jobs": ["7"]}
+RESTART = {"event": journal.SAVED_FOR_RESTART, "job_id": "7", "step": 100}
 
 
 @pytest.mark.parametrize(
@@ -134,6 +135,11 @@ CANCELLED = {"event": journal.CANCELLED, "jobs": ["7"]}
         ([saved("USR2")], None, False, "TERM", "preempted"),
         # The chief's last record decides which warning the ranks saved on.
         ([saved("TERM"), saved("USR2")], None, False, "USR2", "timeout"),
+        # train.restart_every_steps: the chief's record, then exit 75 (or no exit code)
+        ([RESTART], PREEMPTED_EXIT, False, "USR2", "restart"),
+        ([RESTART], None, False, "USR2", "restart"),
+        ([RESTART, SIGNALLED, CANCELLED], PREEMPTED_EXIT, False, "USR2", "cancelled"),
+        ([RESTART], 1, False, "USR2", "failed"),  # a crash after the save is a crash
     ],
 )
 def test_end_of_start(
@@ -236,6 +242,10 @@ def history(*ends: tuple[str, int, int]) -> list[dict[str, Any]]:
         ([("node_fail", 0, 143)], False, False),
         # The budgets are separate.
         ([("timeout", 100, 75), ("timeout", 200, 75), ("failed", 300, 1)], True, False),
+        # Planned restarts use no budget: past both budgets, still requeued.
+        ([("restart", 100 * n, 75) for n in range(1, 6)], True, False),
+        ([("timeout", 100, 75), ("timeout", 200, 75), ("restart", 300, 75)], True, False),
+        ([("restart", 100, 75), ("timeout", 200, 75), ("timeout", 300, 75)], True, False),
         ([("failed", 100, 1), ("failed", 200, 1), ("timeout", 300, 75)], True, False),
     ],
 )
@@ -259,6 +269,11 @@ def test_after_end_says_why() -> None:
     assert decision.why.startswith("failed without progress (checkpoint step 0 -> 0)")
     decision = after_end(run_state(history(("timeout", 100, 75))), BUDGETS)
     assert decision.why == "timeout: requeue 1 of 2"
+    decision = after_end(run_state(history(("restart", 100, 75), ("restart", 200, 75))), BUDGETS)
+    assert decision.why == "restart 2 (train.restart_every_steps): no budget used"
+    state = run_state(history(("restart", 100, 75)))  # the requeue did not happen
+    assert (state.state, state.preemption_requeues, state.failure_requeues) == ("preempted", 0, 0)
+    assert state.why == "saved step 100 to restart; hpctf resubmit resumes it"
 
 
 @pytest.mark.parametrize(
@@ -279,6 +294,8 @@ def test_after_end_says_why() -> None:
             True,
         ),
         ([*history(("preempted", 100, 75), ("preempted", 200, 75))], True, False),
+        # Planned restarts count against neither budget.
+        ([*history(*[("restart", 100 * n, 75) for n in range(1, 6)])], True, False),
         # A run that gave up does not start again when Slurm restarts it ...
         (
             [*history(("failed", 0, 1)), {"event": journal.GAVE_UP, "why": "no progress"}],

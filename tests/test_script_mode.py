@@ -50,6 +50,10 @@ def test_name_resources_and_script_alone_are_an_experiment(tmp_path: Path, runs_
             "give exactly one of train.entry (module:function) or train.script",
         ),
         ("  script: train.py\n  steps: 10\n", "train.steps is for train.entry"),
+        (
+            "  script: train.py\n  restart_every_steps: 10\n",
+            "train.restart_every_steps is for train.entry",
+        ),
         ("  script: train.sh\n", "'train.sh' is not a .py file"),
         ("  script: missing.py\n", "missing.py is not a file"),
         (
@@ -66,7 +70,17 @@ def test_name_resources_and_script_alone_are_an_experiment(tmp_path: Path, runs_
             "train.keras: 2 is for train.script",
         ),
     ],
-    ids=["both", "steps", "not-py", "missing", "no-colon", "py-entry", "no-batch", "keras2"],
+    ids=[
+        "both",
+        "steps",
+        "restarts",
+        "not-py",
+        "missing",
+        "no-colon",
+        "py-entry",
+        "no-batch",
+        "keras2",
+    ],
 )
 def test_script_mistakes_are_one_line(
     tmp_path: Path, runs_root: Path, train: str, expected: str

@@ -232,11 +232,14 @@ def test_second_job_resumes_from_latest_checkpoint(
 def test_preempted_job_saves_requeues_itself_and_resumes(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
+    """Then a planned restart (train.restart_every_steps) at step 1,000: saved, requeued in
+    the same way, within no budget; no step trained twice."""
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     job_id, run_dir = submit_digits(
         env,
         f"train.steps={LONG}",
         "checkpoint.every_steps=1000",
+        "train.restart_every_steps=1000",
     )
     rank0 = run_dir / "logs" / "rank-0.log"
     deadline = time.monotonic() + 180
@@ -251,13 +254,17 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         time.sleep(0.2)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
-    assert info["Restarts"] == "1"
+    assert info["Restarts"] == "2"
 
     log = rank0.read_text()
     saved = int(log.split("preempted: saved step ")[1].split(";")[0])
-    assert 100 <= saved < LONG
+    assert 100 <= saved < 1000
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
+    assert "restart: saved step 1000; exiting 75 for a requeue" in log
+    assert f"resumed from {run_dir}/checkpoints/ckpt-1000 at step 1000" in log
     assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
+    logged = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if "loss" in r]
+    assert len(logged) == len(set(logged)) and logged == sorted(logged), logged
     # scontrol requeue signals the batch shell too: its trap records that, after the requeue.
     events = [e for e in RunDir(run_dir).events() if e["event"] != "signalled"]
     assert [e["event"] for e in events] == [
@@ -269,26 +276,43 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
         "requeued",
         "released",  # Slurm's ~120 s hold on the requeued job, cut short by job-end
         "started",
+        journal.SAVED_FOR_RESTART,
+        "ended",
+        "requeued",
+        "released",
+        "started",
         "ended",
     ]
     assert events[4]["reason"] == "timeout"  # USR2, the site's warning before the time limit
     assert events[3]["step"] == saved and events[-1]["exit_code"] == 0
+    # Each start resumed at the step the one before it saved: none trained twice.
+    assert [e["step"] for e in events if e["event"] == "started"] == [0, saved, 1000]
+    assert (events[9]["reason"], events[9]["step"], events[9]["exit_code"]) == ("restart", 1000, 75)
+    assert events[10]["why"] == "restart 1 (train.restart_every_steps): no budget used"
     status = subprocess.run(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
     )
-    assert f"job {job_id}: ENDED exit 0 starts 2" in status.stdout
+    assert f"job {job_id}: ENDED exit 0 starts 3" in status.stdout
+    # The preemption used its budget (1 of the site's 3); the planned restart none.
+    assert "requeues after preemption 1/" in status.stdout, status.stdout
+    assert "after failures 0/" in status.stdout, status.stdout
+    assert "planned restarts 1 (every 1,000 steps)" in status.stdout, status.stdout
     # The job's own output holds every start's lines (appended, not truncated at the restart).
     out = (run_dir / "logs" / f"slurm-{job_id}.out").read_text()
     assert re.findall(rf"^===== hpctf: job {job_id} start \(restart (\d)\)", out, re.M) == [
         "0",
         "1",
+        "2",
     ], out
     assert f"hpctf: job {job_id} requeued: timeout" in out and "ended: done" in out, out
+    assert f"hpctf: job {job_id} requeued: restart 1" in out, out
     # Released by job-end, not held ~120 s: started at Slurm's next scheduling pass.
     restart = save_to_first_step_s(run_dir)
     assert restart < HELD_S, logs_of(run_dir)
+    planned = save_to_first_step_s(run_dir, "restart")  # the cost of one planned restart
+    assert planned < HELD_S, logs_of(run_dir)
     case = "test_preempted_job_saves_requeues_itself_and_resumes"
-    report_fault(case, run_dir, save_to_first_step_s=restart)
+    report_fault(case, run_dir, save_to_first_step_s=restart, planned_restart_s=planned)
 
 
 @pytest.mark.parametrize(

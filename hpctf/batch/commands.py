@@ -19,7 +19,13 @@ import click
 
 from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProblem, UserError
 from hpctf.core.run import journal, ownership
-from hpctf.core.run.ends import reason_from_slurm, saved_on_warning, since_last_start
+from hpctf.core.run.ends import (
+    PLANNED_RESTART,
+    reason_from_slurm,
+    saved_for_restart,
+    saved_on_warning,
+    since_last_start,
+)
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.run.runstate import Budgets, after_end, before_start, run_state
@@ -111,6 +117,8 @@ def close_unended(run: RunDir, job_id: str, walltime_signal: str) -> None:
     saved = saved_on_warning(since_last_start(events))
     signal_saved = None if saved is None else str(saved.get("signal") or "TERM")
     reason = reason_from_slurm(ended.state, signal_saved, run.done.exists(), walltime_signal)
+    if reason != "cancelled" and saved_for_restart(since_last_start(events)) is not None:
+        reason = PLANNED_RESTART  # the ranks saved for a planned restart: no failure
     code = ended.exit_code.partition(":")[0]
     exit_code = int(code) if code.isdigit() else None
     journal.record_ended_by_slurm(run, last.job_id, exit_code, reason, ended.state)

@@ -20,25 +20,30 @@ class Due:
     log: bool
     save: bool
     agree: bool
+    restart: bool = False  # end the job after this step's save, for a requeue
 
 
 @dataclasses.dataclass(frozen=True)
 class Cadence:
-    """``train.log_every_steps``, ``checkpoint.every_steps`` and the run's last step (None
-    while unknown: then no step is taken for the last)."""
+    """``train.log_every_steps``, ``checkpoint.every_steps``, the run's last step (None
+    while unknown: then no step is taken for the last) and ``train.restart_every_steps``."""
 
     log_every: int
     save_every: int
     total: int | None
+    restart_every: int | None = None
 
     def due(self, step: int, next_agreement: int) -> Due:
         """The last step is logged, saved and agreed on whatever the intervals say; the
-        agreement also comes at ``next_agreement`` (:class:`AgreementClock`) and after."""
+        agreement also comes at ``next_agreement`` (:class:`AgreementClock`) and after. A
+        multiple of ``restart_every`` before the last step is saved and restarts the job."""
         last = step == self.total
+        restart = bool(self.restart_every) and step % (self.restart_every or 1) == 0 and not last
         return Due(
             log=last or step % self.log_every == 0,
-            save=last or step % self.save_every == 0,
+            save=last or restart or step % self.save_every == 0,
             agree=last or step >= next_agreement,
+            restart=restart,
         )
 
     def next_due(self, step: int, next_agreement: int) -> int:
@@ -50,6 +55,8 @@ class Cadence:
             (step // self.save_every + 1) * self.save_every,
             max(next_agreement, step + 1),
         ]
+        if self.restart_every:
+            after.append((step // self.restart_every + 1) * self.restart_every)
         if self.total is not None and self.total > step:
             after.append(self.total)
         return min(after)
@@ -104,3 +111,16 @@ def steps_for_epochs(settings: Train, examples: int | None, global_batch: int) -
             f"train.global_batch_size {global_batch} exceeds the {examples} training examples"
         )
     return per_epoch * (settings.epochs or 1)
+
+
+def save_outlasts_warning(save: float | None, slowest_step: float, warning: int | None) -> str:
+    """What to say when the site's warning (``warning`` seconds) cannot be acted on in time:
+    it is shorter than about three saves (``save`` seconds, the last one measured) and a
+    step; "" when it is long enough or nothing is measured yet."""
+    if not warning or save is None or 3 * save + slowest_step <= warning:
+        return ""
+    return (
+        f"a checkpoint takes {save:.1f} s and a step {slowest_step:.2f} s: the site's "
+        f"preemption.warning_seconds ({warning}) is shorter than three saves and a step; "
+        "ask for a longer warning"
+    )

@@ -83,10 +83,14 @@ def make_gather(strategy: Any) -> Callable[[int], list[int]]:
     list (what :class:`PreemptionWatch` and the checkpoint agreement run on)."""
     import tensorflow as tf  # only the worker gets here; this module is imported before TF
 
+    from hpctf.compute.start.joining import fixed_instance_keys
+
+    # A fixed signature: traced once, so its keys can be fixed (RSS flat: fixed_instance_keys).
     @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
     def gather(value: Any) -> Any:
-        per_replica = strategy.run(lambda: tf.reshape(value, [1]))
-        return strategy.gather(per_replica, axis=0)
+        with fixed_instance_keys():
+            per_replica = strategy.run(lambda: tf.reshape(value, [1]))
+            return strategy.gather(per_replica, axis=0)
 
     return lambda value: [int(v) for v in gather(tf.constant(value, tf.int64)).numpy()]
 

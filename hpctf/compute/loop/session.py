@@ -27,14 +27,20 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import keras
 import tensorflow as tf
 
 from hpctf.api import DataSource
 from hpctf.compute.doctor.procstat import process_usage
-from hpctf.compute.loop.cadence import AgreementClock, Cadence, format_eta, steps_for_epochs
+from hpctf.compute.loop.cadence import (
+    AgreementClock,
+    Cadence,
+    format_eta,
+    save_outlasts_warning,
+    steps_for_epochs,
+)
 from hpctf.compute.loop.data import cardinality, evaluation_dataset, plan_shards, training_input
 from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather
 from hpctf.compute.loop.step_flags import StepFlags
@@ -134,7 +140,12 @@ class Session:
         self._warning_seconds = clock.warning_seconds
         # The last step is known from train.steps; with train.epochs once distribute() has
         # counted the data.
-        self._cadence = Cadence(settings.log_every_steps, checkpoint.every_steps, settings.steps)
+        self._cadence = Cadence(
+            settings.log_every_steps,
+            checkpoint.every_steps,
+            settings.steps,
+            settings.restart_every_steps,
+        )
         self._save_seconds: float | None = None  # the last save, until warned about
         self._last_save_seconds: float | None = None  # the last save, for the records
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -254,7 +265,8 @@ class Session:
     def step_done(self, step: int, loss: float | None = None) -> None:
         """Call after every step, on every rank: logs progress, checkpoints every
         ``checkpoint.every_steps`` and at the last step, and on a preemption signal to any rank
-        saves this step on all ranks and raises :class:`Preempted` (exit status 75)."""
+        saves this step on all ranks and raises :class:`Preempted` (exit status 75), as it does
+        after saving a multiple of ``train.restart_every_steps`` (a planned restart)."""
         self.keepalive(f"step {step}")
         startup_clock.first_step(step)  # the first call logs where the start's time went
         self.total_steps  # noqa: B018 -- UserError while the last step is unknown
@@ -267,6 +279,8 @@ class Session:
             self.save(step)
         if due.agree:
             self._agree(step, saved=due.save)
+        if due.restart:  # every rank knows the step: nothing to agree on
+            self._leave_for_requeue(step, "restart", journal.record_saved_for_restart)
 
     def next_due(self, step: int) -> int:
         """The first step after ``step`` that :meth:`step_done` logs, saves or agrees at: a
@@ -278,7 +292,10 @@ class Session:
         record it and raise :class:`Preempted`; at the last step, finish instead."""
         signum, slowest = self._preemption.agree(self._clock.step_seconds(step))
         self._clock.agreed(step, slowest)
-        self._warn_if_saves_outlast_the_warning(slowest)
+        late = save_outlasts_warning(self._save_seconds, slowest, self._warning_seconds)
+        if late and self.spec.is_chief:
+            log.warning("%s", late)
+        self._save_seconds = None  # said once per measurement, not at every check
         if not signum:
             return
         name = signal.Signals(signum).name
@@ -287,38 +304,27 @@ class Session:
             return
         if not saved:
             self.save(step)
-        self.wait_for_saves()  # the agreed step on disk before the record says so
+        signal_name = name.removeprefix("SIG")  # as the site names it: USR2, TERM
+        self._leave_for_requeue(
+            step,
+            "preempted",
+            lambda run, job, at: journal.record_saved_on_warning(run, job, at, signal_name),
+        )
+
+    def _leave_for_requeue(
+        self, step: int, why: str, record: Callable[[RunDir, str, int], None]
+    ) -> NoReturn:
+        """Every rank has saved ``step``: the chief records it (``record``), all exit 75."""
+        self.wait_for_saves()  # the step on disk before the record says so
         if self.spec.is_chief:
             # The batch script requeues on this record, not on srun's exit status: srun
             # --kill-on-bad-exit may kill a rank that is still exiting after the save.
-            journal.record_saved_on_warning(
-                self.run,
-                self.spec.journal_job,
-                step,
-                name.removeprefix("SIG"),  # as the site names it: USR2, TERM
-            )
+            record(self.run, self.spec.journal_job, step)
         # No rank leaves before the chief has written the checkpoint and the record: the
         # caller's close() is the barrier.
-        log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
+        log.warning("%s: saved step %d; exiting %d for a requeue", why, step, PREEMPTED_EXIT)
         exit_later(PREEMPTED_EXIT)  # whatever the unwinding tears down (leaving.py)
         raise Preempted()
-
-    def _warn_if_saves_outlast_the_warning(self, slowest_step: float) -> None:
-        """Once, on the chief: a warning of fewer seconds than about three saves plus a step
-        cannot be acted on in time."""
-        warning, save = self._warning_seconds, self._save_seconds
-        if not (self.spec.is_chief and warning and save is not None):
-            return
-        if 3 * save + slowest_step > warning:
-            log.warning(
-                "a checkpoint takes %.1f s and a step %.2f s: the site's "
-                "preemption.warning_seconds (%d) is shorter than three saves and a step; "
-                "ask for a longer warning",
-                save,
-                slowest_step,
-                warning,
-            )
-        self._save_seconds = None  # said once per measurement, not at every check
 
     def _log_progress(self, step: int, loss: float) -> None:
         now = time.perf_counter()

@@ -34,6 +34,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from hpctf.compute.start.joining import fixed_instance_keys
+
 WATCHED = (signal.SIGUSR2, signal.SIGTERM)  # Slurm's warning; a preemption or the time limit
 _MS_EXACT = float(1 << 24)  # float32 holds whole numbers exactly up to here
 
@@ -95,14 +97,15 @@ def flagged_train_step(
     @tf.function
     def train_steps(iterator: Any, steps: Any) -> Any:
         loss = tf.constant(0.0)
-        for _ in tf.range(steps):
-            features, labels = next(iterator)
-            per_replica = strategy.run(replica, args=(features, labels))
-            total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-            seen = tf.cast(total[1 : 1 + len(WATCHED)] > 0, tf.float32)
-            flags.agreed.assign(tf.maximum(flags.agreed, seen))
-            flags.step_ms.assign(total[-1])
-            loss = total[0]
+        with fixed_instance_keys():  # traced once: see make_train_step
+            for _ in tf.range(steps):
+                features, labels = next(iterator)
+                per_replica = strategy.run(replica, args=(features, labels))
+                total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+                seen = tf.cast(total[1 : 1 + len(WATCHED)] > 0, tf.float32)
+                flags.agreed.assign(tf.maximum(flags.agreed, seen))
+                flags.step_ms.assign(total[-1])
+                loss = total[0]
         return loss
 
     counts: dict[int, Any] = {}  # a tensor per count: a Python int would trace once per value

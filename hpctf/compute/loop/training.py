@@ -25,7 +25,7 @@ from hpctf.compute.loop.session import Session, open_session
 from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
 from hpctf.compute.start import startup_clock
 from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.compute.start.joining import with_loss_scaling
+from hpctf.compute.start.joining import fixed_instance_keys, with_loss_scaling
 from hpctf.compute.start.leaving import exit_later
 from hpctf.compute.start.peers import PeerLost, lost_peer
 from hpctf.compute.users_code import user_code
@@ -334,9 +334,11 @@ def make_train_step(
 
     @tf.function
     def train_step(iterator: Any) -> Any:
-        features, labels = next(iterator)
-        per_replica = strategy.run(replica_step, args=(features, labels))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        # Traced once (one iterator per run): keys fixed at trace time keep RSS flat.
+        with fixed_instance_keys():
+            features, labels = next(iterator)
+            per_replica = strategy.run(replica_step, args=(features, labels))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     return train_step
 

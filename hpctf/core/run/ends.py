@@ -12,8 +12,11 @@ from typing import Any
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
 from hpctf.core.run import journal
 
-REASONS = ("done", "preempted", "timeout", "stalled", "failed", "node_fail", "cancelled")
+REASONS = (
+    "done", "preempted", "timeout", "restart", "stalled", "failed", "node_fail", "cancelled",
+)  # fmt: skip
 PREEMPTION_REASONS = frozenset({"preempted", "timeout"})
+PLANNED_RESTART = "restart"  # train.restart_every_steps: requeued, no budget used
 FAILURE_REASONS = frozenset({"stalled", "failed", "node_fail"})
 # The walltime signal of a start recorded by an hpctf that did not keep it (the site default).
 OLD_WALLTIME_SIGNAL = "USR2"
@@ -58,6 +61,12 @@ def saved_on_warning(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] |
     return next((e for e in reversed(events) if e.get("event") == journal.SAVED_ON_WARNING), None)
 
 
+def saved_for_restart(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The chief's last ``saved_for_restart`` record among ``events`` (a planned restart,
+    ``train.restart_every_steps``), or None."""
+    return next((e for e in reversed(events) if e.get("event") == journal.SAVED_FOR_RESTART), None)
+
+
 def end_of_start(
     events: Sequence[Mapping[str, Any]], exit_code: int | None, done: bool, walltime_signal: str
 ) -> str:
@@ -65,7 +74,11 @@ def end_of_start(
     ``started`` record. ``exit_code`` None: the start recorded no end, its batch shell was
     killed first (Slurm requeued the job: a preemption, a lost node, ``scontrol requeue``);
     then it ended ``preempted`` or ``timeout`` when the ranks saved an agreed step, else
-    ``node_fail``."""
+    ``node_fail``. A start whose ranks saved for a planned restart ended ``restart`` unless it
+    was cancelled or the run is done."""
+    cancelled = any(e.get("event") == journal.CANCELLED for e in events)
+    if saved_for_restart(events) is not None and exit_code in (None, PREEMPTED_EXIT):
+        return "cancelled" if cancelled else "done" if done else "restart"
     saved = saved_on_warning(events)
     warned = None if saved is None else str(saved.get("signal") or "TERM")
     if exit_code is None:
@@ -77,7 +90,7 @@ def end_of_start(
         done=done,
         warned_by=warned,
         signalled=any(e.get("event") == journal.SIGNALLED for e in events),
-        cancelled=any(e.get("event") == journal.CANCELLED for e in events),
+        cancelled=cancelled,
         walltime_signal=walltime_signal,
     )
 

@@ -10,7 +10,7 @@ decided in :mod:`hpctf.core.run.runstate`.
 
 Fields named ``step`` are checkpoint steps: the step a start resumes from (``started``), the
 newest checkpoint when a start ended (``ended``), the agreed step the ranks saved on a warning
-(``saved_on_warning``).
+(``saved_on_warning``), the step saved for a planned restart (``saved_for_restart``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ SIGNALLED: Final = "signalled"  # job-signal: the batch shell got SIGTERM
 NODES_DOWN: Final = "nodes_down"  # job-signal: nodes of the job Slurm says are down or drained
 EXCLUDED: Final = "excluded"  # job-signal, job-end: the pending job keeps off those nodes
 SAVED_ON_WARNING: Final = "saved_on_warning"  # the chief: every rank saved an agreed step
+SAVED_FOR_RESTART: Final = "saved_for_restart"  # the chief: a train.restart_every_steps save
 ENVIRONMENT_FAILED: Final = "environment_failed"  # the chief: a full disk at save time
 USER_CODE_FAILED: Final = "user_code_failed"  # a rank: the user's code raised
 NODE_CHECK_FAILED: Final = "node_check_failed"  # a rank: train.preflight: quick failed a check
@@ -66,6 +67,7 @@ EVENTS: Final = frozenset(
         NODES_DOWN,
         EXCLUDED,
         SAVED_ON_WARNING,
+        SAVED_FOR_RESTART,
         ENVIRONMENT_FAILED,
         USER_CODE_FAILED,
         NODE_CHECK_FAILED,
@@ -219,6 +221,12 @@ def record_saved_on_warning(run: RunDir, job_id: str, step: int | None, signal: 
     """The chief: every rank saved agreed step ``step`` (None: a ``train.script`` that exited
     for a requeue) after warning ``signal`` (as the site names it: USR2, TERM)."""
     run.record(SAVED_ON_WARNING, job_id=job_id, step=step, signal=signal)
+
+
+def record_saved_for_restart(run: RunDir, job_id: str, step: int) -> None:
+    """The chief: every rank saved ``step``, a multiple of ``train.restart_every_steps``, and
+    the job ends for a requeue (exit 75)."""
+    run.record(SAVED_FOR_RESTART, job_id=job_id, step=step)
 
 
 def record_environment_failed(run: RunDir, job_id: str, why: str) -> None:

@@ -24,6 +24,8 @@ reason     what happened                                              budget it 
 done       training complete                                          --
 preempted  warned by SIGTERM (preemption); all ranks saved one step   preemption
 timeout    warned by the walltime signal; all ranks saved one step    preemption
+restart    a planned restart (``train.restart_every_steps``); all     --
+           ranks saved that step
 stalled    a rank's watchdog saw no progress (exit 124)               failure, if advanced
 failed     a rank exited non-zero (a crash, an exception, OOM)        failure, if advanced
 node_fail  the job was killed from outside without a warning: a node  failure
@@ -50,6 +52,7 @@ from hpctf.core.run import journal
 from hpctf.core.run.ends import (
     FAILURE_REASONS,
     OLD_WALLTIME_SIGNAL,
+    PLANNED_RESTART,
     PREEMPTION_REASONS,
     end_of_start,
     saved_on_warning,
@@ -251,6 +254,8 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
         return "requeued", f"after {last.reason}"
     if last.user_code is not None:
         return "failed", last.user_code
+    if last.reason == PLANNED_RESTART:  # saved, and the requeue did not happen
+        return "preempted", f"saved step {last.end_step} to restart; hpctf resubmit resumes it"
     if last.reason in PREEMPTION_REASONS:  # saved, and nothing requeued it (a local SIGTERM)
         return "preempted", f"saved step {last.end_step}; hpctf resubmit resumes it"
     return "failed", f"{last.reason} (exit {last.exit_code})"
@@ -298,6 +303,9 @@ def after_end(state: RunState, budgets: Budgets) -> Decision:
         return Decision(
             False, True, f"{last.user_code}; not requeued: fix it and run hpctf resubmit"
         )
+    if reason == PLANNED_RESTART:  # as many as the run's steps call for: no budget
+        done = sum(1 for s in state.starts if s.reason == PLANNED_RESTART)
+        return Decision(True, False, f"restart {done} (train.restart_every_steps): no budget used")
     if reason in PREEMPTION_REASONS:
         used = state.preemption_requeues
         if used >= budgets.preemption:

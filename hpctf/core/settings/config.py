@@ -163,6 +163,14 @@ class Train(_Strict):
     preemption_check_every_steps: int = Field(
         10, ge=1, description="how often the ranks agree whether any got a preemption signal"
     )
+    # Not tied to checkpoint.every_steps: the restart step is saved for itself, as a warned
+    # preemption's agreed step is, so any step will do.
+    restart_every_steps: int | None = Field(
+        None,
+        ge=1,
+        description="end the job at every multiple of this step (all ranks save it) and "
+        "requeue it, using no requeue budget: a fresh process for long runs; Slurm sites only",
+    )
     loop: Literal["builtin", "custom"] = Field(
         "builtin",
         description="builtin: entry returns hpctf.Task; custom: entry(session, **args) trains",
@@ -183,7 +191,9 @@ class Train(_Strict):
             raise ValueError("give exactly one of train.entry (module:function) or train.script")
         if self.script is not None:
             given = [
-                k for k in ("steps", "epochs", "global_batch_size", "args") if getattr(self, k)
+                k
+                for k in ("steps", "epochs", "global_batch_size", "args", "restart_every_steps")
+                if getattr(self, k)
             ]
             if given or self.loop != "builtin":
                 keys = ", ".join(f"train.{k}" for k in given or ["loop"])

@@ -317,6 +317,14 @@ def resolve(
         problems.append((("train", "global_batch_size"), split))
     if script_problem:
         problems.append((("train", "script"), script_problem))
+    if experiment.train.restart_every_steps and not launcher_for(site).slurm:
+        problems.append(
+            (
+                ("train", "restart_every_steps"),
+                f"needs a Slurm site, which requeues the job; site {site.name} runs local "
+                "processes, which are not started again: leave it out there",
+            )
+        )
     experiment = experiment.model_copy(update={"train": train, "resources": resources})
     site_update, path_problems = expand_site_paths(site, env)
     problems.extend(path_problems)

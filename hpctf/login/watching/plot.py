@@ -17,6 +17,7 @@ from hpctf.login.watching.slurm_view import job_states, slurm_state
 RESTART_LABELS = {
     "preempted": "preempted",
     "timeout": "time limit",
+    "restart": "planned restart",
     "node_fail": "node failure",
     "failed": "crash",
     "stalled": "stalled",

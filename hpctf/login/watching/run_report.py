@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from hpctf.core.run import journal, snapshot
-from hpctf.core.run.ends import FAILURE_REASONS, PREEMPTION_REASONS
+from hpctf.core.run.ends import FAILURE_REASONS, PLANNED_RESTART, PREEMPTION_REASONS
 from hpctf.core.run.jobs import jobs_of
 from hpctf.core.run.runstate import RunState, Start, starts_of
 from hpctf.core.scheduler import slurm
@@ -74,6 +74,8 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
             "preemption": [preemption, budgets.max_requeues],
             "failure": [failure, budgets.max_failure_requeues],
         },
+        # train.restart_every_steps: ended on purpose and requeued, within no budget.
+        "planned_restarts": sum(1 for s in shown.starts if s.reason == PLANNED_RESTART),
         **progress(run, now, records, running=state == "running"),
         "code": [
             {"source": s.source, "git_commit": s.git_commit, "git_dirty": s.git_dirty}
@@ -185,6 +187,12 @@ def status_table(
     return text
 
 
+def _planned(every: int | None, document: Mapping[str, Any]) -> str:
+    if not every:
+        return ""
+    return f"; planned restarts {document.get('planned_restarts', 0)} (every {every:,} steps)"
+
+
 def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     """The single-run view: state and why, budgets, code, Slurm, progress, each job, each
     start."""
@@ -194,6 +202,7 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     lines.append(
         f"run: {document['state']}{why}; requeues after preemption {pre[0]}/{pre[1]}, "
         f"after failures {fail[0]}/{fail[1]}"
+        + _planned(run.config.experiment.train.restart_every_steps, document)
     )
     lines.extend(f"code: {source.describe()}" for source in snapshot.read(run.run.path))
     script = run.config.experiment.train.script
