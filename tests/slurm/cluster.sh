@@ -165,7 +165,12 @@ kill_pidfiles() {
 }
 
 # kill_namespace NSFILE: kill every process living in the UTS namespace
-# recorded in NSFILE (a node's slurmd, slurmstepd and leftover job processes).
+# recorded in NSFILE (a node's slurmd, slurmstepd and leftover job processes)
+# that is this cluster's: SLURM_CONF=$CONF in its environment (this script
+# exports it to slurmd, and slurmd sets it for every job). A namespace's
+# number is reused once its last process is gone: measured, a stop whose
+# node had just emptied its namespace killed the slurmd another cluster had
+# started a second later in a new namespace with the same number.
 kill_namespace() {
     local file=$1 ns host_ns sig p pids i
     [[ -s $file ]] || return 0
@@ -179,7 +184,9 @@ kill_namespace() {
         for ((i = 0; i < 50; i++)); do
             pids=()
             for p in /proc/[0-9]*; do
-                [[ $(readlink "$p/ns/uts" 2>/dev/null) == "$ns" ]] && pids+=("${p#/proc/}")
+                [[ $(readlink "$p/ns/uts" 2>/dev/null) == "$ns" ]] &&
+                    tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF" &&
+                    pids+=("${p#/proc/}")
             done
             ((${#pids[@]})) || break
             # First pass of each signal: send it; then just wait.
