@@ -71,7 +71,7 @@ def test_tiny_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> Non
         *["login"] * 3,
         "sweep",
         "resolver",
-        "runtime",
+        *["runtime"] * 2,  # against the tutorial's loop, and a loop of 10 steps per call
         *["preemption"] * 3,
         *["first_step"] * 2,
         *["stall"] * 3,
