@@ -204,18 +204,23 @@ class PreemptionBench(Harness):
         return phases
 
     def _restart(self, work: Path, run_dir: Path, sets: list[str]) -> dict[str, Any]:
-        saved = max(
-            int(p.name.split("-")[1].split(".")[0])
-            for p in (run_dir / "checkpoints").glob("ckpt-*.index")
-        )
+        def newest() -> int:
+            return max(
+                int(p.name.split("-")[1].split(".")[0])
+                for p in (run_dir / "checkpoints").glob("ckpt-*.index")
+            )
+
+        saved = newest()
         runs: dict[str, list[dict[str, float]]] = {"restart": [], "cold": []}
         for index in range(self.sizes.restart_rounds):
             order = ("restart", "cold") if index % 2 == 0 else ("cold", "restart")
             for side in order:
                 if side == "restart":
+                    # Each round resumes where the one before was stopped (its SIGTERM
+                    # saves the next agreed step).
                     argv = [*self.hpctf, "resubmit", str(run_dir)]
                     phases = self._first_step(
-                        argv, run_dir.parent, run_dir, saved + 1, work / f"restart-{index}.log"
+                        argv, run_dir.parent, run_dir, newest() + 1, work / f"restart-{index}.log"
                     )
                 else:
                     cold_runs = work / f"runs-cold-{index}"
