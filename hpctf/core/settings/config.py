@@ -24,6 +24,7 @@ from hpctf.core.scheduler.hostnames import check_hostname_template
 from hpctf.core.scheduler.launcher import allows_containers
 from hpctf.core.settings.container import Container
 from hpctf.core.settings.sbatch_options import normalize_sbatch_option
+from hpctf.core.settings.tracking import Tracking
 from hpctf.core.settings.values import (
     Constraint,
     Dependency,
@@ -220,34 +221,6 @@ class Checkpoint(_Strict):
         "state per worker); a preemption or the end waits for the write; the Keras fit loop "
         "saves synchronously; false: every save stalls until written",
     )
-
-
-class MLflowTracking(_Strict):
-    """Where the chief logs the run in MLflow (:mod:`hpctf.compute.records.tracking`)."""
-
-    tracking_uri: str | None = Field(
-        None, description="e.g. http://mlflow:5000 or file:///path; default: $MLFLOW_TRACKING_URI"
-    )
-    experiment: str | None = Field(None, description="MLflow experiment; default: the name")
-
-
-class WandbTracking(_Strict):
-    """Where the chief logs the run in Weights & Biases (:mod:`hpctf.compute.records.tracking`)."""
-
-    project: str | None = Field(None, description="default: $WANDB_PROJECT, else the name")
-    entity: str | None = Field(None, description="team or user; default: $WANDB_ENTITY, W&B's")
-    mode: Literal["online", "offline", "disabled"] | None = Field(
-        None,
-        description="default: $WANDB_MODE, else online; offline writes RUN_DIR/tracking/wandb "
-        "for `wandb sync`",
-    )
-
-
-class Tracking(_Strict):
-    """Experiment trackers: one tracker run per hpctf run, across every requeue and resubmit."""
-
-    mlflow: MLflowTracking | None = None
-    wandb: WandbTracking | None = None
 
 
 class Experiment(_Strict):

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from hpctf.core.settings.config import MLflowTracking
+from hpctf.core.settings.tracking import MLflowTracking
 
 # MLflow's limits: 100 params per batch call, values of at most 6,000 characters.
 _PARAMS_PER_CALL = 100

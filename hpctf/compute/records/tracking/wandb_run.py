@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctf.core.settings.config import WandbTracking
+from hpctf.core.settings.tracking import WandbTracking
 
 # wandb.init gives up on a server that does not answer after 90 s by default; hpctf retries it.
 _INIT_TIMEOUT_S = 30.0

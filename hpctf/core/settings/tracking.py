@@ -1,0 +1,40 @@
+"""An experiment's ``tracking:`` section: the experiment trackers the chief logs the run to
+(:mod:`hpctf.compute.records.tracking`), one tracker run per hpctf run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class MLflowTracking(_Strict):
+    """Where the chief logs the run in MLflow (:mod:`hpctf.compute.records.tracking`)."""
+
+    tracking_uri: str | None = Field(
+        None, description="e.g. http://mlflow:5000 or file:///path; default: $MLFLOW_TRACKING_URI"
+    )
+    experiment: str | None = Field(None, description="MLflow experiment; default: the name")
+
+
+class WandbTracking(_Strict):
+    """Where the chief logs the run in Weights & Biases (:mod:`hpctf.compute.records.tracking`)."""
+
+    project: str | None = Field(None, description="default: $WANDB_PROJECT, else the name")
+    entity: str | None = Field(None, description="team or user; default: $WANDB_ENTITY, W&B's")
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        None,
+        description="default: $WANDB_MODE, else online; offline writes RUN_DIR/tracking/wandb "
+        "for `wandb sync`",
+    )
+
+
+class Tracking(_Strict):
+    """Experiment trackers: one tracker run per hpctf run, across every requeue and resubmit."""
+
+    mlflow: MLflowTracking | None = None
+    wandb: WandbTracking | None = None
