@@ -263,7 +263,8 @@ class Session:
     # --- the loop's hook -------------------------------------------------------------------
 
     def step_done(self, step: int, loss: float | None = None) -> None:
-        """Call after every step, on every rank: logs progress, checkpoints every
+        """Call after every step (or after the last of several run in one call, up to
+        :meth:`next_due`), on every rank: logs progress, checkpoints every
         ``checkpoint.every_steps`` and at the last step, and on a preemption signal to any rank
         saves this step on all ranks and raises :class:`Preempted` (exit status 75), as it does
         after saving a multiple of ``train.restart_every_steps`` (a planned restart)."""

@@ -97,7 +97,9 @@ def flagged_train_step(
     @tf.function
     def train_steps(iterator: Any, steps: Any) -> Any:
         loss = tf.constant(0.0)
-        with fixed_instance_keys():  # traced once: see make_train_step
+        # Traced once (a tensor count, one iterator per run): keys fixed at trace time keep
+        # RSS flat (fixed_instance_keys).
+        with fixed_instance_keys():
             for _ in tf.range(steps):
                 features, labels = next(iterator)
                 per_replica = strategy.run(replica, args=(features, labels))

@@ -25,7 +25,7 @@ from hpctf.compute.loop.session import Session, open_session
 from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
 from hpctf.compute.start import startup_clock
 from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.compute.start.joining import fixed_instance_keys, with_loss_scaling
+from hpctf.compute.start.joining import with_loss_scaling
 from hpctf.compute.start.leaving import exit_later
 from hpctf.compute.start.peers import PeerLost, lost_peer
 from hpctf.compute.users_code import user_code
@@ -299,8 +299,9 @@ def steps_per_epoch(settings: Train, total: int) -> int:
 def make_train_step(
     strategy: Any, task: Task, global_batch: int, jit_compile: bool, flags: StepFlags | None = None
 ) -> Any:
-    """One optimizer step on the next global batch; returns the loss summed over replicas.
-    With ``flags``, the step's one reduction also carries the ranks' preemption warnings."""
+    """``train_step(iterator, steps=1)``: optimizer steps on the next global batches; returns
+    the last one's loss summed over replicas. Each step's one reduction also carries the ranks'
+    preemption warnings (``flags``; the session's, from :meth:`Session.step_flags`)."""
     model, optimizer, loss_fn = task.model, task.optimizer, task.loss
 
     def gradients(features: Any, labels: Any) -> tuple[Any, Any]:
@@ -329,18 +330,7 @@ def make_train_step(
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
-    if flags is not None:
-        return flagged_train_step(strategy, replica_step, flags)
-
-    @tf.function
-    def train_step(iterator: Any) -> Any:
-        # Traced once (one iterator per run): keys fixed at trace time keep RSS flat.
-        with fixed_instance_keys():
-            features, labels = next(iterator)
-            per_replica = strategy.run(replica_step, args=(features, labels))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    return train_step
+    return flagged_train_step(strategy, replica_step, flags if flags is not None else StepFlags())
 
 
 class Evaluator:
