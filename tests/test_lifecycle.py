@@ -979,10 +979,15 @@ def counted_squeue(
         script = shim / name
         script.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexec {real} "$@"\n')
         script.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
     env = {
         **slurm_cluster,
         "PATH": f"{shim}{os.pathsep}{slurm_cluster['PATH']}",
         "HPCTF_RUNS_ROOT": str(tmp_path / "runs"),
+        # `hpctf status` without RUN looks in every site's runs_root too, ~/hpctf-runs among
+        # them: the machine's own runs (`make demo`'s) are not this test's.
+        "HOME": str(home),
     }
     yield env, calls
 
