@@ -21,10 +21,15 @@ import sys
 import threading
 from typing import NoReturn
 
+from hpctf.compute.start.worker_tmp import remove_own_tmp
+
 
 def exit_now(code: int) -> NoReturn:
     """Leave without unwinding: also from another thread, while the main thread is blocked
-    inside a TF collective, where neither an exception nor ``sys.exit`` can reach it."""
+    inside a TF collective, where neither an exception nor ``sys.exit`` can reach it. The
+    worker's own temporary directory goes too (the ``atexit`` function that would remove it
+    is skipped)."""
+    remove_own_tmp()
     for handler in logging.getLogger("hpctf").handlers:
         handler.flush()
     sys.stdout.flush()

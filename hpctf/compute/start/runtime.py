@@ -24,6 +24,7 @@ from hpctf.compute.start import quick_preflight, startup_clock
 from hpctf.compute.start.cluster import ClusterSpec, cluster_spec
 from hpctf.compute.start.gpus import granted_gpus
 from hpctf.compute.start.launcher_watch import launcher_ended, watch_launcher
+from hpctf.compute.start.worker_tmp import use_own_tmp
 from hpctf.compute.users_code.script import keras_environment, run_script
 from hpctf.core.errors import UserError
 from hpctf.core.run.run_identity import check_not_a_copy
@@ -121,6 +122,7 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
         startup_checks(spec)
     startup_clock.mark("node checks")
     install_early_handlers()
+    use_own_tmp(spec.task_index)  # before TensorFlow writes any autograph source
     prepare_environment(os.environ, spec)
     # The snapshot is read-only (hpctf.core.run.snapshot.seal): no __pycache__ written into it
     # either, which under umask 002 would be a group-writable place for bytecode it then runs.
