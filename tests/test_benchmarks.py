@@ -38,7 +38,7 @@ def close(value: float, expected: float) -> bool:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
-    """One tiny run for every test below: its JSON and its stdout."""
+    """One tiny run for every check below: its JSON and its stdout."""
     folder = tmp_path_factory.mktemp("bench")
     out = folder / "bench.json"
     proc = subprocess.run(
@@ -53,8 +53,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]
     return json.loads(out.read_text()), proc.stdout
 
 
-@pytest.mark.tf
-def test_tiny_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
+def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
     results, stdout = tiny
     assert results["mode"] == "tiny"
     assert results["date"] and positive(results["machine"]["cpus"])
@@ -92,8 +91,7 @@ def test_tiny_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> Non
     assert all(lag >= -0.1 for lag in lags.values())
 
 
-@pytest.mark.tf
-def test_tiny_login_and_resolver(tiny: tuple[dict[str, Any], str]) -> None:
+def check_login_and_resolver(tiny: tuple[dict[str, Any], str]) -> None:
     sections = tiny[0]["sections"]
     login = sections["login"]
     baseline = login["baseline"]
@@ -124,8 +122,7 @@ def test_tiny_login_and_resolver(tiny: tuple[dict[str, Any], str]) -> None:
     assert resolver["met"] == (slowest <= 20)
 
 
-@pytest.mark.tf
-def test_tiny_runtime(tiny: tuple[dict[str, Any], str]) -> None:
+def check_runtime(tiny: tuple[dict[str, Any], str]) -> None:
     results = tiny[0]
     runtime, sizes = results["sections"]["runtime"], results["sizes"]
     assert positive(runtime["hpctf_steps_per_s"], runtime["plain_steps_per_s"])
@@ -145,8 +142,7 @@ def test_tiny_runtime(tiny: tuple[dict[str, Any], str]) -> None:
     assert "wide" not in runtime  # the full run's second model: not at CI size
 
 
-@pytest.mark.tf
-def test_tiny_preemption_and_restart(tiny: tuple[dict[str, Any], str]) -> None:
+def check_preemption_and_restart(tiny: tuple[dict[str, Any], str]) -> None:
     results = tiny[0]
     preemption = results["sections"]["preemption"]
     after = results["sizes"]["preempt_after"]
@@ -183,8 +179,7 @@ def test_tiny_preemption_and_restart(tiny: tuple[dict[str, Any], str]) -> None:
     )
 
 
-@pytest.mark.tf
-def test_tiny_first_step(tiny: tuple[dict[str, Any], str]) -> None:
+def check_first_step(tiny: tuple[dict[str, Any], str]) -> None:
     results = tiny[0]
     first, sizes = results["sections"]["first_step"], results["sizes"]
     assert first["workers"] == sizes["first_step_workers"]
@@ -210,8 +205,7 @@ def test_tiny_first_step(tiny: tuple[dict[str, Any], str]) -> None:
             assert run["cpu_s"] > 0.5  # the process's own CPU time, TensorFlow's import in it
 
 
-@pytest.mark.tf
-def test_tiny_stall(tiny: tuple[dict[str, Any], str]) -> None:
+def check_stall(tiny: tuple[dict[str, Any], str]) -> None:
     results = tiny[0]
     stall, sizes = results["sections"]["stall"], results["sizes"]
     width, depth = sizes["dense_width"], sizes["dense_depth"]
@@ -246,8 +240,7 @@ def test_tiny_stall(tiny: tuple[dict[str, Any], str]) -> None:
         assert found["saves"] == sync["saves"]
 
 
-@pytest.mark.tf
-def test_tiny_sweep(tiny: tuple[dict[str, Any], str]) -> None:
+def check_sweep(tiny: tuple[dict[str, Any], str]) -> None:
     results = tiny[0]
     sweep, rounds = results["sections"]["sweep"], results["sizes"]["sweep_rounds"]
     assert sweep["points"] == 2500
@@ -258,8 +251,7 @@ def test_tiny_sweep(tiny: tuple[dict[str, Any], str]) -> None:
     assert all(c <= w * 1.5 + 0.05 for c, w in zip(cpu, wall, strict=True))
 
 
-@pytest.mark.tf
-def test_tiny_soak(tiny: tuple[dict[str, Any], str]) -> None:
+def check_soak(tiny: tuple[dict[str, Any], str]) -> None:
     results = tiny[0]
     soak, sizes = results["sections"]["soak"], results["sizes"]
     steps = sizes["soak_steps"]
@@ -275,6 +267,32 @@ def test_tiny_soak(tiny: tuple[dict[str, Any], str]) -> None:
     assert soak["threads_flat"] == (soak["threads_end"] <= soak["threads_start"] + 2)
     assert soak["rss_flat"] == (soak["rss_mb_end"] - soak["rss_mb_start"] <= 64)
     assert soak["met"] == (soak["threads_flat"] and soak["rss_flat"] and soak["steps_per_s_flat"])
+
+
+CHECKS = [
+    check_run_reports_every_section,
+    check_login_and_resolver,
+    check_runtime,
+    check_preemption_and_restart,
+    check_first_step,
+    check_stall,
+    check_sweep,
+    check_soak,
+]
+
+
+@pytest.mark.tf
+def test_tiny_run_of_every_section(tiny: tuple[dict[str, Any], str]) -> None:
+    """Every check on one tiny run (about 100 s in two lanes). One test, not one per section:
+    pytest-xdist gives each worker its own module fixture, and split across two workers the
+    tiny run ran twice. A failure names every check that failed."""
+    failed = []
+    for check in CHECKS:
+        try:
+            check(tiny)
+        except AssertionError as exc:
+            failed.append(f"{check.__name__}: {exc}")
+    assert not failed, "\n\n".join(failed)
 
 
 @pytest.mark.parametrize(
