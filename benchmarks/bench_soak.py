@@ -47,7 +47,10 @@ class SoakBench(Harness):
             sizes.soak_every,
         )
         try:
-            run_dir, elapsed = self.submit(experiment, [], work / "runs", work / "soak.log")
+            # 10^6 steps take about 40 minutes here, beside the other sections: allow 100/s.
+            run_dir, elapsed = self.submit(
+                experiment, [], work / "runs", work / "soak.log", timeout=max(3600.0, steps / 100)
+            )
         finally:
             self.soak_ended.set()
         # The other sections' span in soak steps; still running when the soak ended: to its end.
