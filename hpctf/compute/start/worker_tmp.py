@@ -3,9 +3,10 @@
 Python's ``tempfile`` in a worker makes its files in one directory of the worker's own under
 ``$TMPDIR``: TensorFlow's autograph sources (``__autograph_generated_file*.py``), the other
 ranks' throwaway checkpoints (:mod:`hpctf.compute.records.checkpoints`) and whatever the user's
-code asks ``tempfile`` for. It is removed on every way out: the normal exit (an ``atexit``
-function, registered first so it runs last), the bounded exit that skips ``atexit``
-(:func:`hpctf.compute.start.leaving.exit_now`), an exception's.
+code asks ``tempfile`` for. It is removed on every way out: the normal exit and an
+exception's (an ``atexit`` function, registered before TensorFlow is imported so it runs after
+TensorFlow's own), and the bounded exit that skips ``atexit``
+(:func:`hpctf.compute.start.leaving.exit_now`).
 
 Why: autograph deletes each source it wrote with an ``atexit`` function of its own, which the
 bounded exit skips. On a loaded 2-node test cluster that bound fired after DONE, and the job's
@@ -13,7 +14,8 @@ bounded exit skips. On a loaded 2-node test cluster that bound fired after DONE,
 after job.
 
 ``$TMPDIR`` itself is not changed: data a batch script staged there is still where it says,
-and programs the user's code starts get the same ``$TMPDIR``.
+and programs the user's code starts get the same ``$TMPDIR``. Only ``tempfile.gettempdir()``
+answers the worker's own directory.
 """
 
 from __future__ import annotations
