@@ -12,8 +12,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
@@ -38,6 +36,7 @@ from hpctf.core.settings.values import (
     Partition,
     ShellLines,
     SlurmName,
+    Strict,
     Time,
     check_entry,
     check_env,
@@ -54,11 +53,7 @@ ExtraSbatch = Annotated[
 # --- models --------------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-class Resources(_Strict):
+class Resources(Strict):
     """What the job asks Slurm for, in Slurm's own names.
 
     A site file may give a default for every key here except ``nodes`` and ``dependency``;
@@ -87,7 +82,7 @@ class Resources(_Strict):
 SITE_RESOURCE_KEYS = tuple(k for k in Resources.model_fields if k not in {"nodes", "dependency"})
 
 
-class Train(_Strict):
+class Train(Strict):
     """What to train and for how long: an ``entry`` (hpctf's loop) or a ``script`` (the user's).
 
     With ``script`` the batch size, the steps and the checkpoints are the script's business;
@@ -211,7 +206,7 @@ class Train(_Strict):
         return self
 
 
-class Checkpoint(_Strict):
+class Checkpoint(Strict):
     every_steps: int = Field(100, ge=1)
     keep: int = Field(3, ge=1)
     asynchronous: bool = Field(
@@ -223,7 +218,7 @@ class Checkpoint(_Strict):
     )
 
 
-class Experiment(_Strict):
+class Experiment(Strict):
     """One experiment.yaml."""
 
     name: Name
@@ -243,7 +238,7 @@ class Experiment(_Strict):
     _env = field_validator("env")(check_env)
 
 
-class Preemption(_Strict):
+class Preemption(Strict):
     """How Slurm warns a job before preempting it or ending it at its time limit.
 
     Slurm jobs of such a site are submitted with ``--signal=<signal>@<warning_seconds>`` and
@@ -265,7 +260,7 @@ class Preemption(_Strict):
     )
 
 
-class Doctor(_Strict):
+class Doctor(Strict):
     """What ``hpctf doctor`` holds the site's nodes to, beyond every check passing."""
 
     min_busbw_gbps: float | None = Field(
@@ -276,7 +271,7 @@ class Doctor(_Strict):
     )
 
 
-class Sweep(_Strict):
+class Sweep(Strict):
     """How ``hpctf sweep`` submits on this site."""
 
     max_array_size: int | None = Field(
@@ -287,7 +282,7 @@ class Sweep(_Strict):
     )
 
 
-class Site(_Strict):
+class Site(Strict):
     """One site_configs/<name>.yaml: what is true of a cluster for every experiment on it."""
 
     name: Name
@@ -380,7 +375,7 @@ class Site(_Strict):
         return value
 
 
-class ResolvedConfig(_Strict):
+class ResolvedConfig(Strict):
     """Everything a run needs, after precedence; frozen as config.json in the run directory.
 
     ``experiment.resources`` holds the effective request (the site's defaults filled in, the

@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
-from hpctf.core.settings.values import ENV_NAME_RE
+from hpctf.core.settings.values import ENV_NAME_RE, Strict
 
 # The mount options both runtimes understand (pyxis joins its flags with "+", apptainer takes a
 # comma list, and they share no other spelling).
@@ -73,7 +73,7 @@ Mount = Annotated[str, AfterValidator(_check_mount)]
 EnvName = Annotated[str, AfterValidator(_check_env_name)]
 
 
-class Container(BaseModel):
+class Container(Strict):
     """``container:`` in a site file: the workers run in ``image`` under ``runtime``.
 
     The run directory (with the code snapshot, ``RUN_DIR/code``, mounted read-only over it) is
@@ -81,8 +81,6 @@ class Container(BaseModel):
     names host variables the workers must see with the host's value even where the image sets
     its own.
     """
-
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
     runtime: Literal["pyxis", "apptainer"] = Field(
         description="pyxis: srun --container-image (enroot); apptainer: apptainer exec"

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from hpctf.core.settings.values import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-class MLflowTracking(_Strict):
+class MLflowTracking(Strict):
     """Where the chief logs the run in MLflow (:mod:`hpctf.compute.records.tracking`)."""
 
     tracking_uri: str | None = Field(
@@ -21,7 +19,7 @@ class MLflowTracking(_Strict):
     experiment: str | None = Field(None, description="MLflow experiment; default: the name")
 
 
-class WandbTracking(_Strict):
+class WandbTracking(Strict):
     """Where the chief logs the run in Weights & Biases (:mod:`hpctf.compute.records.tracking`)."""
 
     project: str | None = Field(None, description="default: $WANDB_PROJECT, else the name")
@@ -33,7 +31,7 @@ class WandbTracking(_Strict):
     )
 
 
-class Tracking(_Strict):
+class Tracking(Strict):
     """Experiment trackers: one tracker run per hpctf run, across every requeue and resubmit."""
 
     mlflow: MLflowTracking | None = None

@@ -9,10 +9,19 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Strict(BaseModel):
+    """The base of every settings schema: an unknown key is refused, and defaults are
+    validated like given values."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
 ENTRY_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 # Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch(1), "-t, --time").
 _TIME_RE = re.compile(
