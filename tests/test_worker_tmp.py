@@ -113,3 +113,50 @@ def test_autograph_sources_go_with_the_bounded_exit(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert list(node_tmp.iterdir()) == []
+
+
+def test_a_killed_workers_tmp_goes_when_the_next_worker_starts(tmp_path: Path) -> None:
+    """SIGKILL runs no exit path; the next worker on the node removes what the killed one left,
+    and nothing of a live worker's, nor a directory without the lock file."""
+    node_tmp = tmp_path / "node-tmp"
+    node_tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(node_tmp)}
+    hold = (
+        "import sys, time, tempfile\n"
+        "from hpctf.compute.start.worker_tmp import use_own_tmp\n"
+        "own = use_own_tmp(int(sys.argv[1]))\n"
+        "tempfile.NamedTemporaryFile(prefix='__autograph_generated_file', delete=False)\n"
+        "print(own, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    live = subprocess.Popen(
+        [sys.executable, "-c", hold, "0"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    killed = subprocess.Popen(
+        [sys.executable, "-c", hold, "1"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert live.stdout is not None and killed.stdout is not None
+        live_dir = Path(live.stdout.readline().strip())
+        killed_dir = Path(killed.stdout.readline().strip())
+        killed.kill()
+        killed.wait(timeout=30)
+        unlocked = node_tmp / "hpctf-rank7-unlocked"  # being made, or not a worker's
+        unlocked.mkdir()
+        assert killed_dir.is_dir() and live_dir.is_dir()
+        nxt = (
+            "from hpctf.compute.start.leaving import leave\n"
+            "from hpctf.compute.start.worker_tmp import use_own_tmp\n"
+            "use_own_tmp(2)\n"
+            "leave(0)\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", nxt], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(node_tmp.iterdir()) == sorted([live_dir, unlocked])
+        assert len(list(live_dir.iterdir())) == 2  # its lock and its file, untouched
+    finally:
+        live.kill()
+        killed.kill()
+        live.wait(timeout=30)

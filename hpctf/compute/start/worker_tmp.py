@@ -13,6 +13,11 @@ bounded exit skips. On a loaded 2-node test cluster that bound fired after DONE,
 ``$TMPDIR`` kept 22 autograph files. On a cluster whose nodes keep ``/tmp`` they pile up job
 after job.
 
+A worker killed outright (SIGKILL: Slurm's KillWait, the OOM killer) runs none of these. Its
+directory holds a lock file the worker keeps locked while it lives (``flock``, which the kernel
+releases when the process dies), and the next worker on the node to start removes every such
+directory of this user whose lock is free.
+
 ``$TMPDIR`` itself is not changed: data a batch script staged there is still where it says,
 and programs the user's code starts get the same ``$TMPDIR``. Only ``tempfile.gettempdir()``
 answers the worker's own directory.
@@ -21,7 +26,10 @@ answers the worker's own directory.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,6 +37,8 @@ from pathlib import Path
 log = logging.getLogger("hpctf")
 
 _own: Path | None = None
+_PREFIX = "hpctf-rank"
+_OWNER = "owner.lock"  # locked by the worker while it lives
 
 
 def use_own_tmp(task_index: int) -> Path | None:
@@ -36,8 +46,11 @@ def use_own_tmp(task_index: int) -> Path | None:
     and return it. Without one (``$TMPDIR`` full or not writable), log one line and return
     None: the files go where they went before."""
     global _own
+    base = Path(tempfile.gettempdir())
+    remove_left_behind(base)
     try:
-        path = Path(tempfile.mkdtemp(prefix=f"hpctf-rank{task_index}-"))
+        path = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{task_index}-", dir=base))
+        _lock_for_life(path)
     except OSError as exc:
         log.warning(
             "no temporary directory of this worker's own (%s); using %s", exc, tempfile.gettempdir()
@@ -57,3 +70,37 @@ def remove_own_tmp() -> None:
     path, _own = _own, None
     tempfile.tempdir = None  # gettempdir() finds $TMPDIR again
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _lock_for_life(path: Path) -> None:
+    """Lock ``path``'s owner file for as long as this process lives (the descriptor is never
+    closed). Locked before it takes its name, so no other worker ever sees it unlocked."""
+    making = path / f".{_OWNER}.new"
+    fd = os.open(making, os.O_CREAT | os.O_WRONLY, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(making, path / _OWNER)
+
+
+def remove_left_behind(base: Path) -> list[Path]:
+    """Remove the directories under ``base`` of this user's workers that are gone (their owner
+    lock is free) and return them; a live worker's, another user's, a link, and one still
+    being made are left alone."""
+    removed = []
+    for old in base.glob(f"{_PREFIX}*-*"):
+        try:
+            if old.is_symlink() or old.stat().st_uid != os.getuid():
+                continue
+            fd = os.open(old / _OWNER, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its worker lives
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    return removed
