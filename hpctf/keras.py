@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hpctf.core.errors import UserError
 from hpctf.core.run.rundir import RunDir
 
 
@@ -23,11 +22,6 @@ def callbacks() -> list[Any]:
     run_dir = os.environ.get("HPCTF_RUN_DIR")
     if not run_dir:
         return []
-    if os.environ.get("TF_USE_LEGACY_KERAS") != "1":
-        raise UserError(
-            "hpctf.keras.callbacks() needs train.keras: 2 (tf_keras, whose fit resumes at a "
-            "step and works under MultiWorkerMirroredStrategy); install hpctf[keras2]"
-        )
     from hpctf.compute.start.cluster import cluster_spec
     from hpctf.compute.users_code.fit import FitCallback  # TensorFlow is imported here
 

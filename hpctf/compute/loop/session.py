@@ -33,6 +33,7 @@ import keras
 import tensorflow as tf
 
 from hpctf.api import DataSource
+from hpctf.compute.compat.keras_fit import random_state_variables
 from hpctf.compute.doctor.procstat import process_usage
 from hpctf.compute.loop.cadence import (
     AgreementClock,
@@ -170,6 +171,8 @@ class Session:
     def track(self, **objects: Any) -> int:
         """Checkpoint ``objects`` (model, optimizer, ...) from now on; restore the newest whole
         checkpoint into them; return the step to continue after (0 for a fresh run)."""
+        if "random_state" not in objects and (seeds := random_state_variables(objects)):
+            objects = {**objects, "random_state": seeds}  # RandomFlip, Dropout: exact resumes
         checkpoint = tf.train.Checkpoint(step=self._step, **objects)
         settings = self._checkpoint_settings
         self._checkpointer = Checkpointer(

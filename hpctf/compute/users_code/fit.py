@@ -9,12 +9,21 @@ rank
 at one agreed step, then exit 75), the chief's records (metrics.jsonl, TensorBoard) and the stall
 watchdog, fed by every batch.
 
-Resuming at the exact step relies on tf_keras (``train.keras: 2``): after ``on_train_begin``
-its ``fit`` asks ``model._training_state.maybe_load_initial_counters_from_ckpt`` for the epoch
-and the step inside it to continue at, the hook its own ``BackupAndRestore`` uses
-(tf_keras/src/engine/training.py). As with ``BackupAndRestore`` the dataset starts again from
-its beginning: the step count is exact, the order of the examples is not that of an
-uninterrupted run.
+Resuming at the exact step: after ``on_train_begin`` tf_keras's ``fit`` (``train.keras: 2``)
+asks ``model._training_state.maybe_load_initial_counters_from_ckpt`` for the epoch and the step
+inside it to continue at, the hook its own ``BackupAndRestore`` uses
+(tf_keras/src/engine/training.py); Keras 3's ``fit`` reads ``model._initial_epoch`` after
+``on_train_begin`` (what its ``BackupAndRestore`` sets, keras/src/callbacks/backup_and_restore.py)
+and has no step inside an epoch, so the first ``k`` calls of its train function in the resumed
+epoch take their batch and train nothing (:func:`skipping`). The input pipeline starts its epoch
+again (``dataset.repeat()`` from its beginning) and the batches the interrupted start trained on
+are passed over, so with a seeded shuffle the resumed run sees the batches an uninterrupted one
+does. Keras's logs are running means over the epoch: in the epoch it resumed in they cover the
+steps since the resume.
+
+The training logs hpctf records are those ``fit`` computed, averaged across replicas (tf_keras
+summed them: :mod:`hpctf.compute.compat.keras_fit`); each epoch's ``val_*`` logs are recorded as
+the run's eval metrics at the epoch's last step.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from hpctf.compute.compat.keras_fit import FitInput, fit_input, random_state_variables
 from hpctf.compute.doctor.procstat import process_usage
 from hpctf.compute.loop.cadence import AgreementClock, Cadence
 from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather
@@ -65,6 +75,45 @@ class _TrainingState:
         return resume_position(self.step, int(steps_per_epoch or 0), initial_epoch)
 
 
+def skipping(train_function: Any, calls: int, extra: int, restore: Any) -> Any:
+    """``fit``'s train function for a resume: its first call first takes ``extra`` batches from
+    the iterator; then its first ``calls`` calls each take one more batch and train nothing
+    (returning no logs); then ``restore(train_function)`` puts the real one back."""
+    left, pending = calls, extra
+
+    def skip_then_train(iterator: Any) -> Any:
+        nonlocal left, pending
+        for _ in range(pending):
+            next(iterator)  # batches the interrupted start trained on before its save
+        pending = 0
+        if left > 0:
+            left -= 1
+            next(iterator)
+            return {}
+        restore(train_function)
+        return train_function(iterator)
+
+    return skip_then_train
+
+
+def passed_over(step: int, per_epoch: int, given: FitInput, legacy: bool) -> tuple[int, int]:
+    """How a resumed ``fit`` at ``step`` passes over the batches trained before: ``(calls,
+    extra)`` for :func:`skipping`. Keras 3 calls its train function for every batch of the
+    epoch it resumes in (``calls``: one per batch trained in it); tf_keras starts at the step
+    itself. An input that continues across epochs is also passed over by the epochs before."""
+    _, inside = resume_position(step, per_epoch, given.initial_epoch)
+    before = step - given.initial_epoch * per_epoch if given.continues else inside
+    calls = 0 if legacy else inside
+    return calls, max(before - calls, 0)
+
+
+def legacy_keras(model: Any) -> bool:
+    """Whether ``model`` is tf_keras's (Keras 2) rather than Keras 3's."""
+    return type(model).__module__.startswith("tf_keras") or any(
+        klass.__module__.startswith("tf_keras") for klass in type(model).__mro__
+    )
+
+
 class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
     """Checkpoints, preemption saves, progress and a fed watchdog for ``model.fit``."""
 
@@ -89,6 +138,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._preemption: PreemptionWatch | None = None
         self._checkpointer: Checkpointer | None = None
         self._step_variable: Any = None
+        self._resumed_inside = (0, 0)
         self._window = (time.perf_counter(), 0)
         self._clock = AgreementClock(
             self._settings.preemption_check_every_steps, self._warning_seconds
@@ -119,9 +169,14 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._cadence = dataclasses.replace(self._cadence, total=self._total)
         self._step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         objects: dict[str, Any] = {"model": model}
+        if seeds := random_state_variables(objects):
+            objects["random_state"] = seeds
         if model.optimizer is not None:
-            with strategy.scope():  # slots now, so the restore fills them instead of deferring
-                model.optimizer.build(model.trainable_variables)
+            with strategy.scope():
+                # Slots now, so the restore fills them instead of deferring. Keras 3's fit built
+                # its optimizer already (_symbolic_build), tf_keras's not yet.
+                if legacy_keras(model) or not model.optimizer.built:
+                    model.optimizer.build(model.trainable_variables)
             objects["optimizer"] = model.optimizer
         checkpoint = tf.train.Checkpoint(step=self._step_variable, **objects)
         self._checkpointer = Checkpointer(
@@ -134,14 +189,26 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             log.info("resumed from %s at step %d", restored, self._step)
         else:
             log.info("no checkpoint in %s: starting at step 0", self._run.checkpoints)
-        model._training_state = _TrainingState(self._step)
+        self._resume_fit_at(model, self._step)
         self._window = (time.perf_counter(), self._step)
         self._clock.restart(self._step)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch
 
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        step = (epoch + 1) * self._steps_per_epoch
+        values = _floats(logs or {})
+        shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
+        epochs = self.params.get("epochs", "?")
+        log.info("epoch %d/%s at step %d: %s", epoch + 1, epochs, step, shown)
+        validation = {k: v for k, v in values.items() if k.startswith("val_")}
+        if validation:
+            self._records.record(step, validation, group="eval")
+
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not logs and self._skipping(batch):
+            return  # a batch passed over on a resume inside an epoch (skipping)
         # The step as fit counts it (epochs from 0, batches inside each), so a resumed fit
         # and an uninterrupted one number their steps alike.
         step = self._epoch * self._steps_per_epoch + batch + 1
@@ -160,10 +227,36 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_end(self, logs: Any = None) -> None:
         self._stop()
-        self.model._training_state = None
+        if legacy_keras(self.model):
+            self.model._training_state = None
         log.info("fit ended at step %d", self._step)
 
     # --- the pieces --------------------------------------------------------------------------
+
+    def _resume_fit_at(self, model: Any, step: int) -> None:
+        """Make ``fit`` continue at ``step``: tf_keras through its training state, Keras 3 at the
+        epoch (``_initial_epoch``); both pass over the batches trained before (:func:`skipping`)."""
+        legacy = legacy_keras(model)
+        given = fit_input(model)
+        epoch, inside = resume_position(step, self._steps_per_epoch, given.initial_epoch)
+        if legacy:
+            model._training_state = _TrainingState(step)
+        elif step:
+            model._initial_epoch = epoch
+            self._resumed_inside = (epoch, inside)
+        calls, extra = passed_over(step, self._steps_per_epoch, given, legacy)
+        if calls or extra:
+
+            def restore(function: Any) -> None:
+                model.train_function = function
+
+            model.train_function = skipping(model.train_function, calls, extra, restore)
+            log.info("resuming fit at epoch %d, batch %d: passing over %d batches", epoch + 1,
+                     inside, calls + extra)
+
+    def _skipping(self, batch: int) -> bool:
+        epoch, inside = self._resumed_inside
+        return self._epoch == epoch and batch < inside
 
     def _stop(self) -> None:
         """The watchdog stopped, the signal handlers fit found put back."""
@@ -216,12 +309,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         started, first = self._window
         rate = (step - first) / max(now - started, 1e-9)
         self._window = (now, step)
-        values: dict[str, float] = {}
-        for name, value in logs.items():
-            try:
-                values[name] = float(value)
-            except (TypeError, ValueError):
-                continue
+        values = _floats(logs)
         total = self._total
         eta = f" eta {round((total - step) / rate)} s" if total and rate else ""
         shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
@@ -230,3 +318,14 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         if total:
             record["total_steps"] = total
         self._records.record(step, record)
+
+
+def _floats(logs: dict[str, Any]) -> dict[str, float]:
+    """The logs that are numbers, as floats (Keras 3 gives tensors or numpy values)."""
+    values: dict[str, float] = {}
+    for name, value in logs.items():
+        try:
+            values[name] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return values

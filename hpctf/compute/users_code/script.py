@@ -2,12 +2,17 @@
 
 :func:`hpctf.compute.start.runtime.run_worker` has set TF_CONFIG and the GPU binding, the batch
 script the site's environment, and the quick preflight has passed; hpctf creates no strategy: the
-script makes its own (``tf.distribute.MultiWorkerMirroredStrategy()`` reads TF_CONFIG). The
-script also finds (:func:`script_environment`):
+script makes its own (``tf.distribute.MultiWorkerMirroredStrategy()`` reads TF_CONFIG). Keras's
+``fit`` is made exact under that strategy first (:mod:`hpctf.compute.compat.keras_fit`: Keras 3
+as installed, or tf_keras with ``train.keras: 2``), and refuses, before its first step, a model
+built outside the strategy's scope on several workers. The script also finds
+(:func:`script_environment`):
 
 ======================= ===================================================================
-HPCTF_RUN_DIR           the run directory; also the script's working directory, so relative
-                        outputs (``model.save("model.keras")``) land in the run
+HPCTF_RUN_DIR           the run directory; also the chief's working directory, so its relative
+                        outputs (``model.save("model.keras")``) land in the run; every other
+                        rank works in a scratch directory of its own, removed when it leaves,
+                        so no two ranks ever write the same file
 HPCTF_CHECKPOINT_DIR    a directory on the shared filesystem for the script's own
                         checkpoints (``BackupAndRestore(os.environ["HPCTF_CHECKPOINT_DIR"])``)
 HPCTF_SOURCE_DIR        the directory of the experiment file (for ``hpctf submit train.py``
@@ -33,9 +38,11 @@ import os
 import runpy
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hpctf.compute.compat.keras_fit import prepare_fit
 from hpctf.compute.loop.preemption import early_signal
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.users_code import user_code
@@ -88,6 +95,18 @@ def script_environment(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -
     }
 
 
+def working_directory(run: RunDir, spec: ClusterSpec) -> Path:
+    """The run directory on the chief; on every other rank a scratch directory of its own inside
+    the worker's temporary directory (:mod:`hpctf.compute.start.worker_tmp`, removed on exit),
+    so a relative path the script writes on every rank (``model.save("final.keras")``) lands
+    once in the run, never twice at the same place."""
+    if spec.is_chief:
+        return run.path
+    scratch = Path(tempfile.gettempdir()) / f"rank-{spec.task_index}-cwd"
+    scratch.mkdir(mode=0o700, exist_ok=True)
+    return scratch
+
+
 def exit_status(code: object) -> int:
     """The worker's exit status for a script that ended with ``sys.exit(code)`` (None: it ran
     to its end). As Python: None is 0, an int itself, anything else 1 (Python prints it).
@@ -123,9 +142,10 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     environment = script_environment(config, run, spec)
     os.makedirs(environment["HPCTF_CHECKPOINT_DIR"], exist_ok=True)
     os.environ.update(environment)
-    os.chdir(run.path)
+    os.chdir(working_directory(run, spec))
     sys.path.insert(0, str(Path(settings.script).parent))  # as `python script.py` does
-    log.info("running %s in %s", " ".join([settings.script, *settings.script_args]), run.path)
+    log.info(prepare_fit(settings.keras == 2, len(spec.workers), settings.script).line())
+    log.info("running %s in %s", " ".join([settings.script, *settings.script_args]), os.getcwd())
     sys.stdout.flush()
     try:
         with user_code.region():
