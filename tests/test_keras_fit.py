@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import hpctf.keras
-from hpctf.core.errors import UserError
 from hpctf.login.watching.run_report import script_text
 
 
@@ -23,13 +21,6 @@ def test_hpctf_keras_imports_no_tensorflow() -> None:
 def test_outside_hpctf_the_script_runs_without_callbacks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HPCTF_RUN_DIR", raising=False)
     assert hpctf.keras.callbacks() == []
-
-
-def test_callbacks_need_tf_keras(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HPCTF_RUN_DIR", str(tmp_path))
-    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
-    with pytest.raises(UserError, match=r"needs train.keras: 2 .*install hpctf\[keras2\]"):
-        hpctf.keras.callbacks()
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -215,7 +216,10 @@ def test_a_script_runs_as_main_on_every_local_task(tmp_path: Path, runs_root: Pa
     assert (run_path / "chief.txt").read_text() == "2"
     assert json.loads((run_path / "DONE").read_text())["step"] is None
     logs = "".join(p.read_text() for p in sorted((run_path / "logs").iterdir()))
-    assert logs.count("argv ['a', 'b c'] name __main__ cwd " + str(run_path)) == 2, logs
+    # The chief works in the run directory, the other rank in a scratch directory of its own.
+    assert logs.count("argv ['a', 'b c'] name __main__ cwd " + str(run_path) + "\n") == 1, logs
+    assert logs.count("argv ['a', 'b c'] name __main__ cwd ") == 2, logs
+    assert re.search(r"cwd /\S+/rank-1-cwd\n", logs), logs
     assert [e["event"] for e in RunDir(run_path).events()][-1] == "ended"
 
 

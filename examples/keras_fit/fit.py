@@ -6,8 +6,9 @@ TensorFlow's tutorial (tensorflow.org/tutorials/distribute/multi_worker_with_ker
 MultiWorkerMirroredStrategy at the top (it reads TF_CONFIG, which hpctf sets), a dataset batched
 by the global batch, a model compiled in the strategy's scope, ``model.fit``, and the chief alone
 keeping the model. The one hpctf line is ``callbacks=hpctf.keras.callbacks()``: resume at the
-exact step, checkpoints, preemption saves, progress and DONE. ``train.keras: 2`` (tf_keras)
-because Keras 3's fit fails under this strategy (keras-team/keras#20585).
+exact step, checkpoints, preemption saves, progress and DONE. Keras 3's fit, which fails
+under this strategy upstream (keras-team/keras#20585), is made exact by hpctf before the script
+runs; ``train.keras: 2`` runs the same script on tf_keras.
 """
 
 import os

@@ -49,10 +49,10 @@ log = logging.getLogger("hpctf.worker")
 FIRST_EXACT_KERAS_3 = (3, 5)
 
 NO_STRATEGY = (
-    "model.fit on {workers} workers, but the model was built outside a "
-    "MultiWorkerMirroredStrategy's scope: each worker would train a copy of its own. Add "
-    "`strategy = tf.distribute.MultiWorkerMirroredStrategy()` at the top of {script} (before "
-    "any model or dataset) and build and compile the model inside `with strategy.scope():`"
+    "model.fit on {workers} workers with a model built outside a MultiWorkerMirroredStrategy "
+    "scope would train {workers} separate copies: in {script} create `strategy = "
+    "tf.distribute.MultiWorkerMirroredStrategy()` first, and build and compile the model under "
+    "`with strategy.scope():`"
 )
 
 
@@ -211,7 +211,8 @@ def _refusing_copies(fit: Any, workers: int, script: str) -> Any:
             self, "_distribute_strategy", None
         )
         if workers > 1 and (strategy is None or not _multi_worker(strategy)):
-            raise UserError(NO_STRATEGY.format(workers=workers, script=script))
+            name = script.rsplit("/", 1)[-1]
+            raise UserError(NO_STRATEGY.format(workers=workers, script=name))
         data = args[0] if args else kwargs.get("x")
         self._hpctf_fit = FitInput(
             input_continues(data, kwargs.get("steps_per_epoch")),

@@ -114,6 +114,8 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
         )
     if full:
         document["losses"] = [[r["step"], r["loss"]] for r in records if "loss" in r]
+        evaluations = [r for r in records if isinstance(r.get("eval"), dict)]
+        document["eval"] = evaluations[-1] if evaluations else None
     return document
 
 
@@ -228,6 +230,9 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
             f"loss: {_number(losses[0])} {sparkline(losses)} {_number(losses[-1])} "
             f"(steps {document['losses'][0][0]}-{document['losses'][-1][0]})"
         )
+    if evaluation := document.get("eval"):
+        shown = ", ".join(f"{k} {_number(v)}" for k, v in sorted(evaluation["eval"].items()))
+        lines.append(f"eval: step {evaluation['step']}: {shown}")
     for job in document["jobs"]:
         state = job["slurm"]
         if job["ended"] and (state is None or state["source"] == "journal" or _final(state)):
