@@ -139,6 +139,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._checkpointer: Checkpointer | None = None
         self._step_variable: Any = None
         self._resumed_inside = (0, 0)
+        self._running_metrics: list[tuple[Any, Any]] = []
         self._window = (time.perf_counter(), 0)
         self._clock = AgreementClock(
             self._settings.preemption_check_every_steps, self._warning_seconds
@@ -171,6 +172,9 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         objects: dict[str, Any] = {"model": model}
         if seeds := random_state_variables(objects):
             objects["random_state"] = seeds
+        running = [] if legacy_keras(model) else list(model.metrics_variables)
+        if running:
+            objects["running_metrics"] = running
         if model.optimizer is not None:
             with strategy.scope():
                 # Slots now, so the restore fills them instead of deferring. Keras 3's fit built
@@ -190,11 +194,19 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         else:
             log.info("no checkpoint in %s: starting at step 0", self._run.checkpoints)
         self._resume_fit_at(model, self._step)
+        if self._resumed_inside[1] and running:
+            # fit resets the metrics as each epoch begins: what the epoch had summed before the
+            # save is put back then (a collective read on every rank, in the same order).
+            self._running_metrics = [(v, v.numpy()) for v in running]
         self._window = (time.perf_counter(), self._step)
         self._clock.restart(self._step)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch
+        if self._running_metrics and epoch == self._resumed_inside[0]:
+            for variable, value in self._running_metrics:
+                variable.assign(value)
+            self._running_metrics = []
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         step = (epoch + 1) * self._steps_per_epoch
@@ -251,8 +263,12 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
                 model.train_function = function
 
             model.train_function = skipping(model.train_function, calls, extra, restore)
-            log.info("resuming fit at epoch %d, batch %d: passing over %d batches", epoch + 1,
-                     inside, calls + extra)
+            log.info(
+                "resuming fit at epoch %d, batch %d: passing over %d batches",
+                epoch + 1,
+                inside,
+                calls + extra,
+            )
 
     def _skipping(self, batch: int) -> bool:
         epoch, inside = self._resumed_inside
