@@ -119,3 +119,35 @@ def test_checkpoints_none_of_which_reads_back_stop_the_run(tmp_path: Path) -> No
     said = str(caught.value)
     assert said.startswith(f"no checkpoint in {directory} reads back whole (ckpt-100, ckpt-200;")
     assert said.endswith(f"hpctf resubmit --from-scratch {directory.parent}")
+
+
+@pytest.mark.tf
+def test_a_checkpoint_without_the_optional_objects_still_restores(tmp_path: Path) -> None:
+    """Seed states and running metrics joined the checkpoint later: a run checkpointed by an
+    earlier hpctf resumes (its weights restored), and what the checkpoint has is restored."""
+    import tensorflow as tf
+
+    from hpctf.compute.records.checkpoints import Checkpointer
+
+    spec = SimpleNamespace(task_index=0, is_chief=True)
+    directory = tmp_path / "checkpoints"
+    weights, seeds = tf.Variable([1.0, 2.0]), tf.Variable([7, 8], dtype=tf.int64)
+    old = Checkpointer(tf.train.Checkpoint(model=weights), directory, spec, 2)  # type: ignore[arg-type]
+    old.save(10)
+    weights.assign([0.0, 0.0])
+    whole = tf.train.Checkpoint(model=weights, random_state=[seeds])
+    required = tf.train.Checkpoint(model=weights)
+    new = Checkpointer(whole, directory, spec, 2, required=required)  # type: ignore[arg-type]
+    assert new.restore_agreed(one_rank) == str(directory / "ckpt-10")
+    assert weights.numpy().tolist() == [1.0, 2.0] and seeds.numpy().tolist() == [7, 8]
+    seeds.assign([3, 4])
+    new.save(20)
+    seeds.assign([0, 0])
+    assert new.restore_agreed(one_rank) == str(directory / "ckpt-20")
+    assert seeds.numpy().tolist() == [3, 4]
+    # Without `required`, the old checkpoint is refused as not matching (as before).
+    strict = Checkpointer(whole, tmp_path / "other", spec, 2)  # type: ignore[arg-type]
+    old_only = Checkpointer(tf.train.Checkpoint(model=weights), tmp_path / "other", spec, 2)  # type: ignore[arg-type]
+    old_only.save(5)
+    with pytest.raises(Exception, match="does not match"):
+        strict.restore_agreed(one_rank)

@@ -171,12 +171,20 @@ class Session:
     def track(self, **objects: Any) -> int:
         """Checkpoint ``objects`` (model, optimizer, ...) from now on; restore the newest whole
         checkpoint into them; return the step to continue after (0 for a fresh run)."""
-        if "random_state" not in objects and (seeds := random_state_variables(objects)):
-            objects = {**objects, "random_state": seeds}  # RandomFlip, Dropout: exact resumes
         checkpoint = tf.train.Checkpoint(step=self._step, **objects)
+        required = None
+        if "random_state" not in objects and (seeds := random_state_variables(objects)):
+            # RandomFlip, Dropout: exact resumes. A checkpoint of an earlier hpctf lacks them.
+            required = checkpoint
+            checkpoint = tf.train.Checkpoint(step=self._step, random_state=seeds, **objects)
         settings = self._checkpoint_settings
         self._checkpointer = Checkpointer(
-            checkpoint, self.run.checkpoints, self.spec, settings.keep, settings.asynchronous
+            checkpoint,
+            self.run.checkpoints,
+            self.spec,
+            settings.keep,
+            settings.asynchronous,
+            required=required,
         )
         if self.precision_policy == "mixed_float16" and not any(
             isinstance(o, keras.optimizers.LossScaleOptimizer) for o in objects.values()

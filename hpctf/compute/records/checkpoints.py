@@ -121,8 +121,13 @@ class Checkpointer:
         spec: ClusterSpec,
         keep: int,
         asynchronous: bool = False,
+        required: tf.train.Checkpoint | None = None,
     ) -> None:
+        """``checkpoint`` is what each save writes; ``required``, when given, the part of it a
+        restore must find (the rest, such as random layers' seed states that a checkpoint
+        written by an earlier hpctf lacks, is restored where the checkpoint has it)."""
         self._checkpoint = checkpoint
+        self._required = required
         self._directory = directory
         self._task_index = spec.task_index
         self._manager = None
@@ -168,7 +173,9 @@ class Checkpointer:
             return None
         path = listed[step]
         try:
-            self._checkpoint.restore(path).assert_existing_objects_matched()
+            (self._required or self._checkpoint).restore(path).assert_existing_objects_matched()
+            if self._required is not None:
+                self._checkpoint.restore(path).expect_partial()
         except AssertionError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
             raise UserError(

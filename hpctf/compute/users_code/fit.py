@@ -170,11 +170,12 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._cadence = dataclasses.replace(self._cadence, total=self._total)
         self._step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         objects: dict[str, Any] = {"model": model}
+        optional: dict[str, Any] = {}
         if seeds := random_state_variables(objects):
-            objects["random_state"] = seeds
+            optional["random_state"] = seeds
         running = [] if legacy_keras(model) else list(model.metrics_variables)
         if running:
-            objects["running_metrics"] = running
+            optional["running_metrics"] = running
         if model.optimizer is not None:
             with strategy.scope():
                 # Slots now, so the restore fills them instead of deferring. Keras 3's fit built
@@ -182,9 +183,13 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
                 if legacy_keras(model) or not model.optimizer.built:
                     model.optimizer.build(model.trainable_variables)
             objects["optimizer"] = model.optimizer
-        checkpoint = tf.train.Checkpoint(step=self._step_variable, **objects)
+        checkpoint = tf.train.Checkpoint(step=self._step_variable, **objects, **optional)
         self._checkpointer = Checkpointer(
-            checkpoint, self._run.checkpoints, self._spec, self._checkpoint_settings.keep
+            checkpoint,
+            self._run.checkpoints,
+            self._spec,
+            self._checkpoint_settings.keep,
+            required=tf.train.Checkpoint(step=self._step_variable, **objects),
         )
         restored = self._checkpointer.restore_agreed(gather)
         self._beat("restore")
