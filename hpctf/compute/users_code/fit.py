@@ -3,11 +3,11 @@
 
 The same pieces as hpctf's own loop (:class:`hpctf.compute.loop.session.Session`): checkpoints
 (:class:`~hpctf.compute.records.checkpoints.Checkpointer`: every worker takes part, only the
-chief's copy lands, restored at the step all ranks agree on), the preemption agreement
+chief's copy lands, restored at the step all ranks agree on; written in the background with
+``checkpoint.asynchronous``, a failed write taken at the next batch), the preemption agreement
 (:class:`~hpctf.compute.loop.preemption.PreemptionWatch`: a warning to any rank is saved by every
-rank
-at one agreed step, then exit 75), the chief's records (metrics.jsonl, TensorBoard) and the stall
-watchdog, fed by every batch.
+rank at one agreed step, then exit 75), the chief's records (metrics.jsonl, TensorBoard) and the
+stall watchdog, fed by every batch.
 
 Resuming at the exact step: after ``on_train_begin`` tf_keras's ``fit`` (``train.keras: 2``)
 asks ``model._training_state.maybe_load_initial_counters_from_ckpt`` for the epoch and the step
@@ -189,6 +189,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             self._run.checkpoints,
             self._spec,
             self._checkpoint_settings.keep,
+            self._checkpoint_settings.asynchronous,
             required=tf.train.Checkpoint(step=self._step_variable, **objects),
         )
         restored = self._checkpointer.restore_agreed(gather)
@@ -238,11 +239,15 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             self._save(step)
         if due.agree:
             self._check_preemption(step, due.save)
+        if self._checkpointer is not None:
+            self._checkpointer.poll()  # a background save that failed ends the run now
 
     def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
         self._beat("evaluation batch")  # fit's validation between epochs
 
     def on_train_end(self, logs: Any = None) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()  # the last save on disk before the script goes on
         self._stop()
         if legacy_keras(self.model):
             self.model._training_state = None
@@ -315,6 +320,8 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             return
         if not saved:
             self._save(step)
+        if self._checkpointer is not None:
+            self._checkpointer.wait()  # the agreed step on disk before the requeue is recorded
         if self._spec.is_chief:
             # The batch script requeues on this record (as after Session.step_done's save).
             journal.record_saved_on_warning(
