@@ -30,6 +30,22 @@ def digits_with_schedule(
     return task
 
 
+def digits_with_dropout(hidden: int = 64, learning_rate: float = 0.01) -> hpctf.Task:
+    """The digits task with random layers (seeded GaussianNoise and Dropout): their seed
+    states must be checkpointed for a resume to draw what an uninterrupted run draws."""
+    task = digits.build(hidden=hidden, learning_rate=learning_rate)
+    task.model = keras.Sequential(
+        [
+            keras.Input(shape=(64,)),
+            keras.layers.GaussianNoise(0.1, seed=1),
+            keras.layers.Dense(hidden, activation="relu"),
+            keras.layers.Dropout(0.3, seed=2),
+            keras.layers.Dense(10),
+        ]
+    )
+    return task
+
+
 def stuck_at(session: Session, rank: int = 1, step: int = 40) -> None:
     """The custom-loop example, except that rank ``rank`` stops calling collectives at
     ``step`` while staying alive (heartbeats go on): a deadlock in user code."""

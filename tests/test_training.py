@@ -64,13 +64,24 @@ def resubmit(run_dir: Path) -> str:
     return (run_dir / "logs" / "rank-0.log").read_text()
 
 
+RANDOM_LAYERS = [
+    "--set",
+    "train.entry=entries:digits_with_dropout",
+    "--set",
+    f"train.python_path={json.dumps(ENTRIES_PATH)}",
+]
+
+
+@pytest.mark.parametrize("layers", ["dense", "random"])
 def test_resumed_run_matches_uninterrupted_run_step_by_step(
-    runs_root: Path, tmp_path: Path
+    layers: str, runs_root: Path, tmp_path: Path
 ) -> None:
-    uninterrupted = submit_local(*SHORT, cwd=tmp_path)
+    """With random layers (GaussianNoise, Dropout) too: their seed states are checkpointed."""
+    args = [*SHORT, *(RANDOM_LAYERS if layers == "random" else [])]
+    uninterrupted = submit_local(*args, cwd=tmp_path)
 
     launcher = subprocess.Popen(
-        [*HPCTF, "submit", str(DIGITS), "--site", "local", *SHORT],
+        [*HPCTF, "submit", str(DIGITS), "--site", "local", *args],
         stdout=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
