@@ -46,7 +46,7 @@ from hpctf.compute.loop.data import cardinality, evaluation_dataset, plan_shards
 from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather
 from hpctf.compute.loop.step_flags import StepFlags
 from hpctf.compute.loop.watchdog import ProgressWatchdog
-from hpctf.compute.records.checkpoints import Checkpointer
+from hpctf.compute.records.checkpoints import Checkpointer, checkpoint_of
 from hpctf.compute.records.chief_records import ChiefRecords
 from hpctf.compute.start import startup_clock
 from hpctf.compute.start.cluster import ClusterSpec
@@ -171,12 +171,9 @@ class Session:
     def track(self, **objects: Any) -> int:
         """Checkpoint ``objects`` (model, optimizer, ...) from now on; restore the newest whole
         checkpoint into them; return the step to continue after (0 for a fresh run)."""
-        checkpoint = tf.train.Checkpoint(step=self._step, **objects)
-        required = None
-        if "random_state" not in objects and (seeds := random_state_variables(objects)):
-            # RandomFlip, Dropout: exact resumes. A checkpoint of an earlier hpctf lacks them.
-            required = checkpoint
-            checkpoint = tf.train.Checkpoint(step=self._step, random_state=seeds, **objects)
+        # RandomFlip, Dropout: their seed states, for exact resumes.
+        seeds = {"random_state": random_state_variables(objects)}
+        checkpoint, required = checkpoint_of({"step": self._step, **objects}, seeds)
         settings = self._checkpoint_settings
         self._checkpointer = Checkpointer(
             checkpoint,

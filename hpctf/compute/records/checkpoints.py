@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import tensorflow as tf
 
@@ -109,6 +110,18 @@ def unreadable(listed: Mapping[int, str], directory: str) -> EnvironmentProblem:
         "training from step 0 over them would lose them; restore them from a backup, or "
         f"start again from step 0 with: hpctf resubmit --from-scratch {run}"
     )
+
+
+def checkpoint_of(
+    objects: dict[str, Any], optional: dict[str, Any]
+) -> tuple[tf.train.Checkpoint, tf.train.Checkpoint | None]:
+    """The checkpoint each save writes (``objects`` and ``optional``), and the part a restore
+    must find (None: all of it): ``optional`` objects joined later, and a checkpoint written
+    before them still resumes (:class:`Checkpointer`'s ``required``)."""
+    optional = {name: value for name, value in optional.items() if value}
+    if not optional:
+        return tf.train.Checkpoint(**objects), None
+    return tf.train.Checkpoint(**objects, **optional), tf.train.Checkpoint(**objects)
 
 
 class Checkpointer:

@@ -41,7 +41,7 @@ from hpctf.compute.doctor.procstat import process_usage
 from hpctf.compute.loop.cadence import AgreementClock, Cadence
 from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather
 from hpctf.compute.loop.watchdog import ProgressWatchdog
-from hpctf.compute.records.checkpoints import Checkpointer
+from hpctf.compute.records.checkpoints import Checkpointer, checkpoint_of
 from hpctf.compute.records.chief_records import ChiefRecords
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
@@ -169,13 +169,9 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._total = self._steps_per_epoch * epochs or None
         self._cadence = dataclasses.replace(self._cadence, total=self._total)
         self._step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        objects: dict[str, Any] = {"model": model}
-        optional: dict[str, Any] = {}
-        if seeds := random_state_variables(objects):
-            optional["random_state"] = seeds
+        objects: dict[str, Any] = {"step": self._step_variable, "model": model}
         running = [] if legacy_keras(model) else list(model.metrics_variables)
-        if running:
-            optional["running_metrics"] = running
+        optional = {"random_state": random_state_variables(objects), "running_metrics": running}
         if model.optimizer is not None:
             with strategy.scope():
                 # Slots now, so the restore fills them instead of deferring. Keras 3's fit built
@@ -183,14 +179,14 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
                 if legacy_keras(model) or not model.optimizer.built:
                     model.optimizer.build(model.trainable_variables)
             objects["optimizer"] = model.optimizer
-        checkpoint = tf.train.Checkpoint(step=self._step_variable, **objects, **optional)
+        checkpoint, required = checkpoint_of(objects, optional)
         self._checkpointer = Checkpointer(
             checkpoint,
             self._run.checkpoints,
             self._spec,
             self._checkpoint_settings.keep,
             self._checkpoint_settings.asynchronous,
-            required=tf.train.Checkpoint(step=self._step_variable, **objects),
+            required=required,
         )
         restored = self._checkpointer.restore_agreed(gather)
         self._beat("restore")
