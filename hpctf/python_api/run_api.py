@@ -117,7 +117,7 @@ class Run:
         under ``eval``). A pandas DataFrame (``eval`` flattened to ``eval.NAME`` columns) when
         pandas is installed, else a list of dicts; ``frame=False``: always the list,
         ``frame=True``: a UserError when pandas is missing."""
-        from hpctf.login.watching.runs import metric_records
+        from hpctf.core.run.metrics_history import metric_records
 
         rows = metric_records(self.path / "metrics.jsonl")
         if frame is False:

@@ -187,6 +187,7 @@ class Session:
         self.keepalive("restore")
         start = int(self._step.numpy())
         startup_clock.mark("restore")
+        self._records.resumed(start)
         if restored:
             log.info("resumed from %s at step %d", restored, start)
         else:
