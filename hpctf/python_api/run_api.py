@@ -20,7 +20,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.scheduler.slurm import FINAL_STATES
 
 # The run states after which nothing starts the run again by itself.
-FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled"})
+FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted"})
 
 Settings = Mapping[str, Any] | Sequence[str] | None
 
@@ -77,7 +77,8 @@ class Run:
 
     @property
     def state(self) -> str:
-        """queued, running, requeued, preempted, done, failed, gave_up or cancelled."""
+        """queued, running, requeued, preempted, done, failed, gave_up, cancelled, or (a local
+        run whose launcher was stopped by a signal) interrupted."""
         return str(self.status()["state"])
 
     def wait(self, timeout: float | None = None, poll: float = 10.0, check: bool = False) -> str:

@@ -24,6 +24,7 @@ from hpctf.core.scheduler.slurm import FINAL_STATES
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.extend import extend_run, extended_config
 from hpctf.login.submitting.launch import CLI, Caller, start_run
+from hpctf.login.submitting.local_control import local_launcher, wait_for_old_workers
 
 # A Slurm node list as scontrol writes one: names, ranges in brackets, commas.
 _NODELIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*")
@@ -72,6 +73,10 @@ def resubmit_run(
                     f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
+    elif local_launcher(run) is None:
+        # A killed local launcher's workers save and end on their own (launcher_watch): wait
+        # for them rather than start a second set beside them. A live launcher: refused below.
+        wait_for_old_workers(run)
     # Atomic, unlike the check above: of two resubmits at one instant, one goes on. On Slurm
     # the claim passes to the job sbatch gives; a local run is this process's own.
     claim = ownership.claim_of("submit" if launcher.slurm else "local")

@@ -25,7 +25,7 @@ from hpctf.core.run.runstate import RunState, run_state
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import ResolvedConfig
 
-FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled"})
+FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running", "requeued"})
 # How much of the end of metrics.jsonl a table reads (the last few logged steps).
 METRICS_TAIL_BYTES = 64 << 10
