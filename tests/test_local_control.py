@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
+import hpctf
 from hpctf.core.errors import one_line
+from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
 from tests.conftest import DIGITS, HPCTF, checkpoint_steps, run_dir_from
+from tests.journal_records import ended, started, write_events
 
 LONG = ["train.steps=100000", "train.log_every_steps=1", "checkpoint.every_steps=100000"]
 SETS = [arg for setting in LONG for arg in ("--set", setting)]
@@ -132,3 +135,22 @@ def test_one_line_reasons_are_short_and_say_where_the_rest_is() -> None:
     assert "\n" not in line and len(line) < 360, len(line)
     assert line.endswith("more characters; the rank log has it all)")
     assert one_line("exit  1\n") == "exit 1"
+
+
+def test_a_local_run_stopped_by_a_signal_shows_interrupted(tmp_path: Path, runs_root: Path) -> None:
+    rendered = subprocess.run(
+        [*HPCTF, "render", str(DIGITS), "--site", "local", "-o", str(tmp_path / "job.sbatch")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert rendered.returncode == 0
+    (run_dir,) = runs_root.iterdir()
+    saved = {"event": journal.SAVED_ON_WARNING, "job_id": "7", "step": 30, "signal": "TERM"}
+    write_events(run_dir, started(), saved, ended("preempted", 30, 75))
+    shown = _status(run_dir)
+    assert (shown["state"], shown["why"]) == (
+        "interrupted",
+        "its launcher was stopped; saved step 30; hpctf resubmit resumes it",
+    )
+    assert hpctf.run(run_dir).wait(poll=0.1, timeout=5) == "interrupted"  # an end, for wait()
