@@ -139,3 +139,32 @@ class Recorder(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_end(self, logs: dict[str, float] | None = None) -> None:
         rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
         self._add("train_end", round(rate, 6))
+
+
+def digits_with_best_checkpoint(hidden: int = 64, learning_rate: float = 0.01) -> hpctf.Task:
+    """The digits task with ``metrics=["accuracy"]`` and callbacks that write relative paths:
+    ModelCheckpoint("best.keras") and EarlyStopping on val_accuracy without ``mode``, and
+    :class:`RelativeNote` (every rank)."""
+    task = digits.build(hidden=hidden, learning_rate=learning_rate)
+    task.metrics = ["accuracy"]
+    stop = keras.callbacks.EarlyStopping(monitor="val_accuracy", patience=1000)
+    task.callbacks = [
+        keras.callbacks.ModelCheckpoint("best.keras", monitor="val_accuracy", save_best_only=True),
+        stop,
+        RelativeNote(stop),
+    ]
+    return task
+
+
+class RelativeNote(keras.callbacks.Callback):  # type: ignore[misc]
+    """Writes ``note-RANK.json`` (a relative path) at the end: the working directory, and how
+    ``stop`` compared its metric (``greater``: maximised)."""
+
+    def __init__(self, stop: keras.callbacks.EarlyStopping) -> None:
+        super().__init__()
+        self.stop = stop
+
+    def on_train_end(self, logs: dict[str, float] | None = None) -> None:
+        rank = os.environ["SLURM_PROCID"]
+        op = getattr(self.stop.monitor_op, "__name__", str(self.stop.monitor_op))
+        Path(f"note-{rank}.json").write_text(json.dumps({"cwd": os.getcwd(), "op": op}))

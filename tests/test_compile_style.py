@@ -170,3 +170,27 @@ def test_file_writing_callbacks_run_on_the_chief_only(tmp_path: Any) -> None:
     others = TaskCallbacks([stop, csv], model, None, False, 10, 5)
     assert others.callbacks == [stop] and not others.batch_hooks
     assert TaskCallbacks([keras.callbacks.TerminateOnNaN()], model, None, False, 10, 5).batch_hooks
+
+
+def test_metric_directions_are_what_fit_reads_and_auto_mode_callbacks_get_them() -> None:
+    from hpctf.compute.users_code.compile_style import metric_directions
+    from hpctf.compute.users_code.task_callbacks import TaskCallbacks
+
+    given = ["accuracy", "mae", keras.metrics.SparseCategoricalAccuracy(name="sca"), my_loss]
+    directions = metric_directions(given, "sparse_categorical_crossentropy")
+    assert directions == {"accuracy": "up", "mae": "down", "sca": "up"}
+    assert metric_directions({"top_acc": my_loss, "err": "mse"}, "mse") == {
+        "top_acc": "up",  # tf_keras's rule by name
+        "err": "down",
+    }
+    model = keras.Sequential([keras.Input(shape=(1,)), keras.layers.Dense(1)])
+    watch = [
+        keras.callbacks.EarlyStopping(monitor="val_accuracy"),
+        keras.callbacks.ReduceLROnPlateau(monitor="val_mae"),
+        keras.callbacks.EarlyStopping(monitor="val_accuracy", mode="min"),  # the user's word
+        keras.callbacks.EarlyStopping(monitor="val_unknown"),
+    ]
+    TaskCallbacks(watch, model, None, True, 10, 5, directions=directions)
+    assert [c.mode for c in watch] == ["max", "min", "min", "auto"]
+    watch[0]._set_monitor_op()  # what its first on_epoch_end calls
+    assert watch[0].monitor_op.__name__ == "greater"

@@ -883,13 +883,15 @@ def test_cancel_records_the_end_status_shows_it_and_resubmit_still_works(
     assert fake_slurm.calls("scancel") == ["-- 4242", "-- 4343"]
 
 
-def test_cancel_of_a_local_run_says_how_to_stop_it(tmp_path: Path, runs_root: Path) -> None:
+def test_cancel_of_a_local_run_without_a_launcher_says_so(tmp_path: Path, runs_root: Path) -> None:
+    # A running one: tests/test_local_control.py.
     out = tmp_path / "job.sbatch"
     rendered = CliRunner().invoke(cli, ["render", str(DIGITS), "--site", "local", "-o", str(out)])
     assert rendered.exit_code == 0
     (run_dir,) = runs_root.iterdir()
     result = CliRunner().invoke(cli, ["cancel", str(run_dir)])
-    assert result.exit_code == 2 and "runs on a local site" in result.output
+    assert result.exit_code == 0, result.output
+    assert f"nothing to cancel: no launcher of {run_dir} runs on this host" in result.output
 
 
 # --- plot --------------------------------------------------------------------------------------

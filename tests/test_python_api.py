@@ -65,7 +65,8 @@ def test_a_run_from_python_submits_reads_and_extends_through_the_cli_functions(
     RunDir(run.path).record("ended", job_id="4242", exit_code=0, reason="done", step=300)
     fake_slurm.answer("squeue", "")
     assert run.wait(poll=0.1, check=True) == "done"
-    assert run.metrics(frame=False) == rows
+    # One row per step, its training and evaluation values together.
+    assert run.metrics(frame=False) == [{"step": 300, "loss": 0.1, "eval": {"accuracy": 0.9}}]
 
     # A key that changes the model: refused in one line naming it, nothing written.
     with pytest.raises(UserError) as refused:
@@ -112,12 +113,21 @@ def test_status_sweep_sort_top_ranks_the_points(
     fake_slurm: FakeSlurm,
 ) -> None:
     fake_slurm.answer("scontrol", "MaxArraySize            = 1001\n")
-    sweep = hpctf.sweep(DIGITS, grid={"train.seed": [0, 1, 2]}, site="local-slurm")
-    assert [p.values for p in sweep.points] == [{"train.seed": str(i)} for i in range(3)]
+    grid = {"train.seed": [0, 1, 2], "train.args.learning_rate": [0.01]}
+    grid |= {"train.scale_learning_rate": [True], "name": ["007"]}
+    sweep = hpctf.sweep(DIGITS, grid=grid, site="local-slurm")
+    # The values as the grid gave them: int, float, bool, and a string key's text.
+    assert [p.values for p in sweep.points] == [
+        {"train.seed": i, "train.args.learning_rate": 0.01, "train.scale_learning_rate": True,
+         "name": "007"}
+        for i in range(3)
+    ]  # fmt: skip
+    assert [type(v) for v in sweep.points[0].values.values()] == [int, float, bool, str]
     for point, accuracy in zip(sweep.points, (0.7, 0.9, 0.8), strict=True):
         write(point.run.path / "DONE", json.dumps({"step": 300, "eval": {"accuracy": accuracy}}))
     best = sweep.best("eval.accuracy")
     assert best is not None and best.index == 1 and best.run.path == sweep.points[1].run.path
+    assert best.values["train.seed"] == 1 and best.values["train.args.learning_rate"] == 0.01
     result = CliRunner().invoke(
         cli, ["status", str(sweep.path), "--sort", "eval.accuracy", "--top", "2", "--json"]
     )

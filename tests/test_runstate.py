@@ -60,7 +60,7 @@ def test_the_walltime_signal_is_the_sites() -> None:
             "requeued",
             "after timeout",
         ),
-        ([SUBMITTED, started(), ended("failed", 0, 1)], "failed", "failed (exit 1)"),
+        ([SUBMITTED, started(), ended("failed", 0, 1)], "failed", "exit 1"),
         # Saved an agreed step and nothing requeued it (a local run's SIGTERM): resumable.
         (
             [SUBMITTED, started(), ended("preempted", 230, 75)],

@@ -58,3 +58,18 @@ class EnvironmentProblem(Exception):
     """
 
     exit_code = ENVIRONMENT_EXIT
+
+
+# The longest one-line reason hpctf writes (status, the launcher, a rank log's error line): an
+# exception's text can be a whole tensor (8,007 characters seen); the full text stays in the
+# rank log's traceback.
+ONE_LINE_MAX = 300
+
+
+def one_line(text: str, limit: int = ONE_LINE_MAX, rest: str = "the rank log has it all") -> str:
+    """``text`` on one line (whitespace runs made one space), at most about ``limit``
+    characters: a longer one is cut and says how much was left out and where it is."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    return f"{flat[:limit].rstrip()}... ({len(flat) - limit} more characters; {rest})"

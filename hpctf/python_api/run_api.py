@@ -20,7 +20,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.scheduler.slurm import FINAL_STATES
 
 # The run states after which nothing starts the run again by itself.
-FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled"})
+FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted"})
 
 Settings = Mapping[str, Any] | Sequence[str] | None
 
@@ -77,7 +77,8 @@ class Run:
 
     @property
     def state(self) -> str:
-        """queued, running, requeued, preempted, done, failed, gave_up or cancelled."""
+        """queued, running, requeued, preempted, done, failed, gave_up, cancelled, or (a local
+        run whose launcher was stopped by a signal) interrupted."""
         return str(self.status()["state"])
 
     def wait(self, timeout: float | None = None, poll: float = 10.0, check: bool = False) -> str:
@@ -113,13 +114,14 @@ class Run:
         return "".join(LogReader(record.run, rank, job).read(record.events, final=True))
 
     def metrics(self, frame: bool | None = None) -> Any:
-        """The rows of the run's metrics.jsonl (step, loss, time, ...; an evaluation's values
-        under ``eval``). A pandas DataFrame (``eval`` flattened to ``eval.NAME`` columns) when
-        pandas is installed, else a list of dicts; ``frame=False``: always the list,
-        ``frame=True``: a UserError when pandas is missing."""
-        from hpctf.login.watching.runs import metric_records
+        """One row per logged step of the run's metrics.jsonl, its training values (loss,
+        time, ...) and its evaluation's (under ``eval``) together; each step once, from the
+        start that logged it last. A pandas DataFrame (``eval`` flattened to ``eval.NAME``
+        columns) when pandas is installed, else a list of dicts; ``frame=False``: always the
+        list, ``frame=True``: a UserError when pandas is missing."""
+        from hpctf.core.run.metrics_history import by_step, metric_records
 
-        rows = metric_records(self.path / "metrics.jsonl")
+        rows = by_step(metric_records(self.path / "metrics.jsonl"))
         if frame is False:
             return rows
         try:
@@ -143,15 +145,19 @@ class Run:
         update_code: bool = False,
         from_scratch: bool = False,
         retry_failed_nodes: bool = False,
+        echo: bool = False,
     ) -> Run:
         """``hpctf resubmit RUN``: a new job on this run, resuming from its last checkpoint;
         ``set={"train.steps": N}`` continues a done run (only keys that change neither model
-        nor script). Returns this run; on a local site it has run by then."""
+        nor script). Returns this run; on a local site it has run by then (``echo``, Ctrl-C:
+        as :func:`submit`)."""
+        from hpctf.login.submitting.launch import Caller
         from hpctf.login.submitting.resubmit import resubmit_run
 
         resubmit_run(
-            self.path, exclude, retry_failed_nodes, update_code, from_scratch, set_texts(set)
-        )
+            self.path, exclude, retry_failed_nodes, update_code, from_scratch, set_texts(set),
+            Caller(echo=echo, interrupt=True),
+        )  # fmt: skip
         return self
 
 
@@ -169,16 +175,20 @@ def submit(
     experiment: str | os.PathLike[str],
     site: str | None = None,
     set: Settings = None,
+    echo: bool = False,
 ) -> Run:
     """``hpctf submit EXPERIMENT [--site SITE] [--set KEY=VALUE ...]``: validate, create the
     run directory and start it. ``set``: ``{"train.steps": 100}`` or ``["train.steps=100"]``.
     On a Slurm site it returns once sbatch took the job (:meth:`Run.wait` waits); on a local
-    site once the workers have ended."""
+    site once the workers have ended. A local run's worker output goes to its rank logs
+    (:meth:`Run.logs`); ``echo=True`` also prints rank 0's here. Ctrl-C (SIGINT) during a
+    local run: the workers save an agreed step as under ``hpctf submit``, then
+    KeyboardInterrupt is raised (``hpctf resubmit`` or :meth:`Run.resubmit` resumes it)."""
     from hpctf.login.resolving.loader import load_config
-    from hpctf.login.submitting.launch import submit_config
+    from hpctf.login.submitting.launch import Caller, submit_config
 
     config = load_config(Path(experiment), site, set_texts(set), os.environ).config
-    run_dir, _ = submit_config(config)
+    run_dir, _ = submit_config(config, Caller(echo=echo, interrupt=True))
     return Run(run_dir.path)
 
 

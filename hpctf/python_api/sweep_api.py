@@ -15,7 +15,8 @@ from hpctf.python_api.run_api import Run, Settings, _ended, set_texts, value_tex
 
 @dataclass(frozen=True)
 class Point:
-    """One point of a sweep: its index, the values it set, and its run."""
+    """One point of a sweep: its index, the values it set (typed as the experiment took them:
+    int, float, bool, str, list), and its run."""
 
     index: int
     values: dict[str, Any]
@@ -39,7 +40,7 @@ class Sweep:
         from hpctf.login.sweeps.sweep_dir import SweepDir
 
         return [
-            Point(int(p["index"]), dict(p["values"]), Run(p["run_dir"]))
+            Point(int(p["index"]), typed(p["values"]), Run(p["run_dir"]))
             for p in SweepDir.read(self.path).points
         ]
 
@@ -75,7 +76,16 @@ class Sweep:
         if not ranked or metric_value(ranked[0], metric) is None:
             return None
         top = ranked[0]
-        return Point(int(top["index"]), dict(top["values"]), Run(top["run_dir"]))
+        return Point(int(top["index"]), typed(top["values"]), Run(top["run_dir"]))
+
+
+def typed(values: Mapping[str, str]) -> dict[str, Any]:
+    """A point's values (kept as the ``--set`` texts it was given) as the experiment took
+    them: ``{"train.args.lr": 0.01, "train.steps": 100, "train.args.bn": True}``."""
+    from hpctf.core.settings.config import Experiment
+    from hpctf.core.settings.validation import override_value
+
+    return {key: override_value(Experiment, key, str(text)) for key, text in values.items()}
 
 
 def sweep(
@@ -88,11 +98,14 @@ def sweep(
     draws: int | None = None,
     seed: int = 0,
     max_points: int | None = None,
+    echo: bool = False,
 ) -> Sweep:
     """``hpctf sweep EXPERIMENT --grid KEY=V1,V2 ...``: one run per point of the product of
     ``grid`` (``{"train.args.lr": [0.01, 0.1]}``), or ``draws`` random points from ``ranges``
     (``{"train.args.lr": "1e-4:1e-1:log"}``). On a Slurm site it returns once the job array
-    is submitted (:meth:`Sweep.wait` waits); on a local site once every point has run."""
+    is submitted (:meth:`Sweep.wait` waits); on a local site once every point has run (worker
+    output in the rank logs unless ``echo``; Ctrl-C: the point saves, KeyboardInterrupt)."""
+    from hpctf.login.submitting.launch import Caller
     from hpctf.login.sweeps.plan import DEFAULT_MAX_POINTS
     from hpctf.login.sweeps.start import plan_sweep, start_sweep
 
@@ -105,5 +118,7 @@ def sweep(
     )  # fmt: skip
     spec = {"grid": grids, "range": range_texts, "random": draws, "seed": seed,
             "set": overrides, "max_running": max_running}  # fmt: skip
-    record, _ = start_sweep(Path(experiment), points, configs, spec)
+    record, _ = start_sweep(
+        Path(experiment), points, configs, spec, Caller(echo=echo, interrupt=True)
+    )
     return Sweep(record.path)

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -51,9 +52,11 @@ from hpctf.compute.records.chief_records import ChiefRecords
 from hpctf.compute.start import startup_clock
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.joining import Connection, connect
+from hpctf.compute.start.launcher_watch import LAUNCHER_PID_ENV
 from hpctf.compute.start.leaving import exit_later
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal
+from hpctf.core.run.ends import local_stop
 from hpctf.core.run.rundir import RunDir, write_atomic
 from hpctf.core.settings.config import Checkpoint, ResolvedConfig, Train
 
@@ -195,6 +198,7 @@ class Session:
         self.keepalive("restore")
         start = int(self._step.numpy())
         startup_clock.mark("restore")
+        self._records.resumed(start)
         if restored:
             log.info("resumed from %s at step %d", restored, start)
         else:
@@ -331,7 +335,11 @@ class Session:
             record(self.run, self.spec.journal_job, step)
         # No rank leaves before the chief has written the checkpoint and the record: the
         # caller's close() is the barrier.
-        log.warning("%s: saved step %d; exiting %d for a requeue", why, step, PREEMPTED_EXIT)
+        if os.environ.get(LAUNCHER_PID_ENV):  # a local launcher's warning: nothing requeues
+            log.warning("%s: saved step %d; exiting %d (hpctf resubmit resumes it)",
+                        local_stop(self.run.events()), step, PREEMPTED_EXIT)  # fmt: skip
+        else:
+            log.warning("%s: saved step %d; exiting %d for a requeue", why, step, PREEMPTED_EXIT)
         exit_later(PREEMPTED_EXIT)  # whatever the unwinding tears down (leaving.py)
         raise Preempted()
 

@@ -23,13 +23,19 @@ from hpctf.api import DataSource, Task
 from hpctf.compute.loop.preemption import Preempted
 from hpctf.compute.loop.session import Session, open_session
 from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
+from hpctf.compute.records.final_model import save_final_model
 from hpctf.compute.start import startup_clock
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.joining import with_loss_scaling
 from hpctf.compute.start.leaving import exit_later, hold_until_exit
 from hpctf.compute.start.peers import PeerLost, lost_peer
 from hpctf.compute.users_code import user_code
-from hpctf.compute.users_code.compile_style import resolve_loss, resolve_metrics, resolve_optimizer
+from hpctf.compute.users_code.compile_style import (
+    metric_directions,
+    resolve_loss,
+    resolve_metrics,
+    resolve_optimizer,
+)
 from hpctf.compute.users_code.task_callbacks import TaskCallbacks
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
@@ -124,15 +130,17 @@ def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec, session: Sess
 
 def build_task(
     entry: Callable[..., Any], settings: Train, strategy: Any, policy: str | None = None
-) -> Task:
+) -> tuple[Task, dict[str, str]]:
     """Call the user's entry inside the strategy's scope; check and finish what it returns
-    (loss scaling for float16, optimizer slots built)."""
+    (loss scaling for float16, optimizer slots built); its metrics' directions (for Keras
+    callbacks' ``mode="auto"``)."""
     with strategy.scope():
         task = user_code.call(f"train.entry {settings.entry}", entry, **settings.args)
         if not isinstance(task, Task):
             raise UserError(
                 f"train.entry {settings.entry!r} returned {type(task).__name__}, not hpctf.Task"
             )
+        given = task
         # What model.compile takes (names, Keras losses of any reduction, metric lists), once.
         task = dataclasses.replace(
             task,
@@ -143,7 +151,8 @@ def build_task(
         task.optimizer = with_loss_scaling(task.optimizer, policy)
         # Build optimizer slots now so a restore fills them instead of deferring.
         task.optimizer.build(task.model.trainable_variables)
-    return task
+    # Outside the scope: a metric named here is a Keras metric, with plain variables.
+    return task, metric_directions(given.metrics, given.loss)
 
 
 class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):  # type: ignore[misc]
@@ -193,11 +202,11 @@ def learning_rate_scaler(optimizer: Any, replicas: int) -> Callable[[], str]:
     return apply
 
 
-def _restored_task(session: Session, entry: Callable[..., Any]) -> tuple[Task, int]:
+def _restored_task(session: Session, entry: Callable[..., Any]) -> tuple[Task, int, dict[str, str]]:
     """The entry's task, restored from the newest checkpoint (its learning rate scaled after
-    the restore when asked), and the step to continue after."""
+    the restore when asked), the step to continue after, and its metrics' directions."""
     settings, strategy = session.settings, session.strategy
-    task = build_task(entry, settings, strategy, session.precision_policy)
+    task, directions = build_task(entry, settings, strategy, session.precision_policy)
     startup_clock.mark("model")
     rescale = (
         learning_rate_scaler(task.optimizer, strategy.num_replicas_in_sync)
@@ -207,14 +216,14 @@ def _restored_task(session: Session, entry: Callable[..., Any]) -> tuple[Task, i
     start = session.track(model=task.model, optimizer=task.optimizer)
     if rescale is not None:
         log.info("%s", rescale())
-    return task, start
+    return task, start, directions
 
 
 def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     """hpctf's loop over the entry's task: steps, evaluations, Keras callbacks, the session's
     hook after every step."""
     settings, strategy = session.settings, session.strategy
-    task, start = _restored_task(session, entry)
+    task, start, directions = _restored_task(session, entry)
     iterator = session.distribute(task.train_data, task.shuffle_buffer)
     hold_until_exit(iterator)  # not torn down when this returns or raises Preempted
     total = session.total_steps
@@ -234,6 +243,8 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         session.spec.is_chief,
         total,
         steps_per_epoch(settings, total),
+        run_dir=session.run.path,
+        directions=directions,
     )
     if hooks:
         hooks.train_begin(start)
@@ -283,6 +294,8 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         results = evaluate(final)
     if hooks:
         hooks.train_end({f"val_{name}": value for name, value in results.items()})
+    session.keepalive("saving the trained model")
+    save_final_model(task.model, session.run, settings, session.spec.is_chief)
     session.finish(final, results)
     exit_later(0)  # bounded from here on every rank
 

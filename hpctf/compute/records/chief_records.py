@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import tensorflow as tf
 
 from hpctf.compute.records.tracking import start_tracking
+from hpctf.core.run.metrics_history import resumed_marker
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.settings.config import ResolvedConfig
 
@@ -33,6 +35,15 @@ class ChiefRecords:
                 "(pip install tensorboard, or hpctf[tf])",
                 run.metrics,
             )
+
+    def resumed(self, step: int) -> None:
+        """This start restored ``step`` (0: from scratch): records of earlier starts past it
+        are superseded (:mod:`hpctf.core.run.metrics_history`). Once per start, after the
+        restore, before the first record."""
+        if not self._chief:
+            return
+        with self._run.metrics.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(resumed_marker(step, time.time())) + "\n")
 
     def record(self, step: int, values: dict[str, float], group: str | None = None) -> None:
         if not self._chief:

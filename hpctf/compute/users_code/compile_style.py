@@ -171,3 +171,41 @@ def resolve_metrics(metrics: Any, loss: Any) -> dict[str, PerExample]:
             raise UserError(f"Task metrics: {name!r} given twice; give each metric once")
         resolved[name] = function
     return resolved
+
+
+def metric_directions(metrics: Any, loss: Any) -> dict[str, str]:
+    """name -> ``"up"`` (higher is better) or ``"down"``, for the Task's metrics as given (before
+    :func:`resolve_metrics`), for Keras callbacks whose ``mode`` is ``"auto"``: what Keras 3's
+    ``fit`` reads from the compiled metric (its ``_direction``: accuracies, AUC, precision up;
+    metrics that wrap a loss down), else tf_keras's rule by name (``acc`` in it, or
+    ``fmeasure...``: up). A metric neither tells is left out (Keras then asks for ``mode``).
+    Call it outside the strategy's scope: a name becomes a Keras metric, with variables."""
+    if isinstance(metrics, Mapping):
+        named = [(str(name), value) for name, value in metrics.items()]
+    elif isinstance(metrics, list | tuple):
+        named = [(_metric(value, loss)[0], value) for value in metrics]
+    else:
+        return {}
+    directions = {}
+    for name, value in named:
+        direction = _direction(value, loss)
+        if direction is None and ("acc" in name or name.startswith("fmeasure")):
+            direction = "up"
+        if direction is not None:
+            directions[name] = direction
+    return directions
+
+
+def _direction(value: Any, loss: Any) -> str | None:
+    if isinstance(value, str):
+        wanted = _accuracy_for(loss) if value.lower() in ("accuracy", "acc") else value
+        try:
+            value = keras.metrics.get(wanted or value)
+        except ValueError:
+            return None
+    if isinstance(value, keras.metrics.Metric):
+        direction = getattr(value, "_direction", None)  # keras/src/metrics/*: "up" or "down"
+        return direction if direction in ("up", "down") else None
+    if str(getattr(value, "__module__", "")).startswith("keras.src.losses"):
+        return "down"  # a Keras loss function used as a metric, as MeanMetricWrapper says
+    return None

@@ -19,16 +19,30 @@ rank (reduced across workers), so Keras's callbacks decide the same everywhere; 
 the user's that stops training must decide from them too, or the ranks part ways.
 
 Callbacks run on every rank, but for those whose effect is a file (CSVLogger, ModelCheckpoint):
-those run on the chief only, as the chief alone writes the run's files. Callbacks that do what
-hpctf does already are refused in one line: BackupAndRestore (hpctf resumes from its own
-checkpoints), TensorBoard (hpctf writes the run's events) and ProgbarLogger (the rank log).
+those run on the chief only, as the chief alone writes the run's files. Each call runs with the
+run directory as the chief's working directory (a scratch directory of the rank's own on the
+others), so ``ModelCheckpoint("best.keras")`` lands in the run, never where ``hpctf submit``
+ran; the worker's own working directory is back as it was between the calls.
+
+A callback that compares a metric (ModelCheckpoint, EarlyStopping, ReduceLROnPlateau with
+``monitor="val_accuracy"`` and ``mode="auto"``) learns whether it is maximised as under
+``fit``: from the Task's metric (:func:`hpctf.compute.users_code.compile_style.
+metric_directions`), since hpctf never compiles the model that Keras would ask.
+
+Callbacks that do what hpctf does already are refused in one line: BackupAndRestore (hpctf
+resumes from its own checkpoints), TensorBoard (hpctf writes the run's events) and
+ProgbarLogger (the rank log).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Sequence
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -82,7 +96,11 @@ class TaskCallbacks:
         is_chief: bool,
         total: int,
         steps_per_epoch: int,
+        run_dir: Path | None = None,
+        directions: Mapping[str, str] | None = None,
     ) -> None:
+        """``run_dir``: the chief's working directory during each call (None: the worker's
+        own); ``directions``: the Task's metrics' (``mode="auto"`` callbacks)."""
         if isinstance(callbacks, keras.callbacks.Callback) or not isinstance(
             callbacks, list | tuple
         ):
@@ -109,6 +127,10 @@ class TaskCallbacks:
         for callback in chosen:
             callback.set_model(self.model)
             callback.set_params({"epochs": epochs, "steps": self.steps_per_epoch, "verbose": 0})
+            monitor_mode(callback, directions or {})
+        self.directory = run_dir
+        if run_dir is not None and not is_chief and chosen:
+            self.directory = Path(tempfile.mkdtemp(prefix="hpctf-callbacks-"))  # the rank's tmp
         self.batch_hooks = any(_overrides(c, m) for c in chosen for m in _BATCH_HOOKS)
         self._epoch_loss: Any = 0.0
         self._epoch_steps = 0
@@ -117,9 +139,10 @@ class TaskCallbacks:
         return bool(self.callbacks)
 
     def _call(self, method: str, *args: Any) -> None:
-        for callback in self.callbacks:
-            what = f"callback {type(callback).__name__}.{method}"
-            user_code.call(what, getattr(callback, method), *args)
+        with working_directory(self.directory):
+            for callback in self.callbacks:
+                what = f"callback {type(callback).__name__}.{method}"
+                user_code.call(what, getattr(callback, method), *args)
 
     @property
     def stop(self) -> bool:
@@ -164,3 +187,32 @@ class TaskCallbacks:
 
     def train_end(self, logs: dict[str, float]) -> None:
         self._call("on_train_end", logs)
+
+
+@contextlib.contextmanager
+def working_directory(path: Path | None) -> Iterator[None]:
+    """``path`` as the process's working directory inside the block (None: unchanged)."""
+    if path is None:
+        yield
+        return
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def monitor_mode(callback: Any, directions: Mapping[str, str]) -> None:
+    """A Keras 3 monitoring callback left at ``mode="auto"`` gets ``"max"`` or ``"min"`` from
+    the Task's metric it monitors, where Keras would read the compiled model's metrics
+    (``MonitorCallback._set_monitor_op``, keras/src/callbacks/monitor_callback.py, run at the
+    first use); ``loss`` and unknown metrics are left to Keras."""
+    monitor = getattr(callback, "monitor", None)
+    if getattr(callback, "mode", None) != "auto" or not isinstance(monitor, str):
+        return
+    if getattr(callback, "monitor_op", None) is not None:  # decided already (older Keras)
+        return
+    direction = directions.get(monitor.removeprefix("val_"))
+    if direction is not None:
+        callback.mode = "max" if direction == "up" else "min"

@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from hpctf.core.errors import USER_CODE_EXIT, EnvironmentProblem, UserError
+from hpctf.core.errors import USER_CODE_EXIT, EnvironmentProblem, UserError, one_line
 from hpctf.core.run import journal
 
 log = logging.getLogger("hpctf.worker")
@@ -67,6 +67,7 @@ class UserCodeError(Exception):
     exit_code = USER_CODE_EXIT
 
     def __init__(self, line: str, error: str, at: str) -> None:
+        line = one_line(line)  # the whole message is in the traceback above it
         super().__init__(line)
         self.line = line
         self.error = error

@@ -95,6 +95,14 @@ def end_of_start(
     )
 
 
+def local_stop(events: Sequence[Mapping[str, Any]]) -> str:
+    """What stopped the last start of a local run, in a word: ``cancelled`` (Ctrl-C, ``hpctf
+    cancel``: its launcher recorded it) or ``interrupted`` (SIGTERM or SIGHUP to the launcher,
+    or its end). Never "preempted" or "requeued": nothing preempts or requeues a local run."""
+    cancelled = any(e.get("event") == journal.CANCELLED for e in since_last_start(events))
+    return "cancelled" if cancelled else "interrupted"
+
+
 def failed_node_checks(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Which nodes failed a check of ``train.preflight: quick`` among ``events``: srun's exit
     status cannot say (it reports the ranks it killed afterwards, 143 or 137), the ranks'

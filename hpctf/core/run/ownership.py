@@ -186,7 +186,17 @@ def process_alive(claim: Claim) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(claim.pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits for its parent to reap it (a killed launcher whose
+    parent is busy or gone): it trains nothing. Linux's /proc tells; elsewhere, no."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def alive(claim: Claim) -> bool:

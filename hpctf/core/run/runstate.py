@@ -258,6 +258,8 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
         return "preempted", f"saved step {last.end_step} to restart; hpctf resubmit resumes it"
     if last.reason in PREEMPTION_REASONS:  # saved, and nothing requeued it (a local SIGTERM)
         return "preempted", f"saved step {last.end_step}; hpctf resubmit resumes it"
+    if last.reason == "failed":  # said once: "failed (exit 1)", not "failed (failed (exit 1))"
+        return "failed", f"exit {last.exit_code}"
     return "failed", f"{last.reason} (exit {last.exit_code})"
 
 

@@ -119,6 +119,10 @@ class Train(Strict):
     eval_every_steps: int | None = Field(
         None, ge=1, description="evaluate every N steps as well as at the end"
     )
+    save_model: bool = Field(True, description="a Task run ends with RUN/model.keras")
+    export_savedmodel: bool = Field(
+        False, description="with save_model, also a TF SavedModel in RUN/saved_model"
+    )
     scale_learning_rate: bool = Field(
         False, description="multiply the optimizer's learning rate by the number of replicas"
     )

@@ -178,6 +178,12 @@ def _override_value(model: type[BaseModel], parts: Sequence[str], raw: str) -> A
         return raw
 
 
+def override_value(model: type[BaseModel], key: str, raw: str) -> Any:
+    """The value ``--set KEY=RAW`` gives ``key`` (``train.args.lr``) of ``model``: as
+    :func:`apply_overrides` types it (a sweep's point values, typed back)."""
+    return _override_value(model, key.split("."), raw)
+
+
 def _accepts_none(annotation: Any) -> bool:
     while typing.get_origin(annotation) is Annotated:
         annotation = typing.get_args(annotation)[0]

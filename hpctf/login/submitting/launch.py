@@ -9,6 +9,7 @@ import contextlib
 import os
 import stat
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -71,20 +72,43 @@ def _umask() -> int:
     return mask
 
 
-def start_run(run: RunDir, config: ResolvedConfig, exclude: str | None = None) -> int:
+@dataclass(frozen=True)
+class Caller:
+    """Who starts a local run, and so how it talks back: the CLI echoes rank 0's log and
+    exits 130 after a Ctrl-C's save; Python (:mod:`hpctf.python_api`) echoes only when asked
+    and raises KeyboardInterrupt after the save, as Python code does on Ctrl-C."""
+
+    echo: bool = True
+    interrupt: bool = False
+
+
+CLI = Caller()
+
+
+def start_run(
+    run: RunDir, config: ResolvedConfig, exclude: str | None = None, caller: Caller = CLI
+) -> int:
     """Start one job on ``run`` with the site's launcher: sbatch for Slurm sites
     (``exclude``: nodes to leave out), local processes for local ones."""
     launcher = launcher_for(config.site)
     launcher.check_exclude(exclude, run.path)
-    return _STARTS[launcher.name](run, config, exclude)
+    return _STARTS[launcher.name](run, config, exclude, caller)
 
 
-def _start_local(run: RunDir, config: ResolvedConfig, exclude: str | None) -> int:
+def _start_local(run: RunDir, config: ResolvedConfig, exclude: str | None, caller: Caller) -> int:
     from hpctf.login.submitting import local
 
     click.echo(f"run directory: {run.path}")
-    click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}")
-    status = local.launch(config, run, os.environ, sys.stdout)
+    where = "" if caller.echo else "; echo=True shows rank 0's here"
+    click.echo(f"running {config.ntasks} local worker(s); logs in {run.logs}{where}")
+    sink = sys.stdout if caller.echo else None
+    try:
+        status = local.launch(config, run, os.environ, sink, interrupt=caller.interrupt)
+    except local.Interrupted as stop:  # the workers saved; the run's end is recorded
+        raise KeyboardInterrupt(
+            f"cancelled at checkpoint step {run.checkpoint_step()}; resume with: "
+            f"hpctf resubmit {run.path}"
+        ) from stop
     if status == 0:
         said = f"done; run directory: {run.path}"
     elif status in (PREEMPTED_EXIT, local.CANCELLED_EXIT):
@@ -100,7 +124,7 @@ def _start_local(run: RunDir, config: ResolvedConfig, exclude: str | None) -> in
     return status
 
 
-def _start_slurm(run: RunDir, config: ResolvedConfig, exclude: str | None) -> int:
+def _start_slurm(run: RunDir, config: ResolvedConfig, exclude: str | None, _: Caller) -> int:
     extra = [f"--exclude={exclude}"] if exclude else []
     job_id, dropped = slurm.sbatch(run.script, os.environ, extra)
     if dropped:
@@ -120,13 +144,13 @@ def _start_slurm(run: RunDir, config: ResolvedConfig, exclude: str | None) -> in
 _STARTS = {LocalLauncher.name: _start_local, SlurmLauncher.name: _start_slurm}
 
 
-def submit_config(config: ResolvedConfig) -> tuple[RunDir, int]:
+def submit_config(config: ResolvedConfig, caller: Caller = CLI) -> tuple[RunDir, int]:
     """``hpctf submit`` and :func:`hpctf.submit`: a new run directory for ``config`` and its
     first job; the run and the start's exit status (0 once sbatch took the job; a local
     site's workers' status). A job sbatch refused leaves no run directory behind."""
     run, config, _ = new_run(config)
     try:
-        status = start_run(run, config)
+        status = start_run(run, config, caller=caller)
     except SlurmFailure:
         remove_new_run_dir(run)  # sbatch refused or failed: no run was started
         raise

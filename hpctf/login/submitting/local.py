@@ -141,12 +141,25 @@ def _warn(run: RunDir, job_id: int, procs: list[subprocess.Popen[bytes]], signum
     )
 
 
-def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO[str]) -> int:
-    """Run every task to the end; echo rank 0's log; return the job's exit code.
+class Interrupted(Exception):
+    """:func:`launch` with ``interrupt``: a SIGINT stopped the run (after the workers' save
+    and the recorded end), for a caller that raises KeyboardInterrupt."""
+
+
+def launch(
+    config: ResolvedConfig,
+    run: RunDir,
+    env: Mapping[str, str],
+    echo: IO[str] | None,
+    interrupt: bool = False,
+) -> int:
+    """Run every task to the end; echo rank 0's log (``echo``: where; None: only the rank
+    logs get it); return the job's exit code.
 
     The first SIGINT, SIGTERM or SIGHUP makes the workers save an agreed step and stop; the
     run then ends ``cancelled`` (SIGINT: the exit code is 130) or ``preempted`` (75), and
-    ``hpctf resubmit`` resumes it. A second one stops them at once. Workers never outlive the
+    ``hpctf resubmit`` resumes it. A second one stops them at once. With ``interrupt``, a
+    SIGINT raises :class:`Interrupted` once all of that is done. Workers never outlive the
     launcher (:func:`_end_with`).
     """
     job_id = os.getpid()
@@ -191,6 +204,8 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
         stop.restore()
     status = status or next((p.returncode for p in procs if p.returncode), 0)
     reason = run.record_end(str(job_id), status, config.site.preemption.signal)
+    if interrupt and stop.first == signal.SIGINT:
+        raise Interrupted(reason)
     return CANCELLED_EXIT if reason == "cancelled" else status
 
 

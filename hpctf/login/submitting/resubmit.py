@@ -23,7 +23,8 @@ from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.extend import extend_run, extended_config
-from hpctf.login.submitting.launch import start_run
+from hpctf.login.submitting.launch import CLI, Caller, start_run
+from hpctf.login.submitting.local_control import local_launcher, wait_for_old_workers
 
 # A Slurm node list as scontrol writes one: names, ranges in brackets, commas.
 _NODELIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*")
@@ -36,6 +37,7 @@ def resubmit_run(
     update_code: bool = False,
     from_scratch: bool = False,
     overrides: Sequence[str] = (),
+    caller: Caller = CLI,
 ) -> int:
     """Start a new job on the run at ``run_dir``; the start's exit status (0 once sbatch took
     the job; a local site's workers' status). ``overrides`` (``KEY.PATH=VALUE``) continue a
@@ -71,6 +73,10 @@ def resubmit_run(
                     f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
+    elif local_launcher(run) is None:
+        # A killed local launcher's workers save and end on their own (launcher_watch): wait
+        # for them rather than start a second set beside them. A live launcher: refused below.
+        wait_for_old_workers(run)
     # Atomic, unlike the check above: of two resubmits at one instant, one goes on. On Slurm
     # the claim passes to the job sbatch gives; a local run is this process's own.
     claim = ownership.claim_of("submit" if launcher.slurm else "local")
@@ -82,7 +88,7 @@ def resubmit_run(
         )
     try:
         status = _start_again(
-            run, config, exclude, retry_failed_nodes, update_code, from_scratch, overrides
+            run, config, exclude, retry_failed_nodes, update_code, from_scratch, overrides, caller
         )
     except BaseException:
         ownership.give_up(run.path, claim)
@@ -101,6 +107,7 @@ def _start_again(
     update_code: bool,
     from_scratch: bool,
     overrides: Sequence[str],
+    caller: Caller = CLI,
 ) -> int:
     """What a resubmit changes, once it owns the run: the extension, the checkpoints set aside,
     the code updated, the nodes left out; then the start."""
@@ -126,7 +133,7 @@ def _start_again(
             err=True,
         )
         exclude = leave_out
-    return start_run(run, config, exclude)
+    return start_run(run, config, exclude, caller)
 
 
 def discard_checkpoints(run: RunDir) -> None:

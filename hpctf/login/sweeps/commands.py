@@ -31,7 +31,7 @@ from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.resolving.readings import Readings
-from hpctf.login.submitting.launch import start_run
+from hpctf.login.submitting.launch import CLI, Caller, start_run
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
@@ -184,7 +184,7 @@ def submit_arrays(
     return ids
 
 
-def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
+def _run_locally(sweep: SweepDir, indices: Sequence[int], caller: Caller = CLI) -> int:
     """Each point in turn, as ``hpctf submit --site local`` runs one; the first non-zero exit
     status, or 0. Ctrl-C stops the sweep (the later points stay unstarted: resubmit runs
     them)."""
@@ -193,7 +193,7 @@ def _run_locally(sweep: SweepDir, indices: Sequence[int]) -> int:
         point = sweep.points[index]
         run = RunDir.open(Path(point["run_dir"]))
         click.echo(f"point {index}: {' '.join(f'{k}={v}' for k, v in point['values'].items())}")
-        status = start_run(run, run.load_config())
+        status = start_run(run, run.load_config(), caller=caller)
         if status == 130:
             return status
         first_failure = first_failure or status

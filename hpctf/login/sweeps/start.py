@@ -16,7 +16,7 @@ import click
 from hpctf.core.run.rundir import RunDir, create_run_dir
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.settings.config import ResolvedConfig
-from hpctf.login.submitting.launch import warn_if_writable_by_others
+from hpctf.login.submitting.launch import CLI, Caller, warn_if_writable_by_others
 from hpctf.login.submitting.render import render
 from hpctf.login.sweeps import commands  # the array's parts (looked up at each call)
 from hpctf.login.sweeps.plan import (
@@ -45,7 +45,7 @@ def plan_sweep(
 
 def start_sweep(
     experiment: Path, points: Sequence[Point], configs: Sequence[ResolvedConfig],
-    spec: dict[str, Any],
+    spec: dict[str, Any], caller: Caller = CLI,
 ) -> tuple[SweepDir, int]:  # fmt: skip
     """``hpctf sweep`` and :func:`hpctf.sweep`: the sweep directory, a run directory per
     point, and the job array(s) submitted (a local site: every point run, one after
@@ -71,7 +71,7 @@ def start_sweep(
     record.write()
     click.echo(f"sweep directory: {sweep_path}")
     if not slurm_site:
-        return record, commands._run_locally(record, range(len(points)))
+        return record, commands._run_locally(record, range(len(points)), caller)
     commands.submit_arrays(record, base, range(len(points)), limit)
     return record, 0
 

@@ -11,6 +11,11 @@ from hpctf.core.run import journal
 from hpctf.core.run.jobs import open_jobs as open_jobs_of
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.scheduler import slurm
+from hpctf.login.submitting.local_control import (
+    CANCEL_WAIT_S,
+    cancel_local,
+    local_launcher,
+)
 from hpctf.login.sweeps.commands import sweep_cancel
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
 from hpctf.login.watching.runs import Run
@@ -21,9 +26,15 @@ from hpctf.login.watching.runs import Run
 def cancel(run_dir: Path) -> None:
     """Cancel the job of RUN_DIR that has not ended, and record that the user cancelled it:
     the run ends `cancelled` (it is not requeued); `hpctf resubmit` starts it again. On a
-    sweep directory: every point's open job, in one scancel."""
+    sweep directory: every point's open job, in one scancel. A local run: its launcher gets
+    SIGINT, as from Ctrl-C (its workers save an agreed step; a second cancel stops them at
+    once), and this waits for it to end."""
     if is_sweep_dir(run_dir):
         sweep_cancel(run_dir)
+        return
+    run = Run.read(run_dir)
+    if not run.slurm:
+        _cancel_local(run)
         return
     jobs = cancel_run(run_dir)
     if not jobs:
@@ -42,9 +53,32 @@ def cancel_run(run_dir: Path) -> list[str]:
     check_not_a_copy(run.run)  # a copy's journal names the original's jobs
     run.run.check_journal()  # which jobs are open must come from a whole journal
     if not run.slurm:
-        raise UserError(f"{run.run.path} runs on a local site: stop its launcher (Ctrl-C) instead")
+        stopped = cancel_local(run.run)
+        return [] if stopped is None else [stopped[0]]
     open_jobs = open_jobs_of(run.events)
     if open_jobs:
         slurm.cancel(open_jobs)  # scancel of a job that has just ended succeeds too
         journal.record_cancelled(run.run, open_jobs)
     return open_jobs
+
+
+def _cancel_local(run: Run) -> None:
+    """A local run: its launcher stopped as by Ctrl-C, waited for, and the saved step said."""
+    check_not_a_copy(run.run)
+    run.run.check_journal()
+    if local_launcher(run.run) is not None:
+        click.echo(f"cancelling {run.run.path}: the workers save at the next agreed step and stop")
+    stopped = cancel_local(run.run)
+    if stopped is None:
+        click.echo(
+            f"nothing to cancel: no launcher of {run.run.path} runs on this host (the run is "
+            f"{run.state.state})"
+        )
+        return
+    launcher, step = stopped
+    if step is None:
+        raise UserError(
+            f"the launcher (pid {launcher}) of {run.run.path} did not end within "
+            f"{CANCEL_WAIT_S:.0f} s of its SIGINT; hpctf cancel again stops it at once"
+        )
+    click.echo(f"cancelled at checkpoint step {step}; resume with: hpctf resubmit {run.run.path}")

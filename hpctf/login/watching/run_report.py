@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from hpctf.core.errors import one_line
 from hpctf.core.run import journal, snapshot
 from hpctf.core.run.ends import FAILURE_REASONS, PLANNED_RESTART, PREEMPTION_REASONS
 from hpctf.core.run.jobs import jobs_of
@@ -29,8 +30,14 @@ def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
     the job is back in the queue; its next start records itself. Then the run is shown
     ``requeued``, its last start closed as that next start will close it. A requeue (Slurm's or
     the journal's) counts against its budget as soon as it is decided, not only once the next
-    start has begun."""
+    start has begun.
+
+    A local run saved and stopped by a signal to its launcher (SIGTERM, SIGHUP, the launcher
+    killed) was ``interrupted``: nothing preempts or requeues it (a Ctrl-C or ``hpctf cancel``
+    is ``cancelled``)."""
     state = run.state
+    if not run.slurm and state.state == "preempted":
+        return replace(state, state="interrupted", why=f"its launcher was stopped; {state.why}")
     if (
         state.state in ("failed", "preempted", "running")
         and current
@@ -59,7 +66,8 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
     budgets = run.config.site.preemption
     current = slurm_state(run, run.job, view)
     shown = with_slurm_queue(run, current)
-    state, why = shown.state, shown.why
+    # An older journal's line may be a whole tensor: one line here, all of it in the rank log.
+    state, why = shown.state, one_line(shown.why)
     preemption, failure = shown.preemption_requeues, shown.failure_requeues
     document: dict[str, Any] = {
         "run": run.name,

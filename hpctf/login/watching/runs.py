@@ -9,8 +9,6 @@ looks in every runs root at once (:func:`every_runs_root`).
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,12 +19,13 @@ import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
+from hpctf.core.run.metrics_history import metric_records as metric_records
 from hpctf.core.run.rundir import RunDir, run_dirs_under
 from hpctf.core.run.runstate import RunState, run_state
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import ResolvedConfig
 
-FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled"})
+FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running", "requeued"})
 # How much of the end of metrics.jsonl a table reads (the last few logged steps).
 METRICS_TAIL_BYTES = 64 << 10
@@ -145,26 +144,3 @@ def find_runs(root: Path) -> list[Run]:
             )
         runs.append(run)
     return sorted(runs, key=lambda r: r.created, reverse=True)
-
-
-def metric_records(path: Path, tail_bytes: int | None = None) -> list[dict[str, Any]]:
-    """The records of metrics.jsonl (only those in its last ``tail_bytes`` when given)."""
-    try:
-        with path.open("rb") as handle:
-            if tail_bytes is not None:
-                size = handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, size - tail_bytes))
-                if size > tail_bytes:
-                    handle.readline()  # a partial first line
-            data = handle.read()
-    except OSError:
-        return []
-    records = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line still being written
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-    return records

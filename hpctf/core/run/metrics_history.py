@@ -1,0 +1,79 @@
+"""A run's logged history, read from metrics.jsonl as every reader sees it: each step once.
+
+metrics.jsonl is append-only, written by the chief. A start that stops without saving its
+last steps (a hard second Ctrl-C, a SIGKILL, a crash) leaves records past its last checkpoint;
+the next start resumes from that checkpoint and logs those steps again. So the chief appends
+a marker at each start, once it has restored (``{"resumed_from": STEP, "time": ...}``), and
+:func:`effective_history` lets every record of an earlier start with a step past ``STEP``
+be superseded by the new start's. Every reader (``Run.metrics()``, ``hpctf status``,
+``hpctf plot``, a sweep's ranking) goes through :func:`metric_records`.
+
+Pure but for :func:`metric_records`, which reads the file; no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+RESUMED_FROM = "resumed_from"
+
+
+def resumed_marker(step: int, now: float) -> dict[str, Any]:
+    """The record a start appends once it has restored ``step`` (0: a start from scratch)."""
+    return {RESUMED_FROM: int(step), "time": now}
+
+
+def effective_history(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The logged records, each step's from the start that logged it last: at each
+    ``resumed_from`` marker, the records before it with a step past the marker's are dropped
+    (their start ended before saving them). Markers are left out; order is kept."""
+    kept: list[dict[str, Any]] = []
+    for record in records:
+        resumed = record.get(RESUMED_FROM)
+        if isinstance(resumed, int) and not isinstance(resumed, bool):
+            kept = [r for r in kept if r["step"] <= resumed]
+        elif isinstance(record.get("step"), int):
+            kept.append(record)
+    return kept
+
+
+def by_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per step: the records of one step (training values, ``eval``, ...) merged into
+    one dict, in step order; a later record's value wins for a key both hold."""
+    rows: dict[int, dict[str, Any]] = {}
+    for record in records:
+        row = rows.setdefault(record["step"], {})
+        for key, value in record.items():
+            if isinstance(value, dict) and isinstance(row.get(key), dict):
+                row[key] = {**row[key], **value}
+            else:
+                row[key] = value
+    return [rows[step] for step in sorted(rows)]
+
+
+def metric_records(path: Path, tail_bytes: int | None = None) -> list[dict[str, Any]]:
+    """The effective records of metrics.jsonl (:func:`effective_history`); only those in its
+    last ``tail_bytes`` when given (a marker before the tail superseded nothing in it)."""
+    try:
+        with path.open("rb") as handle:
+            if tail_bytes is not None:
+                size = handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, size - tail_bytes))
+                if size > tail_bytes:
+                    handle.readline()  # a partial first line
+            data = handle.read()
+    except OSError:
+        return []
+    records = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line still being written
+        if isinstance(record, dict):
+            records.append(record)
+    return effective_history(records)
