@@ -39,12 +39,17 @@ import tensorflow as tf
 from hpctf.compute.compat.keras_fit import FitInput, fit_input, random_state_variables
 from hpctf.compute.doctor.procstat import process_usage
 from hpctf.compute.loop.cadence import AgreementClock, Cadence
-from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather
+from hpctf.compute.loop.preemption import (
+    Preempted,
+    PreemptionWatch,
+    leaving_words,
+    make_gather,
+)
 from hpctf.compute.loop.watchdog import ProgressWatchdog
 from hpctf.compute.records.checkpoints import Checkpointer, checkpoint_of
 from hpctf.compute.records.chief_records import ChiefRecords
 from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.core.errors import PREEMPTED_EXIT, UserError
+from hpctf.core.errors import UserError
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler.launcher import launcher_for
@@ -191,6 +196,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         restored = self._checkpointer.restore_agreed(gather)
         self._beat("restore")
         self._step = int(self._step_variable.numpy())
+        self._records.resumed(self._step)  # records of an earlier start past it: superseded
         if restored:
             log.info("resumed from %s at step %d", restored, self._step)
         else:
@@ -324,7 +330,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
                 self._run, self._spec.journal_job, step, name.removeprefix("SIG")
             )
         self._preemption.agree(0.0)  # a barrier: no rank leaves before the chief's record
-        log.warning("preempted: saved step %d; exiting %d for a requeue", step, PREEMPTED_EXIT)
+        log.warning(leaving_words(self._run, step))
         self._stop()
         raise Preempted()
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpctf.compute.compat.keras_fit import prepare_fit
-from hpctf.compute.loop.preemption import early_signal
+from hpctf.compute.loop.preemption import early_signal, leaving_words
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.users_code import user_code
 from hpctf.core.errors import (
@@ -162,7 +162,7 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
         log.info("script finished%s", f": {run.done}" if spec.is_chief else "")
     elif status == PREEMPTED_EXIT:
         _record_preempted(run, spec)
-        log.warning("script exited %d: saved and preempted; the job is requeued", status)
+        log.warning("script exited %d: %s", status, leaving_words(run, None))
     else:
         log.error("script exited %d", status)
     return status

@@ -274,8 +274,9 @@ def script_text(script: str, document: Mapping[str, Any], checkpoint_step: int) 
     if checkpoint_step or document.get("total_steps"):
         return f"{script} (hpctf.keras.callbacks(): resumes from its newest checkpoint)"
     return (
-        f"{script} (no hpctf.keras.callbacks() seen: hpctf cannot resume it mid-run; a requeue "
-        "starts it again, from its own checkpoints if it keeps any)"
+        f"{script} (no checkpoint or step from hpctf.keras.callbacks() yet: until there is one "
+        "hpctf cannot resume it mid-run; a requeue starts it again, from its own checkpoints "
+        "if it keeps any)"
     )
 
 
