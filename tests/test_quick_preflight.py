@@ -137,7 +137,14 @@ def test_the_checks_before_tensorflow_pass_here_and_a_warning_goes_on(
     run = make_run(tmp_path)
     spec = spec_of(run)
     checks = before_tensorflow(spec, {})
-    assert [c.check for c in checks] == ["memlock", "infiniband", "hostnames", "port"]
+    assert [c.check for c in checks] == [
+        "memlock",
+        "infiniband",
+        "nccl_ib_hca",
+        "nccl_socket_ifname",
+        "hostnames",
+        "port",
+    ]
     assert all(c.status in {"ok", "skip", "warn"} for c in checks), checks
     caplog.set_level("INFO", logger="hpctf.worker")
     warned = Check("memlock", "warn", "64 KiB with InfiniBand: RDMA may fail", "raise it")

@@ -1,10 +1,12 @@
 """``train.preflight: quick``: every rank checks its own node before it joins the others.
 
 The cheap checks ``hpctf doctor`` runs per node (:mod:`hpctf.compute.doctor.node_checks`), without
-its all-reduce: ``memlock`` and ``infiniband`` (the first task of each node), ``hostnames`` (this
-task's address and the chief's, as the worker always checked: two lookups per task, not one per
-node), ``port``, and ``tensorflow`` (its build and GPUs against what Slurm gave the task) once
-TensorFlow may be imported. A warning is logged and the rank goes on.
+its all-reduce: ``memlock``, ``infiniband``, and NCCL's ``NCCL_IB_HCA`` and
+``NCCL_SOCKET_IFNAME`` against the node (:mod:`hpctf.compute.doctor.nccl_env`; these on the
+first task of each node), ``hostnames`` (this task's address and the chief's, as the worker
+always checked: two lookups per task, not one per node), ``port``, and ``tensorflow`` (its
+build and GPUs against what Slurm gave the task) once TensorFlow may be imported. A warning is
+logged and the rank goes on.
 
 A failed check ends this rank before the strategy exists, so the others never wait in a
 collective for it (srun --kill-on-bad-exit ends them): one line in the rank log naming node,
@@ -22,7 +24,9 @@ from __future__ import annotations
 import logging
 import resource
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
+from hpctf.compute.doctor.nccl_env import hca_rails_check, read_interfaces, socket_ifname_check
 from hpctf.compute.doctor.node_checks import (
     Check,
     hostnames_check,
@@ -43,18 +47,25 @@ log = logging.getLogger("hpctf.worker")
 
 
 def before_tensorflow(
-    spec: ClusterSpec, env: Mapping[str, str], names: list[tuple[str, str]] | None = None
+    spec: ClusterSpec,
+    env: Mapping[str, str],
+    names: list[tuple[str, str]] | None = None,
+    sys_class: Path = Path("/sys/class"),
 ) -> list[Check]:
     """The checks that need no TensorFlow, in the order doctor shows them. ``names``: the
     (address, node) pairs to resolve; by default this task's own and the chief's (``hpctf
-    doctor`` gives every node's)."""
+    doctor`` gives every node's). ``sys_class``: where ``net/`` and ``infiniband/`` are read
+    (a fake tree in tests)."""
     checks = []
     if spec.local_id == 0:  # node-wide: once per node
-        ports = read_infiniband()
+        ports = read_infiniband(sys_class / "infiniband")
         hca = env.get("NCCL_IB_HCA")
         soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
         checks.append(memlock_check(soft, has_infiniband(ports, hca)))
         checks.append(infiniband_check(ports, hca))
+        checks.append(hca_rails_check(ports, hca))
+        interfaces = read_interfaces(sys_class / "net")
+        checks.append(socket_ifname_check(interfaces, env.get("NCCL_SOCKET_IFNAME")))
     if names is None:
         names = list(dict([(spec.host, spec.node), (spec.chief_host, spec.nodes[0])]).items())
     checks.append(hostnames_check(names, spec.hostname_template, resolve_reason))

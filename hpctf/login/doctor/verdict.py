@@ -24,6 +24,8 @@ CHECKS = (
     "tensorflow",
     "memlock",
     "infiniband",
+    "nccl_ib_hca",
+    "nccl_socket_ifname",
     "hostnames",
     "port",
     "allreduce",
