@@ -431,6 +431,7 @@ def test_doctor_on_the_local_site_passes_with_a_ring_allreduce(
         "infiniband",
         "nccl_ib_hca",
         "nccl_socket_ifname",
+        "verbs",
         "hostnames",
         "port",
         "allreduce",

@@ -142,6 +142,7 @@ def test_the_checks_before_tensorflow_pass_here_and_a_warning_goes_on(
         "infiniband",
         "nccl_ib_hca",
         "nccl_socket_ifname",
+        "verbs",
         "hostnames",
         "port",
     ]

@@ -1,12 +1,13 @@
 """``train.preflight: quick``: every rank checks its own node before it joins the others.
 
 The cheap checks ``hpctf doctor`` runs per node (:mod:`hpctf.compute.doctor.node_checks`), without
-its all-reduce: ``memlock``, ``infiniband``, and NCCL's ``NCCL_IB_HCA`` and
-``NCCL_SOCKET_IFNAME`` against the node (:mod:`hpctf.compute.doctor.nccl_env`; these on the
-first task of each node), ``hostnames`` (this task's address and the chief's, as the worker
-always checked: two lookups per task, not one per node), ``port``, and ``tensorflow`` (its
-build and GPUs against what Slurm gave the task) once TensorFlow may be imported. A warning is
-logged and the rank goes on.
+its all-reduce. On the first task of each node: ``memlock``, ``infiniband``, NCCL's
+``NCCL_IB_HCA`` and ``NCCL_SOCKET_IFNAME`` against the node
+(:mod:`hpctf.compute.doctor.nccl_env`), ``verbs`` (libibverbs loads and lists devices where
+InfiniBand is up: :mod:`hpctf.compute.doctor.verbs`). On every task: ``hostnames`` (this task's
+address and the chief's, as the worker always checked: two lookups per task, not one per node),
+``port``, and ``tensorflow`` (its build and GPUs against what Slurm gave the task) once
+TensorFlow may be imported. A warning is logged and the rank goes on.
 
 A failed check ends this rank before the strategy exists, so the others never wait in a
 collective for it (srun --kill-on-bad-exit ends them): one line in the rank log naming node,
@@ -37,6 +38,7 @@ from hpctf.compute.doctor.node_checks import (
     resolve_reason,
     tensorflow_check,
 )
+from hpctf.compute.doctor.verbs import load_verbs, verbs_check
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.gpus import Grant
 from hpctf.core.errors import NODE_CHECK_EXIT
@@ -51,11 +53,12 @@ def before_tensorflow(
     env: Mapping[str, str],
     names: list[tuple[str, str]] | None = None,
     sys_class: Path = Path("/sys/class"),
+    image: str | None = None,
 ) -> list[Check]:
     """The checks that need no TensorFlow, in the order doctor shows them. ``names``: the
     (address, node) pairs to resolve; by default this task's own and the chief's (``hpctf
     doctor`` gives every node's). ``sys_class``: where ``net/`` and ``infiniband/`` are read
-    (a fake tree in tests)."""
+    (a fake tree in tests). ``image``: the site's container image the worker runs in."""
     checks = []
     if spec.local_id == 0:  # node-wide: once per node
         ports = read_infiniband(sys_class / "infiniband")
@@ -66,6 +69,8 @@ def before_tensorflow(
         checks.append(hca_rails_check(ports, hca))
         interfaces = read_interfaces(sys_class / "net")
         checks.append(socket_ifname_check(interfaces, env.get("NCCL_SOCKET_IFNAME")))
+        active = any(p.state == "ACTIVE" for p in ports or [])
+        checks.append(verbs_check(ports, load_verbs() if active else (None, ""), image))
     if names is None:
         names = list(dict([(spec.host, spec.node), (spec.chief_host, spec.nodes[0])]).items())
     checks.append(hostnames_check(names, spec.hostname_template, resolve_reason))
@@ -106,9 +111,11 @@ def judge(run: RunDir, spec: ClusterSpec, checks: Iterable[Check]) -> int | None
     return NODE_CHECK_EXIT
 
 
-def check_node(run: RunDir, spec: ClusterSpec, env: Mapping[str, str]) -> int | None:
+def check_node(
+    run: RunDir, spec: ClusterSpec, env: Mapping[str, str], image: str | None = None
+) -> int | None:
     """Before TensorFlow: None when this node may go on, else the exit status (recorded)."""
-    return judge(run, spec, before_tensorflow(spec, env))
+    return judge(run, spec, before_tensorflow(spec, env, image=image))
 
 
 def check_tensorflow(run: RunDir, spec: ClusterSpec, grant: Grant) -> int | None:

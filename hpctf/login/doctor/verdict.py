@@ -26,6 +26,7 @@ CHECKS = (
     "infiniband",
     "nccl_ib_hca",
     "nccl_socket_ifname",
+    "verbs",
     "hostnames",
     "port",
     "allreduce",
