@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctf.compute.doctor.nccl_env import read_interfaces
 from hpctf.compute.doctor.node_checks import Check
 from hpctf.compute.start.cluster import ClusterSpec, cluster_spec
 from hpctf.compute.start.quick_preflight import before_tensorflow, failure_line, judge
@@ -208,3 +209,18 @@ def test_one_tensorflow_package_passes() -> None:
     assert tensorflow_packages_check([], "python") is None
     two = tensorflow_packages_check(["tensorflow", "tensorflow-cpu"], "/v/bin/python")
     assert two is not None and two.status == "fail" and "/v/bin/python -m pip" in two.fix
+
+
+def test_a_worker_whose_ifname_matches_nothing_here_stops_in_one_line(tmp_path: Path) -> None:
+    # This machine's own /sys/class/net (eth0, lo, ...): no interface begins with ib0.
+    if any(i.name.startswith("ib0") for i in (read_interfaces() or [])):
+        pytest.skip("this machine has an ib0 interface")
+    run = make_run(tmp_path, env="{NCCL_SOCKET_IFNAME: ib0}")
+    env = {**task_env(), "NCCL_SOCKET_IFNAME": "ib0"}  # as the batch script exports it
+    proc = subprocess.run(
+        [*HPCTF, "worker", str(run.path)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == NODE_CHECK_EXIT, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if "node check failed" in line]
+    assert "nccl_socket_ifname: NCCL_SOCKET_IFNAME=ib0 matches none of this node's " in line
+    assert "lo" in line and "fix: `ip -br addr`" in line

@@ -6,6 +6,7 @@ check calls, with libibverbs's signatures."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,8 +17,8 @@ from hpctf.compute.doctor.node_checks import IbPort
 from hpctf.compute.doctor.verbs import load_verbs, verbs_check
 from hpctf.compute.start.cluster import cluster_spec
 from hpctf.compute.start.quick_preflight import before_tensorflow
+from hpctf.login.submitting.local import task_environment
 from tests.conftest import write
-from tests.test_quick_preflight import task_env
 
 STAND_IN = """
 #include <stdlib.h>
@@ -78,7 +79,7 @@ def test_the_preflight_checks_libibverbs_where_the_node_has_infiniband(tmp_path:
     port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
     write(port / "state", "4: ACTIVE\n")
     write(port / "link_layer", "InfiniBand\n")
-    spec = cluster_spec(task_env(), (20000, 30000))
+    spec = cluster_spec(task_environment(os.environ, 7, 1, 0), (20000, 30000))
     checks = {c.check: c for c in before_tensorflow(spec, {}, sys_class=tmp_path / "class")}
     verbs = checks["verbs"]
     # This machine's own libibverbs, if any: loaded for real; without one, the image-less line.
