@@ -110,7 +110,7 @@ def gpu_binding(env: Mapping[str, str], tasks_per_node: int, local_id: int, node
     mode, argument = gpu_bind_mode(bind_text)
     shown = f"SLURMD_TRES_BIND={bind_text}"
     if tasks_per_node == 1:
-        return Binding(visible, False, devices, "one task per node: every GPU it was given")
+        return Binding(visible, False, devices, "one worker per node")
     if mode in STRICT:
         _check_strict(mode, argument, tasks_per_node, shown)
         return Binding(visible, False, devices, f"bound by Slurm ({shown})")
