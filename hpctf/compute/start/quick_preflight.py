@@ -27,6 +27,7 @@ import resource
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from hpctf import __version__
 from hpctf.compute.doctor.nccl_env import hca_rails_check, read_interfaces, socket_ifname_check
 from hpctf.compute.doctor.node_checks import (
     Check,
@@ -39,6 +40,7 @@ from hpctf.compute.doctor.node_checks import (
     tensorflow_check,
 )
 from hpctf.compute.doctor.verbs import load_verbs, verbs_check
+from hpctf.compute.doctor.versions import version_check
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.gpus import Grant
 from hpctf.core.errors import NODE_CHECK_EXIT
@@ -114,8 +116,12 @@ def judge(run: RunDir, spec: ClusterSpec, checks: Iterable[Check]) -> int | None
 def check_node(
     run: RunDir, spec: ClusterSpec, env: Mapping[str, str], image: str | None = None
 ) -> int | None:
-    """Before TensorFlow: None when this node may go on, else the exit status (recorded)."""
-    return judge(run, spec, before_tensorflow(spec, env, image=image))
+    """Before TensorFlow: None when this node may go on, else the exit status (recorded).
+    The chief also compares its hpctf with the host's (:mod:`hpctf.compute.doctor.versions`)."""
+    checks = before_tensorflow(spec, env, image=image)
+    if spec.is_chief:
+        checks.append(version_check(run.events(), spec.journal_job, __version__, image))
+    return judge(run, spec, checks)
 
 
 def check_tensorflow(run: RunDir, spec: ClusterSpec, grant: Grant) -> int | None:
