@@ -104,6 +104,23 @@ CASES = [
         distribution="block:cyclic",
     ),
     Case(
+        "closest, the node's GPUs known (SLURM_JOB_GPUS)",
+        "gpu:closest",
+        8,
+        near(8),
+        1,
+        extra=(("SLURM_GPUS_ON_NODE", "8"), ("SLURM_JOB_GPUS", "0,1,2,3,4,5,6,7")),
+    ),
+    Case(
+        "closest, the node's GPUs known, cgroup",
+        "gres/gpu:closest",
+        4,
+        near(4),
+        2,
+        cgroup=True,
+        extra=(("SLURM_GPUS_ON_NODE", "8"), ("SLURM_JOB_GPUS", "0,1,2,3,4,5,6,7")),
+    ),
+    Case(
         "closest, one task per NUMA node",
         "gpu:closest",
         2,
@@ -207,6 +224,24 @@ def test_closest_with_every_task_on_one_numa_node_that_cannot_split() -> None:
         {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURMD_TRES_BIND": "gpu:closest"}, tasks=6
     )
     assert "do not split into groups of 4" in message
+
+
+def test_closest_with_every_task_packed_on_one_numa_node_is_refused() -> None:
+    # block:block with few CPUs per task puts all 8 tasks on NUMA node 0: each sees GPUs 0-3.
+    # Task 4's share of the node (GPU 4) is not near it: two tasks would share a GPU.
+    env = {
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "SLURM_STEP_GPUS": "0,1,2,3",
+        "SLURMD_TRES_BIND": "gpu:closest",
+        "SLURM_GPUS_ON_NODE": "8",
+        "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
+    }
+    for task in range(4):
+        assert gpu_binding(env, 8, task, "n1").devices == (str(task),)
+    message = refused(env, local_id=4)
+    assert "local task 4 on n1 sees 4 GPU(s) near it (0,1,2,3), not its share of the node's" in (
+        message
+    )
 
 
 def test_gpu_bind_none_on_part_of_a_node_is_refused() -> None:

@@ -23,7 +23,11 @@ The cases (:data:`STRICT`, :data:`LOOSE`, unbound):
   ``mask_gpu``, ``single:1``): the task sees exactly its GPUs; kept as they are. A map or mask
   that gives two tasks of a node one GPU, or ``single:N`` with N > 1, is refused.
 * bound loosely (``closest``): a task sees the GPUs of its NUMA node, shared with the other
-  tasks there. It takes its share among them by its place among those tasks: with srun's
+  tasks there. Where the node's GPUs are known (SLURM_JOB_GPUS, as many as
+  SLURM_GPUS_ON_NODE), task ``SLURM_LOCALID`` takes the node's ``SLURM_LOCALID``-th share when
+  those GPUs are near it, and stops in one line when not (tasks packed onto one NUMA node
+  would share GPUs). Otherwise it takes its share among the GPUs near it by its place among
+  the tasks there: with srun's
   ``--distribution=block:block`` (as hpctf starts workers) consecutive local ids fill a NUMA
   node, so the place is ``SLURM_LOCALID mod (tasks per NUMA node)``; under a ``cyclic`` socket
   distribution it is ``SLURM_LOCALID div (NUMA nodes)``. This assumes the tasks spread evenly
@@ -259,6 +263,22 @@ def _loose(
     """``closest``: the task's share among its NUMA node's GPUs (see the module's docstring)."""
     share = _share(env, tasks_per_node, node)
     seen = f"{len(visible)} GPU(s) near it ({','.join(devices)})"
+    on_node = _job_gpus(env)
+    if on_node and set(devices) <= set(on_node):
+        # The node's GPUs are known: task i takes the node's i-th share, which makes the
+        # tasks' shares disjoint by construction, if it is among the GPUs near it.
+        wanted = on_node[local_id * share : (local_id + 1) * share]
+        if not set(wanted) <= set(devices):
+            raise UserError(
+                f"{shown}: local task {local_id} on {node} sees {seen}, not its share of the "
+                f"node's GPUs ({','.join(wanted)}): the tasks are not spread over the NUMA "
+                "nodes as the GPUs are (more tasks on one than it has GPUs?), so two could "
+                "share one; use --gpu-bind=none, or cpus_per_task that fills each NUMA node "
+                "with its GPUs' tasks"
+            )
+        picked = [devices.index(gpu) for gpu in wanted]
+        how = f"the node's share {local_id + 1} of {tasks_per_node}, near it ({shown})"
+        return Binding(tuple(visible[i] for i in picked), True, tuple(wanted), how)
     if len(visible) < share or len(visible) % share:
         raise UserError(
             f"{shown}: local task {local_id} on {node} sees {seen}, not a multiple of its share "
@@ -278,6 +298,14 @@ def _loose(
     chosen = slice(place * share, (place + 1) * share)
     how = f"{place + 1} of {sharing} tasks near GPUs {','.join(devices)} ({shown})"
     return Binding(visible[chosen], True, devices[chosen], how)
+
+
+def _job_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The job's GPUs on the node, when known: SLURM_JOB_GPUS (the batch shell's, which srun
+    passes on) when it lists SLURM_GPUS_ON_NODE of them; else ()."""
+    listed = tuple(p.strip() for p in env.get("SLURM_JOB_GPUS", "").split(",") if p.strip())
+    count = env.get("SLURM_GPUS_ON_NODE", "")
+    return listed if count.isdigit() and len(listed) == int(count) else ()
 
 
 def _share(env: Mapping[str, str], tasks_per_node: int, node: str) -> int:
