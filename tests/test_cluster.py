@@ -28,7 +28,7 @@ from hpctf.compute.start.cluster import (
     layout,
     port_window,
 )
-from hpctf.compute.start.gpus import gpu_binding
+from hpctf.compute.start.gpu_bind import gpu_binding
 from hpctf.compute.start.runtime import check_resolves, prepare_environment, startup_checks
 from hpctf.core.errors import UserError
 from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodelist
@@ -339,7 +339,8 @@ def test_gpu_binding(
     gpus: tuple[str, ...],
     bind: bool,
 ) -> None:
-    assert gpu_binding(variables, per_node, local_id, "n1") == (gpus, bind)
+    binding = gpu_binding(variables, per_node, local_id, "n1")
+    assert (binding.gpus, binding.rewrite) == (gpus, bind)
 
 
 @pytest.mark.parametrize(
@@ -376,7 +377,7 @@ def test_one_worker_per_gpu_sets_cuda_visible_devices() -> None:
         PORTS,
     )
     assert spec.environment() == {"TF_CONFIG": spec.tf_config(), "CUDA_VISIBLE_DEVICES": "1"}
-    assert "CUDA_VISIBLE_DEVICES=1 (one worker per GPU)" in spec.describe()
+    assert "CUDA_VISIBLE_DEVICES=1 (one worker per GPU: split by SLURM_LOCALID)" in spec.describe()
 
 
 def test_uneven_layout_gives_every_worker_the_same_gpu_count() -> None:

@@ -168,8 +168,8 @@ def test_gpus_bound_by_slurm_stay_as_they_are(slurm_cluster: dict[str, str]) -> 
         slurm_cluster, "-N1", "--ntasks-per-node=2", "--gpus-per-task=1", *HPCTF, "tfconfig"
     )
     notes = by_task(proc.stderr)
-    assert "GPUs 0 (as Slurm set them)" in notes[0][0]
-    assert "GPUs 1 (as Slurm set them)" in notes[1][0]
+    assert "GPUs 0 (as Slurm set them" in notes[0][0]
+    assert "GPUs 1 (as Slurm set them" in notes[1][0]
 
 
 def test_one_worker_per_node_sees_all_its_gpus(slurm_cluster: dict[str, str]) -> None:
@@ -177,7 +177,7 @@ def test_one_worker_per_node_sees_all_its_gpus(slurm_cluster: dict[str, str]) ->
         slurm_cluster, "-N2", "--ntasks-per-node=1", "--gpus-per-node=2", *HPCTF, "tfconfig"
     )
     notes = by_task(proc.stderr)
-    assert all("GPUs 0,1 (as Slurm set them)" in notes[t][0] for t in (0, 1))
+    assert all("GPUs 0,1 (as Slurm set them" in notes[t][0] for t in (0, 1))
 
 
 @pytest.mark.parametrize(

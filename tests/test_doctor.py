@@ -424,7 +424,18 @@ def test_doctor_on_the_local_site_passes_with_a_ring_allreduce(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = rows_of(proc.stdout)
-    checks = ["versions", "tensorflow", "memlock", "infiniband", "hostnames", "port", "allreduce"]
+    checks = [
+        "versions",
+        "tensorflow",
+        "memlock",
+        "infiniband",
+        "nccl_ib_hca",
+        "nccl_socket_ifname",
+        "verbs",
+        "hostnames",
+        "port",
+        "allreduce",
+    ]
     assert [check for node, check in rows] == checks
     assert {node for node, _ in rows} == {"localhost"}
     assert {status for status, _ in rows.values()} <= {"ok", "skip"}

@@ -190,3 +190,29 @@ def test_gpu_check_script_runs_tiny_on_cpu(tmp_path: Path) -> None:
     )
     assert results["plain_runs"][0]["policy"] == "mixed_bfloat16"
     assert "ratio hpctf/plain" in proc.stdout
+
+
+@pytest.mark.tf
+def test_gpu_first_run_binds_one_gpu_per_worker_and_says_when_tensorflow_sees_none(
+    tmp_path: Path,
+) -> None:
+    # benchmarks/gpu_first_run.py as a user runs it on a GPU node; here (tensorflow-cpu, no
+    # GPU) each worker still takes its own GPU by hpctf's binding, the all-reduce runs on RING,
+    # and the missing GPUs are the problem it reports.
+    out = tmp_path / "first.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_first_run.py"), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = proc.stdout
+    assert "worker 0: worker 0 of 2 at localhost:" in said
+    assert "; CUDA_VISIBLE_DEVICES=0 (one worker per GPU: split by SLURM_LOCALID" in said
+    assert "; CUDA_VISIBLE_DEVICES=1 (one worker per GPU: split by SLURM_LOCALID" in said
+    assert "PROBLEM: worker 0 sees 0 GPU(s), not 1" in said
+    assert "worker 1: RING all-reduce, 2 ranks,  1,048,576 bytes:" in said
+    document = json.loads(out.read_text())
+    assert [w["allreduce"]["status"] for w in document["workers"]] == ["ok", "ok"]
+    assert said.splitlines()[-1] == "gpu_first_run: 2 problem(s)"

@@ -16,9 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from hpctf import __version__
+from hpctf.compute.doctor.nccl_env import read_interfaces
 from hpctf.compute.doctor.node_checks import Check
+from hpctf.compute.doctor.versions import version_check
 from hpctf.compute.start.cluster import ClusterSpec, cluster_spec
-from hpctf.compute.start.quick_preflight import before_tensorflow, failure_line, judge
+from hpctf.compute.start.quick_preflight import (
+    before_tensorflow,
+    check_node,
+    failure_line,
+    judge,
+)
 from hpctf.core.errors import NODE_CHECK_EXIT
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
@@ -137,7 +145,15 @@ def test_the_checks_before_tensorflow_pass_here_and_a_warning_goes_on(
     run = make_run(tmp_path)
     spec = spec_of(run)
     checks = before_tensorflow(spec, {})
-    assert [c.check for c in checks] == ["memlock", "infiniband", "hostnames", "port"]
+    assert [c.check for c in checks] == [
+        "memlock",
+        "infiniband",
+        "nccl_ib_hca",
+        "nccl_socket_ifname",
+        "verbs",
+        "hostnames",
+        "port",
+    ]
     assert all(c.status in {"ok", "skip", "warn"} for c in checks), checks
     caplog.set_level("INFO", logger="hpctf.worker")
     warned = Check("memlock", "warn", "64 KiB with InfiniBand: RDMA may fail", "raise it")
@@ -200,3 +216,39 @@ def test_one_tensorflow_package_passes() -> None:
     assert tensorflow_packages_check([], "python") is None
     two = tensorflow_packages_check(["tensorflow", "tensorflow-cpu"], "/v/bin/python")
     assert two is not None and two.status == "fail" and "/v/bin/python -m pip" in two.fix
+
+
+def test_a_worker_whose_ifname_matches_nothing_here_stops_in_one_line(tmp_path: Path) -> None:
+    # This machine's own /sys/class/net (eth0, lo, ...): no interface begins with ib0.
+    if any(i.name.startswith("ib0") for i in (read_interfaces() or [])):
+        pytest.skip("this machine has an ib0 interface")
+    run = make_run(tmp_path, env="{NCCL_SOCKET_IFNAME: ib0}")
+    env = {**task_env(), "NCCL_SOCKET_IFNAME": "ib0"}  # as the batch script exports it
+    proc = subprocess.run(
+        [*HPCTF, "worker", str(run.path)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == NODE_CHECK_EXIT, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if "node check failed" in line]
+    assert "nccl_socket_ifname: NCCL_SOCKET_IFNAME=ib0 matches none of this node's " in line
+    assert "lo" in line and "fix: `ip -br addr`" in line
+
+
+def test_the_workers_hpctf_is_compared_with_the_one_that_started_the_job(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    journal.record_started(run, "7", None, "USR2")  # what the host's job-start writes
+    events = run.events()
+    assert events[-1]["hpctf"] == __version__
+    assert version_check(events, "7", __version__, None).status == "ok"
+    image = "/shared/hpctf-old.sqsh"
+    older = version_check(events, "7", "0.0.1", image)
+    assert (older.status, older.detail) == (
+        "warn",
+        f"hpctf 0.0.1 in container image {image} but {__version__} on the host (job-start): "
+        "the two share the run's journal",
+    )
+    assert f"pip install hpctf=={__version__}" in older.fix
+    assert version_check(events, "8", "0.0.1", image).status == "skip"  # another job's start
+    # The chief runs it with the node checks; other ranks do not read the journal for it.
+    spec = spec_of(run)
+    assert spec.is_chief
+    assert check_node(run, spec, task_env()) is None

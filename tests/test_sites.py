@@ -153,11 +153,11 @@ def test_extends_merges_mappings_and_replaces_the_rest(tmp_path: Path) -> None:
     assert site.partition == parent["partition"] == "gpu"
     assert site.modules == ["cuda/12.6"]  # lists are replaced
     assert site.env["NCCL_DEBUG"] == "INFO"  # mappings merge key by key
-    assert site.env["NCCL_IB_HCA"] == parent["env"]["NCCL_IB_HCA"]
+    assert site.env["NCCL_SOCKET_IFNAME"] == parent["env"]["NCCL_SOCKET_IFNAME"]
     mine = str(sites / "mine.yaml")
     assert (origins[("account",)].file, origins[("account",)].line) == (mine, 3)
     assert origins[("env", "NCCL_DEBUG")].file == mine
-    assert origins[("env", "NCCL_IB_HCA")].file == str(SHIPPED / "ib-8gpu.yaml")
+    assert origins[("env", "NCCL_SOCKET_IFNAME")].file == str(SHIPPED / "ib-8gpu.yaml")
     assert origins[("modules", "0")].file == mine
     assert ("modules", "2") not in origins  # the parent's list is gone, and its origins
 

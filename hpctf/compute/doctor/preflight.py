@@ -291,7 +291,8 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
     report.facts.update(
         {"python": platform.python_version(), "hpctf": __version__, "executable": sys.executable}
     )
-    report.checks.extend(before_tensorflow(spec, env, node_addresses(spec)))
+    image = site.container.image if site.container else None
+    report.checks.extend(before_tensorflow(spec, env, node_addresses(spec), image=image))
     write_atomic(path, report.to_json())  # known before importing TensorFlow, in case that hangs
     try:
         grant = granted_gpus(

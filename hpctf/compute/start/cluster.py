@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hpctf.compute.start.gpus import gpu_binding
+from hpctf.compute.start.gpu_bind import gpu_binding
 from hpctf.core.errors import UserError
 from hpctf.core.run import journal
 from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodelist
@@ -46,7 +46,9 @@ class ClusterSpec:
     runs on. ``host`` is this task's address host (the site's ``hostname_template`` applied to
     its node name). ``gpus`` are the devices this task trains on, in CUDA_VISIBLE_DEVICES
     numbering; when ``bind_gpus`` is true the worker must set CUDA_VISIBLE_DEVICES to them
-    before TensorFlow starts (one worker per GPU).
+    before TensorFlow starts (one worker per GPU). ``gpu_devices`` are the node's device
+    numbers of the same GPUs, ``gpu_how`` the binding they came from
+    (:mod:`hpctf.compute.start.gpu_bind`).
     """
 
     workers: tuple[str, ...]
@@ -65,6 +67,8 @@ class ClusterSpec:
     # The job as the run's journal and Slurm commands name it (hpctf.core.run.journal.job_handle:
     # ``<array>_<task>`` for a task of a job array, else the job id).
     journal_job: str = ""
+    gpu_devices: tuple[str, ...] = ()
+    gpu_how: str = ""
 
     @property
     def is_chief(self) -> bool:
@@ -98,10 +102,13 @@ class ClusterSpec:
     def describe(self) -> str:
         """One line for logs: who this task is and what it was given."""
         devices = ",".join(self.gpus)
+        node_devices = ",".join(self.gpu_devices)
+        on_node = f"node GPU {node_devices}" if node_devices != devices else ""
+        how = "; ".join(part for part in (on_node, self.gpu_how) if part)
         if self.bind_gpus:
-            gpus = f"CUDA_VISIBLE_DEVICES={devices} (one worker per GPU)"
+            gpus = f"CUDA_VISIBLE_DEVICES={devices} (one worker per GPU: {how})"
         else:
-            gpus = f"GPUs {devices} (as Slurm set them)" if devices else "no GPUs"
+            gpus = f"GPUs {devices} (as Slurm set them: {how})" if devices else "no GPUs"
         return (
             f"worker {self.task_index} of {len(self.workers)} at {self.address} on node "
             f"{self.node} (SLURM_NODEID {self.node_index}, SLURM_LOCALID {self.local_id}); {gpus}"
@@ -320,7 +327,7 @@ def cluster_spec(
     _self_check(
         env, proc_id, hosts[node_index], node_index, local_id, step.nodelist, step.tasks_text
     )
-    gpus, bind = gpu_binding(env, per_node, local_id, hosts[node_index])
+    binding = gpu_binding(env, per_node, local_id, hosts[node_index])
     host, _, port = workers[proc_id].rpartition(":")
     return ClusterSpec(
         workers=workers,
@@ -331,12 +338,14 @@ def cluster_spec(
         local_id=local_id,
         host=host,
         port=int(port),
-        gpus=gpus,
-        bind_gpus=bind,
+        gpus=binding.gpus,
+        bind_gpus=binding.rewrite,
         job_id=job_id,
         step_id=step_id,
         hostname_template=hostname_template,
         journal_job=journal.job_handle(env) or str(job_id),
+        gpu_devices=binding.devices,
+        gpu_how=binding.how,
     )
 
 

@@ -1,6 +1,6 @@
-"""The GPUs of one task: which of the node's GPUs it uses (:func:`gpu_binding`, from Slurm's
-variables), and whether TensorFlow got them (:func:`check_gpus`). Pure: no TensorFlow, no
-os.environ.
+"""The GPUs of one task: how many Slurm gave it (:func:`granted_gpus`; which ones:
+:mod:`hpctf.compute.start.gpu_bind`), and whether TensorFlow got them (:func:`check_gpus`).
+Pure: no TensorFlow, no os.environ.
 
 A CPU-only TensorFlow (``tensorflow-cpu``, or PyPI's ``tensorflow`` for aarch64 Linux, whose
 2.21.0 wheel says ``is_cuda_build: False`` even when installed as ``tensorflow[and-cuda]``)
@@ -13,16 +13,10 @@ and ``srun --kill-on-bad-exit=1`` ends the job before any training.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpctf.core.errors import UserError
-
-_DEVICE_RE = re.compile(r"^[A-Za-z0-9_:/.-]+$")
-# Slurm's gres/gpu plugin sets CUDA_VISIBLE_DEVICES=NoDevFiles when the gres has no File=
-# (src/plugins/gres/common/gres_common.c); it means "no device", not a device name.
-_NO_DEVICES = {"", "NoDevFiles", "-1"}
 
 
 @dataclass(frozen=True)
@@ -122,67 +116,3 @@ def check_gpus(
             "not this task's; let Slurm set CUDA_VISIBLE_DEVICES (do not unset or change it in "
             "setup)"
         )
-
-
-def gpu_binding(
-    env: Mapping[str, str], tasks_per_node: int, local_id: int, node: str
-) -> tuple[tuple[str, ...], bool]:
-    """The GPUs of this task and whether CUDA_VISIBLE_DEVICES must be rewritten to them.
-
-    ``tasks_per_node`` is the largest task count on any node of the step, so every worker gets
-    the same number of GPUs (MWMS expects the same devices on every worker).
-
-    * One task per node: every visible GPU, environment untouched (one worker per node).
-    * Several tasks per node (one worker per GPU): if Slurm already bound GPUs per task
-      (``--gpus-per-task``, ``--gpu-bind``), keep them; otherwise the visible GPUs are split
-      evenly and task ``SLURM_LOCALID`` takes its share (with as many GPUs as tasks: the
-      SLURM_LOCALID-th one). Fewer GPUs than tasks is a UserError: two workers on one GPU make
-      NCCL fail ("Duplicate GPU detected").
-
-    Slurm bound per task when SLURMD_TRES_BIND starts with ``gpu:`` or when the step's GPUs on
-    this node (SLURM_STEP_GPUS, else SLURM_JOB_GPUS) are more than this task sees. A single
-    visible GPU alone proves nothing: with ``--gpus-per-node=1 --ntasks-per-node=2`` both tasks
-    see the same one.
-
-    The visible GPUs are CUDA_VISIBLE_DEVICES when set (Slurm sets it for gres/gpu, in the
-    task's own numbering, also under cgroup device confinement), else SLURM_STEP_GPUS.
-    """
-    raw = env.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        raw = env.get("SLURM_STEP_GPUS", "")
-    source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in env else "SLURM_STEP_GPUS"
-    if raw.strip() in _NO_DEVICES:
-        return (), False
-    visible = tuple(part.strip() for part in raw.split(","))
-    if not all(_DEVICE_RE.match(device) for device in visible):
-        raise UserError(f"{source}={raw!r} is not a comma-separated list of GPU ids")
-    if len(set(visible)) != len(visible):
-        raise UserError(f"{source}={raw!r} names a GPU twice")
-    if tasks_per_node == 1 or _bound_per_task(env, len(visible)):
-        return visible, False
-    if len(visible) < tasks_per_node:
-        gpus = "1 GPU" if len(visible) == 1 else f"{len(visible)} GPUs"
-        raise UserError(
-            f"{gpus} visible on {node} ({source}={raw}) cannot be shared by {tasks_per_node} "
-            "tasks per node: each TensorFlow worker needs a GPU of its own (NCCL fails on two "
-            "ranks of one GPU); ask for gpus_per_node equal to tasks_per_node (one worker per "
-            "GPU), or tasks_per_node: 1"
-        )
-    if len(visible) % tasks_per_node:
-        raise UserError(
-            f"{len(visible)} GPUs visible on {node} ({source}={raw}) cannot be shared evenly "
-            f"by {tasks_per_node} tasks per node; ask for tasks_per_node equal to the GPUs per "
-            "node (one worker per GPU) or 1 (one worker per node)"
-        )
-    share = len(visible) // tasks_per_node
-    return visible[local_id * share : (local_id + 1) * share], True
-
-
-def _bound_per_task(env: Mapping[str, str], visible: int) -> bool:
-    """Whether Slurm itself gave each task of the step its own GPUs (see :func:`gpu_binding`)."""
-    if env.get("SLURMD_TRES_BIND", "").startswith("gpu:"):
-        return True
-    step = env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or ""
-    if step.strip() in _NO_DEVICES:
-        return False
-    return len(step.split(",")) > visible

@@ -1,9 +1,12 @@
 """``train.preflight: quick``: every rank checks its own node before it joins the others.
 
 The cheap checks ``hpctf doctor`` runs per node (:mod:`hpctf.compute.doctor.node_checks`), without
-its all-reduce: ``memlock`` and ``infiniband`` (the first task of each node), ``hostnames`` (this
-task's address and the chief's, as the worker always checked: two lookups per task, not one per
-node), ``port``, and ``tensorflow`` (its build and GPUs against what Slurm gave the task) once
+its all-reduce. On the first task of each node: ``memlock``, ``infiniband``, NCCL's
+``NCCL_IB_HCA`` and ``NCCL_SOCKET_IFNAME`` against the node
+(:mod:`hpctf.compute.doctor.nccl_env`), ``verbs`` (libibverbs loads and lists devices where
+InfiniBand is up: :mod:`hpctf.compute.doctor.verbs`). On every task: ``hostnames`` (this task's
+address and the chief's, as the worker always checked: two lookups per task, not one per node),
+``port``, and ``tensorflow`` (its build and GPUs against what Slurm gave the task) once
 TensorFlow may be imported. A warning is logged and the rank goes on.
 
 A failed check ends this rank before the strategy exists, so the others never wait in a
@@ -22,7 +25,10 @@ from __future__ import annotations
 import logging
 import resource
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
+from hpctf import __version__
+from hpctf.compute.doctor.nccl_env import hca_rails_check, read_interfaces, socket_ifname_check
 from hpctf.compute.doctor.node_checks import (
     Check,
     hostnames_check,
@@ -33,6 +39,8 @@ from hpctf.compute.doctor.node_checks import (
     resolve_reason,
     tensorflow_check,
 )
+from hpctf.compute.doctor.verbs import load_verbs, verbs_check
+from hpctf.compute.doctor.versions import version_check
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.gpus import Grant
 from hpctf.core.errors import NODE_CHECK_EXIT
@@ -43,18 +51,28 @@ log = logging.getLogger("hpctf.worker")
 
 
 def before_tensorflow(
-    spec: ClusterSpec, env: Mapping[str, str], names: list[tuple[str, str]] | None = None
+    spec: ClusterSpec,
+    env: Mapping[str, str],
+    names: list[tuple[str, str]] | None = None,
+    sys_class: Path = Path("/sys/class"),
+    image: str | None = None,
 ) -> list[Check]:
     """The checks that need no TensorFlow, in the order doctor shows them. ``names``: the
     (address, node) pairs to resolve; by default this task's own and the chief's (``hpctf
-    doctor`` gives every node's)."""
+    doctor`` gives every node's). ``sys_class``: where ``net/`` and ``infiniband/`` are read
+    (a fake tree in tests). ``image``: the site's container image the worker runs in."""
     checks = []
     if spec.local_id == 0:  # node-wide: once per node
-        ports = read_infiniband()
+        ports = read_infiniband(sys_class / "infiniband")
         hca = env.get("NCCL_IB_HCA")
         soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
         checks.append(memlock_check(soft, has_infiniband(ports, hca)))
         checks.append(infiniband_check(ports, hca))
+        checks.append(hca_rails_check(ports, hca))
+        interfaces = read_interfaces(sys_class / "net")
+        checks.append(socket_ifname_check(interfaces, env.get("NCCL_SOCKET_IFNAME")))
+        active = any(p.state == "ACTIVE" for p in ports or [])
+        checks.append(verbs_check(ports, load_verbs() if active else (None, ""), image))
     if names is None:
         names = list(dict([(spec.host, spec.node), (spec.chief_host, spec.nodes[0])]).items())
     checks.append(hostnames_check(names, spec.hostname_template, resolve_reason))
@@ -95,9 +113,15 @@ def judge(run: RunDir, spec: ClusterSpec, checks: Iterable[Check]) -> int | None
     return NODE_CHECK_EXIT
 
 
-def check_node(run: RunDir, spec: ClusterSpec, env: Mapping[str, str]) -> int | None:
-    """Before TensorFlow: None when this node may go on, else the exit status (recorded)."""
-    return judge(run, spec, before_tensorflow(spec, env))
+def check_node(
+    run: RunDir, spec: ClusterSpec, env: Mapping[str, str], image: str | None = None
+) -> int | None:
+    """Before TensorFlow: None when this node may go on, else the exit status (recorded).
+    The chief also compares its hpctf with the host's (:mod:`hpctf.compute.doctor.versions`)."""
+    checks = before_tensorflow(spec, env, image=image)
+    if spec.is_chief:
+        checks.append(version_check(run.events(), spec.journal_job, __version__, image))
+    return judge(run, spec, checks)
 
 
 def check_tensorflow(run: RunDir, spec: ClusterSpec, grant: Grant) -> int | None:

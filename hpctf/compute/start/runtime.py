@@ -116,7 +116,8 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     quick = config.experiment.train.preflight == "quick"
     startup_clock.mark("config")
     if quick:
-        if (failed := quick_preflight.check_node(run, spec, env)) is not None:
+        image = config.site.container.image if config.site.container else None
+        if (failed := quick_preflight.check_node(run, spec, env, image)) is not None:
             return failed
     else:
         startup_checks(spec)

@@ -195,12 +195,15 @@ def record_started(
     fields: dict[str, Any] = {"slurm_job_id": slurm_job_id} if slurm_job_id else {}
     if restart_count is not None:
         fields["restart_count"] = restart_count
+    from hpctf import __version__  # the package root: already imported with this module
+
     run.record(
         STARTED,
         job_id=job_id,
         step=run.checkpoint_step(),
         nodes=nodes,
         walltime_signal=walltime_signal,
+        hpctf=__version__,  # the host's; a worker in a container compares its own with it
         **fields,
     )
 

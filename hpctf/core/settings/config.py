@@ -329,6 +329,9 @@ class Site(Strict):
     )
     venv: str | None = Field(None, description="a virtualenv activated on compute nodes")
     port_range: tuple[int, int] = (20000, 30000)
+    min_cpus_per_gpu: int | None = Field(
+        None, ge=1, le=1024, description="validate warns below this many cores per GPU"
+    )
     template: str | None = Field(
         None,
         description='a Jinja template, relative to this file, that {% extends "sbatch.sh.j2" %}',

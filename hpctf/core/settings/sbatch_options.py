@@ -207,6 +207,23 @@ OPTIONS: tuple[Option, ...] = (
     Option("ntasks", instead="set resources.nodes and resources.tasks_per_node", short="n"),
     Option("gpus", instead="set resources.gpus_per_node", short="G"),
     Option("gpus-per-task", instead="set resources.gpus_per_node"),
+    # sbatch refuses these beside the --cpus-per-task and --ntasks-per-node hpctf always writes
+    # (mutually exclusive options: the job would never be queued).
+    Option(
+        "cpus-per-gpu",
+        instead="sbatch refuses it beside --cpus-per-task, which hpctf always writes; set "
+        "resources.cpus_per_task (cores per GPU x GPUs per task)",
+    ),
+    Option(
+        "ntasks-per-gpu",
+        instead="sbatch refuses it beside --ntasks-per-node, which hpctf always writes; set "
+        "resources.tasks_per_node",
+    ),
+    Option(
+        "ntasks-per-tres",
+        instead="sbatch refuses it beside --ntasks-per-node, which hpctf always writes; set "
+        "resources.tasks_per_node",
+    ),
     Option("error", instead=_OUTPUT, short="e"),
     Option("no-requeue", instead=_REQUEUE),
     # Rendered only for a sweep (hpctf sweep): one task per point, each with its run directory.

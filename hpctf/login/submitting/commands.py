@@ -21,6 +21,7 @@ from hpctf.core.run.rundir import (
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import Experiment, Site
 from hpctf.core.settings.sites import describe_site, listing, read_site, search_path
+from hpctf.login.resolving.advice import advice
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting import scaffold
 from hpctf.login.submitting.launch import submit_config, warn_if_writable_by_others
@@ -55,11 +56,14 @@ def validate(experiment: Path, site_name: str | None, overrides: tuple[str, ...]
 
     Runs every check that render and submit run (the schema, the site and what it extends,
     conflicting options, the training entry, values the script could not hold) without
-    printing a script.
+    printing a script. Warnings (too few CPUs per GPU for the site, ports among the
+    ephemeral ones) go to stderr, one line each, and do not fail it.
     """
     loaded = load_config(experiment, site_name, overrides, os.environ)
     config = loaded.config
     render(config, plan_run_dir(config).path)  # the checks made while writing the script
+    for line in advice(config):
+        click.echo(f"warning: {line}", err=True)
     res = config.experiment.resources
     click.echo(
         f"ok: {experiment} on site {config.site.name}: {res.nodes} node(s) x "
@@ -128,6 +132,8 @@ def submit(
     config = load_config(experiment, site_name, overrides, os.environ).config
     run = plan_run_dir(config)
     script = render(config, run.path)
+    for line in advice(config):
+        click.echo(f"warning: {line}", err=True)
     if dry_run:
         click.echo(script, nl=False)
         click.echo(
