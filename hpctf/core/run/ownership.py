@@ -52,6 +52,11 @@ class Claim:
     job_id: str | None = None
     generation: int = 0
 
+    @property
+    def local_launch(self) -> bool:
+        """Whether a local launcher (``hpctf submit --site local``) holds the run."""
+        return self.kind == "local"
+
     def describe(self) -> str:
         if self.kind == "job":
             return f"job {self.job_id}"

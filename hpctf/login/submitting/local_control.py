@@ -114,7 +114,7 @@ def local_launcher(run: RunDir) -> int | None:
     its process gone, or not the one that claimed the run)."""
     jobs = [job.job_id for job in jobs_of(run.events()) if not job.ended]  # cancelled or not
     _, owner = ownership.current(run.path)
-    if not jobs or owner is None or owner.kind != "local":
+    if not jobs or owner is None or not owner.local_launch:
         return None
     if owner.host != socket.gethostname() or str(owner.pid) != jobs[-1]:
         return None
