@@ -5,7 +5,7 @@ end DONE with every step logged once and the capability probe's line in every ra
 Used by ``tests/test_compat_smoke.py`` on the oldest supported TensorFlow and by hand on any
 other (the environment must hold hpctf, TensorFlow and scikit-learn)::
 
-    python tests/compat_smoke.py /tmp/tf216/bin/python [STEPS]
+    python tests/compat_smoke.py /tmp/tf216/bin/python [STEPS [KEY=VALUE ...]]
 """
 
 from __future__ import annotations
@@ -29,13 +29,16 @@ def _checkpoints(run_dir: Path) -> list[int]:
     return sorted(int(p.name.split("-")[1].split(".")[0]) for p in run_dir.glob("checkpoints/*.index"))
 
 
-def interrupted_and_resumed(python: str, runs_root: Path, steps: int = 60) -> dict[str, object]:
-    """Run the smoke with ``python``'s hpctf; returns what it saw, raises AssertionError with
-    the launcher's output when something is wrong."""
+def interrupted_and_resumed(
+    python: str, runs_root: Path, steps: int = 60, extra: tuple[str, ...] = ()
+) -> dict[str, object]:
+    """Run the smoke with ``python``'s hpctf (``extra``: more ``--set`` values); returns what it
+    saw, raises AssertionError with the launcher's output when something is wrong."""
     hpctf = [python, "-m", "hpctf"]
     every = max(steps // 3, 1)
     env = {**os.environ, "HPCTF_RUNS_ROOT": str(runs_root)}
     sets = [f"train.steps={steps}", "train.log_every_steps=1", f"checkpoint.every_steps={every}"]
+    sets += extra
     started = time.monotonic()
     launcher = subprocess.Popen(
         [*hpctf, "submit", str(DIGITS), "--site", "local", *(a for s in sets for a in ("--set", s))],
@@ -46,9 +49,11 @@ def interrupted_and_resumed(python: str, runs_root: Path, steps: int = 60) -> di
         cwd=runs_root,
     )
     assert launcher.stdout is not None
-    first = launcher.stdout.readline()
-    found = re.search(r"^run directory: (\S+)$", first, re.M)
-    assert found, first + launcher.communicate(timeout=120)[0]
+    first = ""
+    while not (found := re.search(r"^run directory: (\S+)$", first, re.M)):
+        line = launcher.stdout.readline()
+        assert line, first + launcher.communicate(timeout=120)[0]
+        first += line
     run_dir = Path(found.group(1))
     deadline = time.monotonic() + 240
     while not _checkpoints(run_dir):
@@ -90,6 +95,6 @@ def interrupted_and_resumed(python: str, runs_root: Path, steps: int = 60) -> di
 
 
 if __name__ == "__main__":
-    with tempfile.TemporaryDirectory(prefix="hpctf-compat-") as root:
-        steps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
-        print(json.dumps(interrupted_and_resumed(sys.argv[1], Path(root), steps), indent=1))
+    root = Path(tempfile.mkdtemp(prefix="hpctf-compat-"))  # kept: the run's logs are there
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
+    print(json.dumps(interrupted_and_resumed(sys.argv[1], root, steps, tuple(sys.argv[3:]))))

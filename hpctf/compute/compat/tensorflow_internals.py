@@ -173,8 +173,12 @@ def async_saves_missing() -> str | None:
 
     if not callable(getattr(tf.train.Checkpoint, "_async_checkpointer", None)):
         return "no Checkpoint._async_checkpointer"
+    from tensorflow.python.trackable import base
+
+    default = getattr(base.Trackable, "_copy_trackable_to_cpu", None)  # raises NotImplemented
     for owner in (keras.Variable, resource_variable_ops.BaseResourceVariable):
-        if not callable(getattr(owner, "_copy_trackable_to_cpu", None)):
+        own = getattr(owner, "_copy_trackable_to_cpu", None)
+        if not callable(own) or own is default:
             return f"no {owner.__name__}._copy_trackable_to_cpu"
     try:
         from tensorflow.python.checkpoint import async_checkpoint_helper
