@@ -26,7 +26,9 @@ PROBE_LINE = re.compile(r"rank \d+: (tensorflow \S+, keras \S+.*: failure detect
 
 
 def _checkpoints(run_dir: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1].split(".")[0]) for p in run_dir.glob("checkpoints/*.index"))
+    return sorted(
+        int(p.name.split("-")[1].split(".")[0]) for p in run_dir.glob("checkpoints/*.index")
+    )
 
 
 def interrupted_and_resumed(
@@ -41,7 +43,14 @@ def interrupted_and_resumed(
     sets += extra
     started = time.monotonic()
     launcher = subprocess.Popen(
-        [*hpctf, "submit", str(DIGITS), "--site", "local", *(a for s in sets for a in ("--set", s))],
+        [
+            *hpctf,
+            "submit",
+            str(DIGITS),
+            "--site",
+            "local",
+            *(a for s in sets for a in ("--set", s)),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -200,9 +200,7 @@ def test_jinja_context_super_and_block_reference() -> None:
 
     assert callable(getattr(Context, "super", None)), gone("site templates", "Context.super")
     env = jinja2.Environment(
-        loader=jinja2.DictLoader(
-            {"base": "{% block b %}parent{% endblock %}", "child": CHILD}
-        )
+        loader=jinja2.DictLoader({"base": "{% block b %}parent{% endblock %}", "child": CHILD})
     )
     seen: list[Any] = []
     env.globals["keep"] = seen.append
