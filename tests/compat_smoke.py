@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,13 +33,18 @@ def _checkpoints(run_dir: Path) -> list[int]:
 
 
 def interrupted_and_resumed(
-    python: str, runs_root: Path, steps: int = 60, extra: tuple[str, ...] = ()
+    python: str,
+    runs_root: Path,
+    steps: int = 60,
+    extra: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, object]:
-    """Run the smoke with ``python``'s hpctf (``extra``: more ``--set`` values); returns what it
-    saw, raises AssertionError with the launcher's output when something is wrong."""
+    """Run the smoke with ``python``'s hpctf (``extra``: more ``--set`` values; ``env``: the
+    processes' environment, by default this one's); returns what it saw, raises AssertionError
+    with the launcher's output when something is wrong."""
     hpctf = [python, "-m", "hpctf"]
     every = max(steps // 3, 1)
-    env = {**os.environ, "HPCTF_RUNS_ROOT": str(runs_root)}
+    env = {**(os.environ if env is None else env), "HPCTF_RUNS_ROOT": str(runs_root)}
     sets = [f"train.steps={steps}", "train.log_every_steps=1", f"checkpoint.every_steps={every}"]
     sets += extra
     started = time.monotonic()

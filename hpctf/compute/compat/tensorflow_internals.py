@@ -24,17 +24,22 @@ learning-rate scaling        Keras 3 ``Optimizer._learning_rate``    none correc
                                                                      requeued)
 ============================ ======================================= ===========================
 
-Checked against (``tests/test_compat_canaries.py`` on the venv's TensorFlow; the digits example
-interrupted and resumed on 2 local workers for the rest, README "Supported versions"):
+Checked against (``tests/test_compat_canaries.py`` and ``tests/test_compat_fallbacks.py`` on
+2.21.0 and, in ``tests/test_compat_smoke.py``, on 2.16.2; the digits example on 2 local workers,
+interrupted and resumed, with asynchronous saves and learning-rate scaling, on every version
+below, by hand with ``tests/compat_smoke.py``; every capability on in each):
 
-================= ========= ====================================================== ===========
-tensorflow-cpu    keras     coordination_config_pb2 found in                       others
-================= ========= ====================================================== ===========
-2.16.2            3.x       ``tensorflow.tsl.protobuf``                            all there
-2.18.1            3.x       ``tensorflow.tsl.protobuf`` (no ``tensorflow.compiler  all there
-                            .xla.tsl.protobuf.coordination_config_pb2``)
-2.21.0            3.15.1    ``tensorflow.compiler.xla.tsl.protobuf``               all there
-================= ========= ====================================================== ===========
+============== ======== =============================================================
+tensorflow-cpu keras    the ``coordination_config_pb2`` TF's own context imports
+============== ======== =============================================================
+2.16.2         3.15.1   ``tensorflow.tsl.protobuf`` (no ``tensorflow.compiler.xla.tsl``)
+2.17.1         3.15.1   ``tensorflow.tsl.protobuf``
+2.18.1         3.15.1   ``tensorflow.tsl.protobuf`` (``tensorflow.compiler.xla.tsl.
+                        protobuf`` exists without it)
+2.19.1         3.15.1   ``tensorflow.compiler.xla.tsl.protobuf``
+2.20.0         3.15.1   ``tensorflow.compiler.xla.tsl.protobuf``
+2.21.0         3.15.1   ``tensorflow.compiler.xla.tsl.protobuf``
+============== ======== =============================================================
 
 The module TensorFlow's own ``context.py`` imported is asked first: ``configure_coordination_
 service`` extends its config with messages of that module's classes, so that is the one that
