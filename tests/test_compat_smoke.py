@@ -1,7 +1,8 @@
 """The compatibility smoke on the oldest TensorFlow hpctf supports (README "Supported versions"):
 a second virtual environment with ``tensorflow-cpu`` of that version from the package index,
 made by the test on its first run and kept between runs (``$HPCTF_COMPAT_CACHE``, by default
-``~/.cache/hpctf-compat``, one directory per TensorFlow and Python version), holding TensorFlow
+``~/.cache/hpctf-compat``, one directory per TensorFlow version, Python version and package
+list), holding TensorFlow
 and hpctf's dependencies but not hpctf: the checkout's hpctf runs there through PYTHONPATH.
 
 There: the canaries and fallbacks of hpctf/compute/compat/, then the digits example on 2 local
@@ -13,6 +14,7 @@ Select it alone with ``-m compat``; leave it out with ``-m "not compat"``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shutil
@@ -48,7 +50,8 @@ def compat_venv(version: str) -> Path:
     made (its ``.complete`` file is written last)."""
     cache = Path(os.environ.get("HPCTF_COMPAT_CACHE", Path.home() / ".cache" / "hpctf-compat"))
     python = ".".join(platform.python_version_tuple()[:2])
-    venv = cache / f"tensorflow-cpu-{version}-python{python}"
+    wanted = hashlib.sha256("\n".join(PACKAGES).encode()).hexdigest()[:8]  # a new list: anew
+    venv = cache / f"tensorflow-cpu-{version}-python{python}-{wanted}"
     complete = venv / ".complete"
     if complete.exists():
         return venv
