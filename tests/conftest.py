@@ -32,13 +32,15 @@ ENTRIES_PATH = [str(REPO / p) for p in ("tests", "examples/digits", "examples/cu
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long tests first: those on the real Slurm cluster (requeues, walltimes, MinJobAge:
-    up to 140 s each), then those that start TensorFlow, then the quick ones. pytest-xdist
-    hands each worker a share in this order and lets the one that runs dry take over the end
-    of another's queue, so the last minutes are quick tests on both workers rather than one
-    long test on one while the other idles."""
+    up to 140 s each) and the compatibility smoke, then those that start TensorFlow, then the
+    quick ones. pytest-xdist hands each worker a share in this order and lets the one that runs
+    dry take over the end of another's queue, so the last minutes are quick tests on both
+    workers rather than one long test on one while the other idles."""
 
     def weight(item: pytest.Item) -> int:
-        return 0 if item.get_closest_marker("slurm") else 1 if item.get_closest_marker("tf") else 2
+        if item.get_closest_marker("slurm") or item.get_closest_marker("compat"):
+            return 0
+        return 1 if item.get_closest_marker("tf") else 2
 
     items.sort(key=weight)  # stable: in file order within each group
 

@@ -20,7 +20,8 @@ TINY = ["--set", "resources.nodes=1", "--set", "train.log_every_steps=1",
 
 
 def _hpctf(*args: str) -> str:
-    env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}  # MLflow 3 keeps it, deprecated
+    # Without MLFLOW_ALLOW_FILE_STORE: the chief sets it for a file:// store (MLflow >= 3.17).
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"}
     proc = subprocess.run(
         [*HPCTF, *args], capture_output=True, text=True, timeout=300, check=False, env=env
     )

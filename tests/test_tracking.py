@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,7 @@ from mlflow.tracking import MlflowClient  # hpctf[dev] brings mlflow-skinny
 from hpctf.cli import cli
 from hpctf.compute.records.tracking import start_tracking
 from hpctf.compute.records.tracking import tracker as tracking
+from hpctf.compute.records.tracking.mlflow_run import is_file_store
 from hpctf.core.run.rundir import RunDir
 from hpctf.login.resolving import tracking_check
 from tests import wandb_records
@@ -41,7 +43,9 @@ def rendered_run(tmp_path: Path, uri: str | None = None, *sets: str) -> RunDir:
 def test_one_mlflow_run_across_starts_every_step_once_params_once(
     runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps it, deprecated
+    # Unset: the tracker sets it for a file store, which MLflow >= 3.17 refuses without it.
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
     uri = f"file://{tmp_path / 'mlruns'}"
     run = rendered_run(tmp_path, uri)
     # Start 1: steps 1-6, an evaluation at 5; stopped without DONE (a preemption).
@@ -59,6 +63,7 @@ def test_one_mlflow_run_across_starts_every_step_once_params_once(
     write(run.done, '{"step": 10}\n')
     second.close()
 
+    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "true"
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("digits")
     (found,) = client.search_runs([experiment.experiment_id])
@@ -73,6 +78,15 @@ def test_one_mlflow_run_across_starts_every_step_once_params_once(
     assert params["train.steps"] == "300" and params["site"] == "local"
     assert not any(key.startswith("env") for key in params)  # env may hold tokens
     assert found.data.tags["hpctf.run_dir"] == str(run.path)
+
+
+@pytest.mark.parametrize(
+    "uri, store",
+    [("file:///scratch/mlruns", True), ("/scratch/mlruns", True), ("mlruns", True),
+     ("http://mlflow:5000", False), ("sqlite:///mlflow.db", False), ("databricks", False)],
+)  # fmt: skip
+def test_which_uris_are_mlflow_file_stores(uri: str, store: bool) -> None:
+    assert is_file_store(uri) is store
 
 
 def test_one_wandb_run_across_a_preemption_and_a_resubmit_every_step_once_params_once(

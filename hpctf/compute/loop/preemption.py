@@ -87,7 +87,7 @@ def make_gather(strategy: Any) -> Callable[[int], list[int]]:
     list (what :class:`PreemptionWatch` and the checkpoint agreement run on)."""
     import tensorflow as tf  # only the worker gets here; this module is imported before TF
 
-    from hpctf.compute.start.joining import fixed_instance_keys
+    from hpctf.compute.compat.tensorflow_internals import fixed_instance_keys
 
     # A fixed signature: traced once, so its keys can be fixed (RSS flat: fixed_instance_keys).
     @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])

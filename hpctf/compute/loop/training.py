@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from hpctf.api import DataSource, Task
+from hpctf.compute.compat import tensorflow_internals
 from hpctf.compute.loop.preemption import Preempted
 from hpctf.compute.loop.session import Session, open_session
 from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
@@ -179,11 +180,11 @@ def learning_rate_scaler(optimizer: Any, replicas: int) -> Callable[[], str]:
     Call it after restoring a checkpoint: a constant rate is an optimizer variable, so a
     restore would bring back the rate scaled for the replica count of the job that saved it.
     A schedule cannot be assigned a number (Keras raises TypeError) and is wrapped instead.
+    Where Keras keeps the given rate elsewhere: an EnvironmentProblem naming the version
+    (:func:`hpctf.compute.compat.tensorflow_internals.given_learning_rate`).
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under LossScaleOptimizer
-    # Keras keeps the constructor's value in _learning_rate: a Variable, a schedule or a
-    # callable; the public property returns only the current number.
-    given = inner._learning_rate
+    given = tensorflow_internals.given_learning_rate(inner)
     if isinstance(given, keras.optimizers.schedules.LearningRateSchedule):
         scaled: Any = ScaledSchedule(given, replicas)
         text = f"{type(given).__name__} x {replicas}"

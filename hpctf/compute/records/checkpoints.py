@@ -32,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hpctf.compute.records.async_copies import copy_in_place
+from hpctf.compute.compat import tensorflow_internals
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files
@@ -153,14 +153,16 @@ class Checkpointer:
         # training goes on. Its CheckpointManager lists the checkpoint in the state file only
         # once the write is complete (a write callback); files on disk count only once TF's
         # merge has written the index (:mod:`hpctf.core.run.checkpoint_files`).
-        self._options = (
-            tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
-            if asynchronous and copy_in_place(checkpoint)
-            else None
-        )
-        if asynchronous and self._options is None:
-            log.warning("asynchronous checkpoints are not supported here: saving synchronously")
-        elif self._options is not None and spec.is_chief:
+        self._options = None
+        if asynchronous:
+            why = tensorflow_internals.enable_async_saves(checkpoint)
+            if why is None:
+                self._options = tf.train.CheckpointOptions(
+                    experimental_enable_async_checkpoint=True
+                )
+            else:
+                log.warning("asynchronous checkpoints unsupported (%s): saving synchronously", why)
+        if self._options is not None and spec.is_chief:
             log.info("checkpoints are written while training goes on (checkpoint.asynchronous)")
         self._in_flight: int | None = None  # the step of a save still being written
         self._throwaway: str | None = None  # a non-chief's, kept while saves may be in flight
@@ -244,9 +246,7 @@ class Checkpointer:
         """
         if self._in_flight is None:
             return
-        helper = getattr(self._checkpoint, "_async_checkpointer_impl", None)
-        pending = getattr(getattr(helper, "_queue", None), "unfinished_tasks", 0)
-        if not pending:
+        if not tensorflow_internals.async_write_pending(self._checkpoint):
             self.wait()
 
     def wait(self) -> None:
@@ -260,11 +260,9 @@ class Checkpointer:
         self._checkpoint.sync()
         # TensorFlow keeps a background write's exception and raises it only at the next
         # save; take it now, for the step it belongs to.
-        helper = getattr(self._checkpoint, "_async_checkpointer_impl", None)
-        error = getattr(helper, "_async_error", None)
+        error = tensorflow_internals.take_async_error(self._checkpoint)
         if error is None:
             return
-        helper._async_error = None  # type: ignore[union-attr]
         if self._manager is None:
             raise error  # a non-chief's throwaway copy: not the run's checkpoint
         if isinstance(error, _FILESYSTEM_ERRORS) and not _ours(error):

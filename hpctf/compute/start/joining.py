@@ -7,17 +7,16 @@ rest. ``hpctf doctor``'s all-reduce (:mod:`hpctf.compute.doctor.preflight`) join
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import faulthandler
 import logging
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from hpctf.compute.compat import probe, tensorflow_internals
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.core.errors import UserError
 from hpctf.core.settings.config import Train
@@ -26,28 +25,22 @@ from hpctf.core.settings.replicas import batch_split_problem
 log = logging.getLogger("hpctf.worker")
 
 
-def configure_failure_detection(spec: ClusterSpec, settings: Train) -> None:
-    """Bound how long a dead or frozen peer can hold the others.
+def configure_failure_detection(spec: ClusterSpec, settings: Train) -> str | None:
+    """Bound how long a dead or frozen peer can hold the others; None when done, else why not
+    (then TensorFlow's default timeouts hold: :mod:`hpctf.compute.compat.tensorflow_internals`).
 
     MultiWorkerMirroredStrategy configures TF's coordination service with default timeouts
     only when none is configured yet (tensorflow/python/distribute/
     collective_all_reduce_strategy.py, ``_initialize_multi_worker``), and offers no public knob,
     so the same configuration is made here first, with the run's timeouts.
     """
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.eager import context  # no public API for these settings
-
-    context.context().configure_coordination_service(
-        service_type="standalone",
-        service_leader="/job:worker/replica:0/task:0",
-        coordinated_jobs=[
-            coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=len(spec.workers))
-        ],
-        heartbeat_timeout_in_ms=settings.heartbeat_timeout_seconds * 1000,
-        cluster_register_timeout_in_ms=settings.startup_timeout_seconds * 1000,
+    return tensorflow_internals.configure_coordination_service(
+        workers=len(spec.workers),
+        heartbeat_ms=settings.heartbeat_timeout_seconds * 1000,
+        register_ms=settings.startup_timeout_seconds * 1000,
         # Every rank waits for the others at exit, so the leader (rank 0) does not vanish
         # while a peer still sends heartbeats to it.
-        shutdown_barrier_timeout_in_ms=settings.heartbeat_timeout_seconds * 1000,
+        shutdown_ms=settings.heartbeat_timeout_seconds * 1000,
     )
 
 
@@ -66,38 +59,6 @@ def make_strategy(gpus: int, settings: Train) -> tf.distribute.MultiWorkerMirror
         implementation=implementations.NCCL if choice == "nccl" else implementations.RING,
     )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-
-
-@contextlib.contextmanager
-def fixed_instance_keys() -> Iterator[None]:
-    """Collectives traced inside get their instance keys once, at trace time, instead of a new
-    key at every call of the ``tf.function``. Use it inside the Python body of a
-    ``tf.function`` traced exactly once and at the same point on every rank (a fixed input
-    signature, called in the same order everywhere), so that the keys agree. The switch is
-    process-wide while the block runs: trace in the thread that trains.
-
-    Why: MWMS gives each collective in a ``tf.function`` a new instance key per call
-    (``CollectiveReplicaLauncher._next_instance_key``, ``capture_call_time_value``), and the
-    C++ side keeps state for every key it has seen. Measured on 2 RING workers (a plain MWMS
-    loop, 4,000 steps): RSS +3.4 MB per 1,000 steps with per-call keys, malloc's in-use bytes
-    growing alike (so not fragmentation: ``malloc_trim`` and ``MALLOC_ARENA_MAX=2`` changed
-    nothing), +0.04 with the keys fixed, and bit-identical weights after 2,000 steps
-    (tensorflow/tensorflow#42616, #44688). The flag is private: without it nothing changes.
-    A per-call key is what lets TF cancel one collective alone; hpctf bounds stuck collectives
-    with its watchdog instead, never with collective timeouts.
-    """
-    from tensorflow.python.distribute import cross_device_utils  # private: no public switch
-
-    launcher = cross_device_utils.CollectiveReplicaLauncher
-    before = getattr(launcher, "_prefer_unique_instance_key", None)
-    if before is None:  # another TF: leave it as it is
-        yield
-        return
-    launcher._prefer_unique_instance_key = False
-    try:
-        yield
-    finally:
-        launcher._prefer_unique_instance_key = before
 
 
 def precision_policy(enabled: bool, gpus: int) -> str | None:
@@ -129,7 +90,9 @@ def connect(settings: Train, spec: ClusterSpec) -> Connection:
     policy = precision_policy(settings.mixed_precision, gpus)
     if policy:
         keras.mixed_precision.set_global_policy(policy)
-    configure_failure_detection(spec, settings)
+    log.info("%s", probe.line(probe.probe()))
+    if (why := configure_failure_detection(spec, settings)) is not None:
+        log.warning("failure detection with TensorFlow's default timeouts: %s", why)
     # Joining waits in C++ for every task (CoordinationServiceAgent::WaitForAllTasks) while
     # holding the GIL: when a peer never starts, neither cluster_register_timeout nor a
     # Python thread ends the wait (seen under gdb, TF 2.21). faulthandler's own C thread

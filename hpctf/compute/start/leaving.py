@@ -14,13 +14,13 @@ replaced atomically; metrics.jsonl is closed and the TensorBoard writer flushed 
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import sys
 import threading
 from typing import NoReturn
 
+from hpctf.compute.compat import python_internals
 from hpctf.compute.start.worker_tmp import remove_own_tmp
 
 
@@ -42,7 +42,7 @@ def leave(code: int) -> NoReturn:
     delete TensorFlow's autograph temporary files and join an async save), then
     :func:`exit_now`, skipping only the interpreter's finalization of TensorFlow, which is what
     waits on peers. Bounded by :func:`exit_later`, set when training ended."""
-    atexit._run_exitfuncs()  # what the interpreter's own exit runs first; not public API
+    python_internals.run_exit_functions()  # what the interpreter's own exit runs first
     exit_now(code)
 
 

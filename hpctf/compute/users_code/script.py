@@ -42,6 +42,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hpctf.compute.compat import probe
 from hpctf.compute.compat.keras_fit import prepare_fit
 from hpctf.compute.loop.preemption import early_signal, leaving_words
 from hpctf.compute.start.cluster import ClusterSpec
@@ -139,6 +140,8 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     if settings.script is None:
         raise ValueError("run_script needs train.script")  # runtime calls it only then
     check_keras(settings)
+    # Keras 3 is left unimported for a tf_keras script (train.keras: 2).
+    log.info("%s", probe.line(probe.probe(keras_3=settings.keras != 2)))
     environment = script_environment(config, run, spec)
     os.makedirs(environment["HPCTF_CHECKPOINT_DIR"], exist_ok=True)
     os.environ.update(environment)

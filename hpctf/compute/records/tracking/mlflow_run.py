@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +14,14 @@ from hpctf.core.settings.tracking import MLflowTracking
 # MLflow's limits: 100 params per batch call, values of at most 6,000 characters.
 _PARAMS_PER_CALL = 100
 _PARAM_CHARS = 500
+
+
+def is_file_store(uri: str) -> bool:
+    """Whether MLflow reads ``uri`` as its file store: ``file:`` or a plain local path (but
+    ``databricks``, a scheme-less name MLflow reads as Databricks)."""
+    if uri == "databricks":
+        return False
+    return urllib.parse.urlparse(uri).scheme in ("", "file")
 
 
 class MLflowBackend:
@@ -32,6 +41,12 @@ class MLflowBackend:
         # that is down); hpctf retries each call itself, RETRIES times: unless the user chose.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        uri = self._settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri is not None and is_file_store(uri):
+            # MLflow 3.17 refuses a file store ("maintenance mode") unless opted out; on a
+            # cluster without an MLflow server it is the natural store on the shared
+            # filesystem. A value the user set (false) is kept.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient  # seconds to import: here, off the training
 
         self._client = MlflowClient(tracking_uri=self._settings.tracking_uri)
