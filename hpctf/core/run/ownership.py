@@ -39,6 +39,9 @@ JOB_ID = re.compile(r"^\d+(_\d+)?$")
 SUBMIT_CLAIM_S = 90.0
 
 
+LOCAL_LAUNCH = "local"  # a Claim's kind for `hpctf submit --site local`'s launcher
+
+
 @dataclass(frozen=True)
 class Claim:
     """One owner: a Slurm job (``kind`` job, ``job_id``), a local launch (``local``: the
@@ -55,7 +58,7 @@ class Claim:
     @property
     def local_launch(self) -> bool:
         """Whether a local launcher (``hpctf submit --site local``) holds the run."""
-        return self.kind == "local"
+        return self.kind == LOCAL_LAUNCH
 
     def describe(self) -> str:
         if self.kind == "job":
