@@ -35,6 +35,7 @@ from hpctf.compute.records.async_copies import copy_in_place
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files
+from hpctf.core.safe_files import write_atomic
 
 log = logging.getLogger("hpctf.worker")
 
@@ -327,12 +328,10 @@ def repair_state_file(directory: Path) -> None:
         ", ".join(Path(p).name for p in found.values()),
     )
     try:
-        tmp = directory / ".checkpoint.hpctf-tmp"
-        tmp.write_text(wanted, encoding="utf-8")
-        tmp.replace(state_file)
-    except OSError as exc:
+        write_atomic(state_file, wanted, mode=None)
+    except EnvironmentProblem as exc:
         raise EnvironmentProblem(
-            f"cannot rewrite the checkpoint state file {state_file}: {exc.strerror or exc}"
+            f"cannot rewrite the checkpoint state file {state_file}: {exc.__cause__ or exc}"
         ) from exc
 
 

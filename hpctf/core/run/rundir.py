@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -32,29 +31,9 @@ from pydantic import ValidationError
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, snapshot
 from hpctf.core.run.ends import end_of_start, failed_node_checks, since_last_start
+from hpctf.core.safe_files import safe_dir, umask
+from hpctf.core.safe_files import write_atomic as write_atomic  # its old home
 from hpctf.core.settings.config import ResolvedConfig
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old content or the new, never a part.
-
-    A filesystem that refuses (full, read-only, over quota) is an EnvironmentProblem naming the
-    file, with the OSError kept as its cause.
-    """
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise EnvironmentProblem(f"cannot write {path}: {exc.strerror or exc}") from exc
-        raise
 
 
 @dataclass(frozen=True)
@@ -129,7 +108,7 @@ class RunDir:
     def record(self, event: str, **fields: Any) -> None:
         """Append one event to the journal (atomic, safe from several writers at once); its
         writers are :mod:`hpctf.core.run.journal`'s ``record_*`` functions."""
-        self.journal.mkdir(parents=True, exist_ok=True)
+        safe_dir(self.journal)
         stamp = time.time_ns()
         entry = {
             "event": event,
@@ -235,8 +214,7 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> Resolved
         run.logs.mkdir()
         run.checkpoints.mkdir()
         frozen = with_snapshot(config, run)
-        write_atomic(run.script, script)
-        run.script.chmod(0o755)
+        write_atomic(run.script, script, mode=0o777 & ~umask())  # as the umask allows
         journal.record_created(run, config.experiment_file, config.site.name)
     except (OSError, EnvironmentProblem, UserError) as exc:
         remove_new_run_dir(run)  # nothing half-made is left behind

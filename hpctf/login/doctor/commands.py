@@ -30,7 +30,7 @@ import click
 from hpctf import __version__
 from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
-from hpctf.core.run.rundir import write_atomic
+from hpctf.core.safe_files import open_append, write_atomic
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.hostnames import expand_nodelist
 from hpctf.core.scheduler.launcher import launcher_for
@@ -171,7 +171,7 @@ def run_local(config: ResolvedConfig, directory: Path, env: Mapping[str, str], t
     job_id = os.getpid()
     procs = []
     for rank in range(ntasks):
-        with (directory / "logs" / f"rank-{rank}.log").open("ab") as log_file:
+        with open_append(directory / "logs" / f"rank-{rank}.log") as log_file:
             procs.append(
                 subprocess.Popen(
                     [config.python, "-m", "hpctf", "preflight", str(directory)],
@@ -255,7 +255,7 @@ def run_here(
             f"see {directory / 'logs'}; raise --timeout",
         )
     output = (proc.stdout + proc.stderr).strip()
-    (directory / "logs" / "here.out").write_text(output + "\n", encoding="utf-8")
+    write_atomic(directory / "logs" / "here.out", output + "\n")
     if proc.returncode != 0:
         last = output.splitlines()[-1][:300] if output else "no output"
         return (

@@ -13,11 +13,8 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.run.rundir import (
-    create_run_dir,
-    plan_run_dir,
-    write_atomic,
-)
+from hpctf.core.run.rundir import create_run_dir, plan_run_dir
+from hpctf.core.safe_files import umask, write_atomic
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import Experiment, Site
 from hpctf.core.settings.sites import describe_site, listing, read_site, search_path
@@ -104,8 +101,7 @@ def render_command(
         return
     config = create_run_dir(run, config, script)
     warn_if_writable_by_others(run.path)
-    write_atomic(output, script)
-    output.chmod(0o755)
+    write_atomic(output, script, mode=0o777 & ~umask())  # executable, as the umask allows
     if explain:
         click.echo(shown, nl=False)
     click.echo(f"wrote {output} (run directory {run.path}); submit it with: sbatch {output}")

@@ -22,6 +22,7 @@ from typing import IO
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal, ownership
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import open_append
 from hpctf.core.settings.config import ResolvedConfig
 
 
@@ -164,7 +165,7 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
     sink: IO[str] | None = echo
     try:
         for rank in range(ntasks):
-            with run.rank_log(rank).open("ab") as log_file:
+            with open_append(run.rank_log(rank)) as log_file:
                 procs.append(
                     subprocess.Popen(
                         [config.python, "-m", "hpctf", "worker", str(run.path)],

@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from hpctf.core.run import snapshot
-from hpctf.core.run.rundir import RunDir, write_atomic
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import safe_dir, write_atomic
 from hpctf.core.settings.config import ResolvedConfig
 
 log = logging.getLogger("hpctf.worker")
@@ -159,7 +160,7 @@ class Tracker:
 
     def _save(self, **changes: Any) -> None:
         self._state.update(changes)
-        self._path.parent.mkdir(exist_ok=True)
+        safe_dir(self._path.parent)
         write_atomic(self._path, json.dumps(self._state))
 
     def _put(self, item: _Item) -> None:

@@ -1,0 +1,113 @@
+"""A run directory others can write: hpctf follows no link it did not make (a planted link is
+refused in one line and the file it points at survives), reads only regular files of a bounded
+size, and `hpctf plot` of someone else's run writes into the caller's directory, not the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpctf.cli import cli
+from hpctf.core import safe_files
+from hpctf.core.run.rundir import RunDir
+from tests.fake_slurm import FakeSlurm, new_run
+
+THESIS = b"\\documentclass{article} my thesis, five years of it\n"
+OTHER_USER = "hpctf-other"
+
+
+def with_loss(path: Path) -> None:
+    with (path / "metrics.jsonl").open("a") as handle:
+        for step in range(10, 110, 10):
+            handle.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\n")
+
+
+def test_plot_refuses_a_planted_link_and_the_victim_file_survives(
+    runs_root: Path, fake_slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    path = new_run(runs_root, fake_slurm)
+    with_loss(path)
+    victim = tmp_path / "thesis.tex"
+    victim.write_bytes(THESIS)
+    (path / "loss.png").symlink_to(victim)
+    result = CliRunner().invoke(cli, ["plot", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1
+    assert result.output.startswith(f"Error: {path / 'loss.png'} is a symbolic link, which hpctf")
+    assert victim.read_bytes() == THESIS and (path / "loss.png").is_symlink()
+
+
+def test_appends_and_atomic_writes_refuse_links_fifos_and_directories(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(THESIS)
+    link = tmp_path / "metrics.jsonl"
+    link.symlink_to(victim)
+    with pytest.raises(safe_files.LinkRefused, match="is a symbolic link"):
+        safe_files.open_append(link)
+    with pytest.raises(safe_files.LinkRefused, match="is a symbolic link"):
+        safe_files.write_atomic(link, "x")
+    fifo = tmp_path / "rank-0.log"
+    os.mkfifo(fifo)
+    with pytest.raises(safe_files.LinkRefused, match="not a regular file"):
+        safe_files.open_append(fifo)  # no reader: it would block forever
+    (tmp_path / "journal").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(safe_files.LinkRefused, match="journal is a symbolic link"):
+        RunDir(tmp_path).record("created", experiment="e", site="s", run_dir=str(tmp_path))
+    assert victim.read_bytes() == THESIS and list((tmp_path / "elsewhere").iterdir()) == []
+    plain = tmp_path / "plain.jsonl"
+    with safe_files.open_append(plain) as handle:
+        handle.write(b"one\n")
+    with safe_files.open_append(plain) as handle:
+        handle.write(b"two\n")
+    assert plain.read_bytes() == b"one\ntwo\n"
+
+
+def other_user() -> pwd.struct_passwd:
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to make a second unix user")
+    try:
+        return pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", OTHER_USER], check=True)
+        return pwd.getpwnam(OTHER_USER)
+
+
+def test_plot_of_another_users_run_writes_here_and_follows_nothing(
+    runs_root: Path, fake_slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    """A run owned by a second unix user, who planted loss.png -> the caller's thesis: the
+    caller's `hpctf plot RUN` (a real process) writes ./NAME-loss.png and the thesis stays."""
+    pytest.importorskip("matplotlib")
+    owner = other_user()
+    path = new_run(runs_root, fake_slurm)
+    with_loss(path)
+    victim = tmp_path / "thesis.tex"
+    victim.write_bytes(THESIS)
+    (path / "loss.png").symlink_to(victim)
+    for below in [path, *path.rglob("*")]:
+        os.lchown(below, owner.pw_uid, owner.pw_gid)
+    here = tmp_path / "here"
+    here.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "hpctf", "plot", str(path)],
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": f"{fake_slurm.bin}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 0, result.stderr
+    written = here / f"{path.name}-loss.png"
+    assert result.stdout == f"wrote {written}\n"
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert victim.read_bytes() == THESIS and (path / "loss.png").is_symlink()
