@@ -10,6 +10,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from hpctf.cli import cli
 from hpctf.core import safe_files
 from hpctf.core.run.rundir import RunDir
+from tests.conftest import DIGITS
 from tests.fake_slurm import FakeSlurm, new_run
 
 THESIS = b"\\documentclass{article} my thesis, five years of it\n"
@@ -111,3 +113,70 @@ def test_plot_of_another_users_run_writes_here_and_follows_nothing(
     assert result.stdout == f"wrote {written}\n"
     assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert victim.read_bytes() == THESIS and (path / "loss.png").is_symlink()
+
+
+# --- bounded reads ------------------------------------------------------------------------------
+
+
+def hpctf(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpctf", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+def test_dev_zero_a_fifo_a_directory_and_a_huge_file_as_the_experiment_are_one_line(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "experiment.yaml"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.yaml"
+    huge.write_bytes(b"a: " + b"x" * (2 << 20) + b"\n")
+    cases = [
+        ("/dev/zero", "/dev/zero: a YAML file is a character device, not a file"),
+        (str(fifo), f"{fifo}: a YAML file is a FIFO, not a file"),
+        (str(huge), f"{huge}: a YAML file is 2,097,156 bytes, over the limit of 1,048,576 bytes"),
+    ]
+    for path, line in cases:
+        started = time.monotonic()
+        result = hpctf("validate", path, timeout=30)
+        took = time.monotonic() - started
+        assert (result.returncode, result.stderr) == (2, f"Error: {line}\n"), path
+        assert took < 10, took  # the interpreter's start is most of it
+
+
+def test_a_fifo_in_the_sites_directory_hangs_neither_sites_nor_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    os.mkfifo(sites / "stuck.yaml")
+    monkeypatch.setenv("HPCTF_SITE_PATH", str(sites))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HPCTF_RUNS_ROOT", str(tmp_path / "runs"))
+    listed = hpctf("sites", timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    assert "stuck" in listed.stdout and "a FIFO, not a file" in listed.stdout
+    status = hpctf("status", timeout=30)
+    assert status.returncode == 0, status.stderr
+
+
+def test_a_fifo_in_the_journal_is_a_damaged_entry_not_a_hang(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    path = new_run(runs_root, fake_slurm)
+    os.mkfifo(path / "journal" / "99999999999999999999-1-ended.json")
+    events, damaged = RunDir(path).read_journal()
+    assert [e["event"] for e in events] == ["created", "submitted"]
+    assert damaged == [
+        f"{path}/journal/99999999999999999999-1-ended.json: a journal entry is a FIFO, not a file"
+    ]
+
+
+def test_an_error_quotes_at_most_200_characters_of_a_value(tmp_path: Path) -> None:
+    result = hpctf("validate", str(DIGITS), "--set", "resources.nodes=x" + "9" * 100_000)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert len(result.stderr) < 700, result.stderr[:700]  # the path, the key, two 200s

@@ -39,11 +39,17 @@ class NotARegularFile(UserError):
 
 
 def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
-    """``repr`` of ``value``'s text, cut to ``limit`` characters with the length said."""
-    text = str(value)
+    """``repr(value)`` for an error message, cut to ``limit`` characters with its length said
+    (a 1 MB value must not become a 1 MB line)."""
+    text = repr(value)
     if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text):,} characters)"
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def shortened(text: str, limit: int = QUOTE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, its length said when cut."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _refused(path: Path, what: str) -> LinkRefused:
@@ -144,28 +150,41 @@ def open_append(path: Path, mode: int = 0o644) -> BinaryIO:
     return os.fdopen(fd, "ab")
 
 
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def read_bounded(path: Path, cap: int, what: str) -> bytes:
     """The bytes of ``path``, a regular file of at most ``cap`` bytes; anything else (a FIFO,
-    a device such as /dev/zero, a directory, a bigger file) is a :class:`NotARegularFile`
-    naming ``what`` it was to be. Opening never blocks (O_NONBLOCK: a FIFO with no writer)."""
+    a device such as /dev/zero, a directory, a bigger file) is a :class:`NotARegularFile` in
+    one line, naming ``what`` the file was to be. Opening never blocks (O_NONBLOCK: a FIFO with
+    no writer); a missing file is FileNotFoundError, another failure OSError, as open's."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except IsADirectoryError:
-        raise NotARegularFile(f"{what} {path} is a directory, not a file") from None
+        raise NotARegularFile(f"{path}: {what} is a directory, not a file") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            raise NotARegularFile(f"{what} {path} is {kind} (a FIFO or a device?); pass a file")
+            raise NotARegularFile(f"{path}: {what} is {_kind(info.st_mode)}, not a file")
         if info.st_size > cap:
             raise NotARegularFile(
-                f"{what} {path} is {info.st_size:,} bytes, over the limit of {cap:,} bytes"
+                f"{path}: {what} is {info.st_size:,} bytes, over the limit of {cap:,} bytes"
             )
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(cap + 1)  # a file that grew since fstat
         if len(data) > cap:
-            raise NotARegularFile(f"{what} {path} is over the limit of {cap:,} bytes")
+            raise NotARegularFile(f"{path}: {what} is over the limit of {cap:,} bytes")
         return data
     finally:
         os.close(fd)

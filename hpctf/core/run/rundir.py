@@ -31,9 +31,14 @@ from pydantic import ValidationError
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, snapshot
 from hpctf.core.run.ends import end_of_start, failed_node_checks, since_last_start
-from hpctf.core.safe_files import safe_dir, umask
+from hpctf.core.safe_files import NotARegularFile, read_bounded, safe_dir, umask
 from hpctf.core.safe_files import write_atomic as write_atomic  # its old home
 from hpctf.core.settings.config import ResolvedConfig
+
+# Bounds on what a run directory may make a reader read (its files are data anyone who can
+# write the directory controls): hpctf's own are a few KB.
+MAX_CONFIG_BYTES = 16 << 20
+MAX_ENTRY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ class RunDir:
         """The frozen config; a UserError (one line) when it is missing or damaged, an
         EnvironmentProblem when it cannot be read."""
         try:
-            data = self.config_file.read_bytes()
+            data = read_bounded(self.config_file, MAX_CONFIG_BYTES, "the frozen run config")
         except FileNotFoundError:
             raise UserError(
                 f"{self.path}: not a run directory (no config.json); "
@@ -142,9 +147,12 @@ class RunDir:
         damaged: list[str] = []
         for file in sorted(self.journal.glob("*.json")):
             try:
-                entry = json.loads(file.read_bytes().decode("utf-8"))
+                entry = json.loads(read_bounded(file, MAX_ENTRY_BYTES, "a journal entry"))
             except OSError:
                 continue  # gone between the listing and the read
+            except NotARegularFile as exc:  # a FIFO planted there must not hang a status
+                damaged.append(str(exc))
+                continue
             except ValueError:  # not JSON, not UTF-8: our writers never leave partial files
                 damaged.append(f"{file}: not a JSON document")
                 continue
