@@ -180,3 +180,66 @@ def test_an_error_quotes_at_most_200_characters_of_a_value(tmp_path: Path) -> No
     result = hpctf("validate", str(DIGITS), "--set", "resources.nodes=x" + "9" * 100_000)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert len(result.stderr) < 700, result.stderr[:700]  # the path, the key, two 200s
+
+
+# --- validation that knows the limits -----------------------------------------------------------
+
+
+def digits_with(tmp_path: Path, text: str) -> Path:
+    """The digits example with ``text`` appended to its experiment file (YAML's last key wins
+    nowhere: the keys appended are new ones)."""
+    copy = tmp_path / "digits"
+    shutil.copytree(DIGITS.parent, copy)
+    experiment = copy / "experiment.yaml"
+    original = experiment.read_text(encoding="utf-8")
+    experiment.write_text(original + text, encoding="utf-8")
+    return experiment
+
+
+def validate(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["validate", *args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("train.steps", str(10**30), "train.steps: Input should be less than or equal to"),
+        ("train.log_every_steps", str(10**30), "train.log_every_steps: Input should be less"),
+        ("checkpoint.every_steps", str(10**19), "checkpoint.every_steps: Input should be less"),
+        ("train.args.lr", ".nan", "train.args.lr is nan, which the frozen config"),
+        ("train.args.lr", "-.inf", "train.args.lr is -inf, which the frozen config"),
+        ("train.args.lr", "[1, {a: .inf}]", "train.args.lr[1].a is inf, which the frozen"),
+        ("train.seed", str(2**63), "train.seed: Input should be less than or equal to"),
+    ],
+)
+def test_values_past_what_a_run_can_take_are_one_line_at_validate(
+    key: str, value: str, expected: str
+) -> None:
+    code, output = validate(str(DIGITS), "--set", f"{key}={value}")
+    assert code == 2 and output.count("\n") == 1, output
+    assert expected in output, output
+
+
+def test_epochs_past_the_bound(tmp_path: Path) -> None:
+    experiment = digits_with(tmp_path, "")
+    text = experiment.read_text().replace("  steps: 300\n", f"  epochs: {10**7}\n")
+    experiment.write_text(text)
+    code, output = validate(str(experiment))
+    assert code == 2 and "train.epochs: Input should be less than or equal to 1000000" in output
+    experiment.write_text(text.replace(f"epochs: {10**7}", "epochs: 3"))
+    assert validate(str(experiment))[0] == 0
+
+
+def test_a_thousand_extends_is_one_line_not_a_recursion_error(tmp_path: Path) -> None:
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    (sites / "s0.yaml").write_text("name: s0\nextends: local\n")
+    for n in range(1, 1000):
+        (sites / f"s{n}.yaml").write_text(f"name: s{n}\nextends: s{n - 1}.yaml\n")
+    result = hpctf("validate", str(DIGITS), "--site", str(sites / "s999.yaml"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "RecursionError" not in result.stderr
+    assert "extends: a chain of more than 32 sites, starting at" in result.stderr
+    (sites / "s20.yaml").write_text("name: s20\nextends: local\n")
+    assert hpctf("validate", str(DIGITS), "--site", str(sites / "s40.yaml")).returncode == 0
