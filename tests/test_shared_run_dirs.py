@@ -243,3 +243,102 @@ def test_a_thousand_extends_is_one_line_not_a_recursion_error(tmp_path: Path) ->
     assert "extends: a chain of more than 32 sites, starting at" in result.stderr
     (sites / "s20.yaml").write_text("name: s20\nextends: local\n")
     assert hpctf("validate", str(DIGITS), "--site", str(sites / "s40.yaml")).returncode == 0
+
+
+# --- secrets ------------------------------------------------------------------------------------
+
+URI_PASSWORD = "Pw-uri-9f3e1c"
+TOKEN = "tok-5b8a2d7e41"
+SECRETS_YAML = (
+    "tracking:\n"
+    "  mlflow:\n"
+    f"    tracking_uri: http://alice:{URI_PASSWORD}@mlflow.invalid:5000\n"
+    "env:\n"
+    f"  HF_TOKEN: {TOKEN}\n"
+    "  PLAIN_SETTING: visible\n"
+)
+
+
+def files_holding(root: Path, *secrets: str) -> dict[str, int]:
+    """Every file under ``root`` whose bytes hold one of ``secrets`` -> its mode."""
+    found = {}
+    for file in root.rglob("*"):
+        if file.is_file() and not file.is_symlink():
+            data = file.read_bytes()
+            if any(s.encode() in data for s in secrets):
+                found[str(file.relative_to(root))] = file.stat().st_mode & 0o777
+    return found
+
+
+def test_secrets_stay_in_owner_only_files_and_out_of_the_script(
+    runs_root: Path, fake_slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    experiment = digits_with(tmp_path, SECRETS_YAML)
+    result = CliRunner().invoke(cli, ["submit", str(experiment), "--site", "local-slurm"])
+    assert result.exit_code == 0, result.output
+    assert URI_PASSWORD not in result.output and TOKEN not in result.output
+    (path,) = runs_root.iterdir()
+    held = files_holding(path, URI_PASSWORD, TOKEN)
+    snapshot_copy = next(k for k in held if k.startswith("code/"))
+    assert held == {"config.json": 0o600, "secrets.env": 0o600, snapshot_copy: 0o400}
+    script = (path / "job.sbatch").read_text()
+    assert "export PLAIN_SETTING='visible'" in script
+    assert '. "$RUN_DIR/secrets.env" || exit 1' in script and "HF_TOKEN" in script
+    # What the batch script sources sets the variable (a real shell).
+    shell = subprocess.run(
+        ["bash", "-c", f'RUN_DIR={path}; . "$RUN_DIR/secrets.env"; printf %s "$HF_TOKEN"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shell.stdout == TOKEN
+
+
+def test_render_o_holds_no_secret_and_takes_the_umask(
+    runs_root: Path, fake_slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    experiment = digits_with(tmp_path, SECRETS_YAML)
+    out = tmp_path / "job.sh"
+    old = os.umask(0o077)
+    try:
+        result = CliRunner().invoke(
+            cli, ["render", str(experiment), "--site", "local-slurm", "-o", str(out)]
+        )
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    assert out.stat().st_mode & 0o777 == 0o700
+    assert TOKEN not in out.read_text() and URI_PASSWORD not in out.read_text()
+    (path,) = runs_root.iterdir()
+    assert (path / "job.sbatch").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_uri_password_is_redacted_in_log_lines_tracker_parameters_and_errors(
+    tmp_path: Path,
+) -> None:
+    import logging
+
+    from hpctf.compute.records.tracking.tracker import flat_params
+    from hpctf.compute.start.runtime import _RankFormatter
+    from hpctf.login.resolving.loader import load_config
+
+    url = f"http://alice:{URI_PASSWORD}@mlflow.invalid:5000"
+    record = logging.LogRecord(
+        "hpctf.worker",
+        logging.WARNING,
+        "",
+        0,
+        "tracker failed: %s",
+        (f"HTTPConnectionPool: Max retries exceeded with url {url}/api/2.0",),
+        None,
+    )
+    line = _RankFormatter(0).format(record)
+    assert URI_PASSWORD not in line and "http://alice:***@mlflow.invalid:5000/api" in line
+    experiment = digits_with(tmp_path, SECRETS_YAML)
+    config = load_config(experiment, "local-slurm", [], os.environ).config
+    params = flat_params(config)
+    assert params["tracking.mlflow.tracking_uri"] == "http://alice:***@mlflow.invalid:5000"
+    assert not any(TOKEN in v or URI_PASSWORD in v for v in params.values())
+    error = hpctf("validate", str(experiment), "--set", f"resources.nodes={url}")
+    assert error.returncode == 2 and URI_PASSWORD not in error.stderr, error.stderr
+    assert "http://alice:***@mlflow.invalid" in error.stderr

@@ -33,6 +33,7 @@ from hpctf.core.run import checkpoint_files, journal, snapshot
 from hpctf.core.run.ends import end_of_start, failed_node_checks, since_last_start
 from hpctf.core.safe_files import NotARegularFile, read_bounded, safe_dir, umask
 from hpctf.core.safe_files import write_atomic as write_atomic  # its old home
+from hpctf.core.secrets import SECRETS_FILE, secret_env, shell_file, uri_passwords
 from hpctf.core.settings.config import ResolvedConfig
 
 # Bounds on what a run directory may make a reader read (its files are data anyone who can
@@ -222,6 +223,9 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> Resolved
         run.logs.mkdir()
         run.checkpoints.mkdir()
         frozen = with_snapshot(config, run)
+        secret = secret_env({**config.site.env, **config.experiment.env})
+        if secret:
+            write_atomic(run.path / SECRETS_FILE, shell_file(secret), mode=0o600)
         write_atomic(run.script, script, mode=0o777 & ~umask())  # as the umask allows
         journal.record_created(run, config.experiment_file, config.site.name)
     except (OSError, EnvironmentProblem, UserError) as exc:
@@ -241,6 +245,7 @@ def with_snapshot(
         sources if sources is not None else config.experiment.train.python_path,
         run.path,
         runs_root(config),
+        secrets=secret_values(config),
     )
     update: dict[str, Any] = {"python_path": [s.copy for s in copied]}
     if config.experiment.train.script is not None:
@@ -251,6 +256,19 @@ def with_snapshot(
     )
     write_atomic(run.config_file, frozen.model_dump_json(indent=2))
     return frozen
+
+
+def secret_values(config: ResolvedConfig) -> list[str]:
+    """The secrets in ``config`` (:mod:`hpctf.core.secrets`): its env's secret values and the
+    passwords in its tracking URI and env values."""
+    env = {**config.site.env, **config.experiment.env}
+    uri = (
+        config.experiment.tracking.mlflow.tracking_uri if config.experiment.tracking.mlflow else ""
+    )
+    found = [*secret_env(env).values(), *uri_passwords(uri or "")]
+    for value in env.values():
+        found += uri_passwords(value)
+    return found
 
 
 def remove_new_run_dir(run: RunDir) -> None:

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -127,10 +128,16 @@ def _git(directory: Path) -> tuple[str | None, bool | None]:
     return commit.strip(), bool(status and status.strip())
 
 
-def take(python_path: list[str], run_path: Path, runs_root: Path | None = None) -> list[Source]:
+def take(
+    python_path: list[str],
+    run_path: Path,
+    runs_root: Path | None = None,
+    secrets: Sequence[str] = (),
+) -> list[Source]:
     """Copy ``python_path`` into ``run_path/code`` (replacing an earlier copy); return what
     was copied, also written to ``code/SNAPSHOT.json``. A UserError, with nothing left
-    behind, when the copy would be over :data:`MAX_TOTAL`."""
+    behind, when the copy would be over :data:`MAX_TOTAL`. A copied file holding one of
+    ``secrets`` (the experiment file, most often) is readable by its owner alone (0400)."""
     skip = runs_root.resolve() if runs_root is not None else None
     plan: list[tuple[Path, list[Path]]] = []
     total = 0
@@ -175,6 +182,7 @@ def take(python_path: list[str], run_path: Path, runs_root: Path | None = None) 
             json.dumps([asdict(s) for s in sources], indent=2) + "\n", encoding="utf-8"
         )
         seal(staging)
+        _owner_only(staging, [s.encode("utf-8") for s in secrets if s])
         shutil.rmtree(code, ignore_errors=True)
         os.replace(staging, code)
     except OSError as exc:
@@ -194,6 +202,17 @@ def seal(copy: Path) -> None:
             file = Path(directory) / name
             file.chmod(file.stat().st_mode & 0o555)
         Path(directory).chmod(Path(directory).stat().st_mode & 0o755)
+
+
+def _owner_only(copy: Path, secrets: list[bytes]) -> None:
+    if not secrets:
+        return
+    for directory, _, names in os.walk(copy):
+        for name in names:
+            file = Path(directory) / name
+            data = file.read_bytes()
+            if any(secret in data for secret in secrets):
+                file.chmod(0o400)
 
 
 def read(run_path: Path) -> list[Source]:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from hpctf.core.run import snapshot
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import safe_dir, write_atomic
+from hpctf.core.secrets import redact
 from hpctf.core.settings.config import ResolvedConfig
 
 log = logging.getLogger("hpctf.worker")
@@ -53,7 +54,8 @@ class Backend(Protocol):
 
 def flat_params(config: ResolvedConfig) -> dict[str, str]:
     """The resolved experiment as ``section.key`` -> text, and the site's name; ``env`` and
-    ``setup`` left out (they may hold tokens)."""
+    ``setup`` left out (they may hold tokens), a URI's password redacted (everyone on the
+    tracker's experiment sees its parameters)."""
     data = config.experiment.model_dump(exclude={"env", "setup"})
     out: dict[str, str] = {"site": config.site.name}
 
@@ -62,7 +64,7 @@ def flat_params(config: ResolvedConfig) -> dict[str, str]:
             for key, item in value.items():
                 walk(f"{prefix}.{key}" if prefix else str(key), item)
         else:
-            out[prefix] = json.dumps(value) if not isinstance(value, str) else value
+            out[prefix] = redact(json.dumps(value) if not isinstance(value, str) else value)
 
     walk("", data)
     return out
