@@ -342,3 +342,46 @@ def test_a_uri_password_is_redacted_in_log_lines_tracker_parameters_and_errors(
     error = hpctf("validate", str(experiment), "--set", f"resources.nodes={url}")
     assert error.returncode == 2 and URI_PASSWORD not in error.stderr, error.stderr
     assert "http://alice:***@mlflow.invalid" in error.stderr
+
+
+# --- terminal-safe output -----------------------------------------------------------------------
+
+HOSTILE_TIME = "2026-12-01T00:00:00\x1b[2J\x1b]0;owned\x07\rfake\u202e"
+
+
+def test_control_characters_from_a_journal_reach_no_terminal(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    path = new_run(runs_root, fake_slurm)
+    for n, (name, entry) in enumerate(
+        (
+            ("started", {"event": "started", "time": HOSTILE_TIME, "job_id": "4242", "step": 0}),
+            (
+                "ended",
+                {
+                    "event": "ended",
+                    "time": HOSTILE_TIME,
+                    "job_id": "4242",
+                    "step": 0,
+                    "exit_code": 1,
+                    "reason": "failed\x1b[31m",
+                },
+            ),
+        )
+    ):
+        (path / "journal" / f"0999999999999999999{n}-1-{name}.json").write_text(json.dumps(entry))
+    (path / "logs" / "rank-0.log").write_text("hpctf worker starting\n")
+    fake_slurm.answer("squeue", "")
+    outputs = [
+        CliRunner().invoke(cli, ["status", str(path)]).output,
+        CliRunner().invoke(cli, ["status"]).output,
+        CliRunner().invoke(cli, ["runs", str(runs_root)]).output,
+    ]
+    for output in outputs:
+        assert "\x1b" not in output and "\r" not in output and "\u202e" not in output, output
+    assert "\\x1b[31m" in outputs[0]
+    from hpctf.core.run.runstate import Start
+    from hpctf.login.watching.logs import separator
+
+    header = separator(1, Start(job_id="1", step=0, started_at=HOSTILE_TIME), 0)
+    assert header.count("\n") == 1 and "\x1b" not in header and "\\x0dfake" in header

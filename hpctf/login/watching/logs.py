@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from hpctf.core.errors import UserError
+from hpctf.core.printable import printable
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.run.runstate import Start, starts_of
 from hpctf.login.watching.runs import FINAL_RUN_STATES, Run
@@ -31,9 +32,14 @@ def worker_starts(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, Start]
 
 
 def separator(number: int, start: Start, rank: int) -> str:
+    # The journal's time is data its owner wrote: escaped (hpctf.core.printable).
     return (
-        f"===== start {number}: job {start.job_id}, rank {rank}, started "
-        f"{start.started_at}, from step {start.step} =====\n"
+        printable(
+            f"===== start {number}: job {start.job_id}, rank {rank}, started "
+            f"{start.started_at}, from step {start.step} =====",
+            keep_lines=False,
+        )
+        + "\n"
     )
 
 

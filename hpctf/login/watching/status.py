@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from hpctf.core.errors import UserError
+from hpctf.core.printable import printable
 from hpctf.login.sweeps.commands import sweep_status
 from hpctf.login.sweeps.sweep_dir import (
     SweepDir,
@@ -133,9 +134,9 @@ def status(
         notes = [view.problem] if view.problem else []
         click.echo(json.dumps({"runs": documents, "sweeps": sweeps, "notes": notes}, indent=2))
     elif single:
-        click.echo(describe_run(runs[0], documents[0]), nl=False)
+        click.echo(printable(describe_run(runs[0], documents[0])), nl=False)
     elif documents or sweeps:
-        click.echo(status_table(documents, sweeps), nl=False)
+        click.echo(printable(status_table(documents, sweeps)), nl=False)
 
 
 @click.command()
@@ -186,12 +187,17 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
         for d in documents
     ]
     if rows:
-        click.echo(format_table(("RUN", "CREATED", "SITE", "STATE", "LAST STEP"), rows), nl=False)
+        click.echo(
+            printable(format_table(("RUN", "CREATED", "SITE", "STATE", "LAST STEP"), rows)),
+            nl=False,
+        )
     if sweeps:
         sweep_rows = [
             (str(s["sweep"]), str(s["created"]), str(s["site"]), str(s["states"])) for s in sweeps
         ]
-        click.echo(format_table(("SWEEP", "CREATED", "SITE", "POINTS"), sweep_rows), nl=False)
+        click.echo(
+            printable(format_table(("SWEEP", "CREATED", "SITE", "POINTS"), sweep_rows)), nl=False
+        )
 
 
 COMMANDS = (status, runs)
