@@ -385,3 +385,38 @@ def test_control_characters_from_a_journal_reach_no_terminal(
 
     header = separator(1, Start(job_id="1", step=0, started_at=HOSTILE_TIME), 0)
     assert header.count("\n") == 1 and "\x1b" not in header and "\\x0dfake" in header
+
+
+# --- journal order ------------------------------------------------------------------------------
+
+
+def test_a_clock_stepped_back_23_s_leaves_a_finished_run_done(
+    runs_root: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpctf.core.run import journal
+
+    path = new_run(runs_root, fake_slurm)
+    run = RunDir(path)
+    now = time.time_ns()
+    monkeypatch.setattr(time, "time_ns", lambda: now)
+    journal.record_started(run, "4242", "node1", "USR1")
+    monkeypatch.setattr(time, "time_ns", lambda: now - 23 * 10**9)  # the clock steps back
+    journal.record_ended(run, "4242", 0, "done")
+    assert [e["event"] for e in run.events()] == ["created", "submitted", "started", "ended"]
+    fake_slurm.answer("squeue", "")
+    result = CliRunner().invoke(cli, ["status", "--json", str(path)])
+    (document,) = json.loads(result.stdout)["runs"]
+    assert document["state"] == "done" and document["elapsed_s"] >= 0
+
+
+def test_two_writers_whose_clocks_are_60_s_apart_keep_the_order_they_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = RunDir(tmp_path)
+    base = time.time_ns()
+    clocks = {"login": base + 60 * 10**9, "node": base}  # the login node is a minute ahead
+    order = ["login", "node", "node", "login", "node"]
+    for n, writer in enumerate(order):
+        monkeypatch.setattr(time, "time_ns", lambda w=writer, n=n: clocks[w] + n)
+        run.record("signalled", job_id="1", signal=f"{writer}-{n}")
+    assert [e["signal"] for e in run.events()] == [f"{w}-{n}" for n, w in enumerate(order)]

@@ -115,7 +115,7 @@ class RunDir:
         """Append one event to the journal (atomic, safe from several writers at once); its
         writers are :mod:`hpctf.core.run.journal`'s ``record_*`` functions."""
         safe_dir(self.journal)
-        stamp = time.time_ns()
+        stamp = journal.next_stamp(os.listdir(self.journal), time.time_ns())
         entry = {
             "event": event,
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
