@@ -420,3 +420,52 @@ def test_two_writers_whose_clocks_are_60_s_apart_keep_the_order_they_wrote(
         monkeypatch.setattr(time, "time_ns", lambda w=writer, n=n: clocks[w] + n)
         run.record("signalled", job_id="1", signal=f"{writer}-{n}")
     assert [e["signal"] for e in run.events()] == [f"{w}-{n}" for n, w in enumerate(order)]
+
+
+# --- the code snapshot --------------------------------------------------------------------------
+
+
+def test_the_snapshot_leaves_credentials_out_and_names_a_file_over_the_cap(
+    runs_root: Path, fake_slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    experiment = digits_with(tmp_path, "")
+    project = experiment.parent
+    planted = {
+        ".env": "HF_TOKEN=x\n",
+        ".netrc": "machine a login b password c\n",
+        ".secrets/db.yaml": "password: c\n",
+        ".aws/config.ini": "[default]\n",
+        "kaggle.json": '{"key": "c"}\n',
+        "server.pem": "-----BEGIN PRIVATE KEY-----\n",
+        "db_password.txt": "c\n",
+        "conf/.hidden.yaml": "a: 1\n",
+    }
+    for name, text in planted.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    (project / "vocab.json").write_bytes(b"[" + b"1," * (2 << 20) + b"1]")
+    result = CliRunner().invoke(cli, ["submit", str(experiment), "--site", "local-slurm"])
+    assert result.exit_code == 0, result.output
+    (path,) = runs_root.iterdir()
+    (copy,) = (path / "code").glob("0-*")
+    copied = {str(f.relative_to(copy)) for f in copy.rglob("*") if f.is_file()}
+    assert copied == {"digits.py", "experiment.yaml"}, copied
+    assert (
+        f"warning: {project / 'vocab.json'} is over the 1 MiB hpctf copies per file and is not "
+        "in the run's code snapshot" in result.stderr
+    )
+
+
+def test_twenty_thousand_source_files_are_one_line_naming_the_counts(
+    runs_root: Path, fake_slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    experiment = digits_with(tmp_path, "")
+    many = experiment.parent / "generated"
+    many.mkdir()
+    for n in range(20_000):
+        (many / f"m{n}.py").write_bytes(b"")
+    result = CliRunner().invoke(cli, ["submit", str(experiment), "--site", "local-slurm"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "train.python_path holds more than 5,000 source-like files (" in result.output
+    assert f"most in {experiment.parent}), the most hpctf copies into each run" in result.output
+    assert not runs_root.exists() or list(runs_root.iterdir()) == []

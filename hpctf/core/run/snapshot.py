@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,28 @@ SKIPPED_DIRS = frozenset(
 )
 MAX_FILE = 1 << 20  # 1 MiB: larger "source" files are data in disguise
 MAX_TOTAL = 32 << 20  # 32 MiB in all
+# Each run (and each point of a sweep) holds its own copy: 20,000 small files were 20,000
+# inodes per run. A project's own code is hundreds of files.
+MAX_FILES = 5_000
+# Credentials beside the code stay where they are (a 0700 home), not copied into a runs root
+# others may read: dot-files and dot-directories (.env, .netrc, .secrets/, .aws/), and these.
+CREDENTIAL_NAMES = frozenset(
+    {"kaggle.json", "credentials.json", "client_secret.json", "service_account.json"}
+)
+CREDENTIAL_SUFFIXES = frozenset({".pem", ".key", ".p12", ".pfx", ".keytab"})
+_CREDENTIAL_WORDS = re.compile(r"secret|credential|password", re.IGNORECASE)
+
+
+def is_credential(name: str) -> bool:
+    """Whether a file called ``name`` looks like it holds credentials (never copied)."""
+    return (
+        name.startswith(".")
+        or name.lower() in CREDENTIAL_NAMES
+        or Path(name).suffix.lower() in CREDENTIAL_SUFFIXES
+        or bool(_CREDENTIAL_WORDS.search(name))
+    )
+
+
 CODE_DIR = "code"
 MANIFEST = "SNAPSHOT.json"
 
@@ -71,6 +94,8 @@ class Source:
     bytes: int
     git_commit: str | None = None
     git_dirty: bool | None = None
+    # Source-like files over MAX_FILE, left out (relative to ``source``): said at submit.
+    too_big: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         if self.git_commit is None:
@@ -80,15 +105,19 @@ class Source:
         return f"{self.source}: {self.files} files, {version}"
 
 
-def _files(root: Path, skip: Path | None) -> list[Path]:
-    """The source-like files under ``root``, in a stable order."""
+def _files(root: Path, skip: Path | None) -> tuple[list[Path], list[Path]]:
+    """The source-like files under ``root``, in a stable order, and those left out for their
+    size (over :data:`MAX_FILE`). Dot-directories and credential-looking files
+    (:func:`is_credential`) are not looked at."""
     found: list[Path] = []
+    too_big: list[Path] = []
     for directory, dirs, names in os.walk(root):
         here = Path(directory)
         dirs[:] = sorted(
             d
             for d in dirs
             if d not in SKIPPED_DIRS
+            and not d.startswith(".")
             and not d.endswith(".egg-info")
             and (skip is None or (here / d).resolve() != skip)
             and not (here / d / "journal").is_dir()  # an earlier run directory
@@ -97,12 +126,14 @@ def _files(root: Path, skip: Path | None) -> list[Path]:
             path = here / name
             if (
                 path.suffix in SOURCE_SUFFIXES
+                and not is_credential(name)
                 and path.is_file()
                 and not path.is_symlink()
-                and path.stat().st_size <= MAX_FILE
             ):
-                found.append(path)
-    return found
+                (found if path.stat().st_size <= MAX_FILE else too_big).append(path)
+        if len(found) > MAX_FILES:
+            break  # refused by take(); no need to walk the rest of a home directory
+    return found, too_big
 
 
 def _git(directory: Path) -> tuple[str | None, bool | None]:
@@ -140,12 +171,21 @@ def take(
     ``secrets`` (the experiment file, most often) is readable by its owner alone (0400)."""
     skip = runs_root.resolve() if runs_root is not None else None
     plan: list[tuple[Path, list[Path]]] = []
+    too_big: dict[Path, list[Path]] = {}
     total = 0
     for entry in python_path:
         root = Path(entry)
-        files = _files(root, skip) if root.is_dir() else []
+        files, too_big[root] = _files(root, skip) if root.is_dir() else ([], [])
         total += sum(f.stat().st_size for f in files)
         plan.append((root, files))
+    count = sum(len(files) for _, files in plan)
+    if count > MAX_FILES:
+        biggest = max(plan, key=lambda item: len(item[1]))[0]
+        raise UserError(
+            f"train.python_path holds more than {MAX_FILES:,} source-like files ({count:,} "
+            f"counted before stopping, most in {biggest}), the most hpctf copies into each "
+            "run: point python_path at the directories with your code only"
+        )
     if total > MAX_TOTAL:
         biggest = max(plan, key=lambda item: sum(f.stat().st_size for f in item[1]))[0]
         raise UserError(
@@ -176,6 +216,7 @@ def take(
                     sum(f.stat().st_size for f in files),
                     commit,
                     dirty,
+                    [str(f.relative_to(root)) for f in too_big[root]],
                 )
             )
         (staging / MANIFEST).write_text(

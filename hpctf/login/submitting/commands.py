@@ -20,7 +20,7 @@ from hpctf.core.settings.config import Experiment, Site
 from hpctf.core.settings.sites import describe_site, listing, read_site, search_path
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting import scaffold
-from hpctf.login.submitting.launch import submit_config, warn_if_writable_by_others
+from hpctf.login.submitting.launch import submit_config, warn_if_writable_by_others, warn_left_out
 from hpctf.login.submitting.render import explain as explain_script
 from hpctf.login.submitting.render import render
 from hpctf.login.submitting.resubmit import resubmit_run
@@ -101,6 +101,7 @@ def render_command(
         return
     config = create_run_dir(run, config, script)
     warn_if_writable_by_others(run.path)
+    warn_left_out(run.path)
     write_atomic(output, script, mode=0o777 & ~umask())  # executable, as the umask allows
     if explain:
         click.echo(shown, nl=False)
