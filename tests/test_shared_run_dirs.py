@@ -469,3 +469,44 @@ def test_twenty_thousand_source_files_are_one_line_naming_the_counts(
     assert "train.python_path holds more than 5,000 source-like files (" in result.output
     assert f"most in {experiment.parent}), the most hpctf copies into each run" in result.output
     assert not runs_root.exists() or list(runs_root.iterdir()) == []
+
+
+# --- small ones ---------------------------------------------------------------------------------
+
+
+def test_a_dead_writers_temp_checkpoint_directories_go_and_checkpoints_stay(
+    tmp_path: Path,
+) -> None:
+    from hpctf.core.run.checkpoint_files import on_disk, remove_dead_temps
+    from tests.fake_slurm import fake_checkpoint
+
+    fake_checkpoint(tmp_path, 100)
+    (tmp_path / "ckpt-200_temp" / "part-00000-of-00001").mkdir(parents=True)
+    (tmp_path / "ckpt-200_temp" / "part-00000-of-00001" / "x").write_bytes(b"d")
+    victim = tmp_path / "elsewhere"
+    victim.mkdir()
+    (victim / "keep").write_bytes(b"k")
+    (tmp_path / "ckpt-300_temp").symlink_to(victim)
+    assert remove_dead_temps(tmp_path) == ["ckpt-200_temp", "ckpt-300_temp"]
+    assert on_disk(tmp_path) == {100: str(tmp_path / "ckpt-100")}
+    assert (victim / "keep").read_bytes() == b"k"  # a link removed, never followed
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-100.data-00000-of-00001",
+        "ckpt-100.index",
+        "elsewhere",
+    ]
+
+
+def test_a_death_by_signal_reads_as_its_name_and_128_plus_n() -> None:
+    from hpctf.core.errors import exit_text, shell_status
+    from hpctf.core.run.runstate import run_state
+    from tests.journal_records import ended, started
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc.kill()
+    assert proc.wait(timeout=30) == -9
+    assert shell_status(proc.returncode) == 137
+    assert exit_text(proc.returncode) == exit_text(137) == "exit 137, SIGKILL"
+    assert exit_text(1) == "exit 1" and exit_text(None) == "exit ?"
+    state = run_state([started(), ended("failed", 0, 137)])
+    assert state.why == "failed (exit 137, SIGKILL)"

@@ -128,6 +128,8 @@ class Checkpointer:
         self._task_index = spec.task_index
         self._manager = None
         if spec.is_chief:
+            for name in checkpoint_files.remove_dead_temps(directory):
+                log.info("removed %s, left by a save whose writer died", directory / name)
             repair_state_file(directory)
             self._manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
         # Asynchronous saves (checkpoint.asynchronous): the save copies every variable to host

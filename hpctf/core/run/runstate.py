@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hpctf.core.errors import exit_text
 from hpctf.core.run import journal
 from hpctf.core.run.ends import (
     FAILURE_REASONS,
@@ -258,7 +259,7 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
         return "preempted", f"saved step {last.end_step} to restart; hpctf resubmit resumes it"
     if last.reason in PREEMPTION_REASONS:  # saved, and nothing requeued it (a local SIGTERM)
         return "preempted", f"saved step {last.end_step}; hpctf resubmit resumes it"
-    return "failed", f"{last.reason} (exit {last.exit_code})"
+    return "failed", f"{last.reason} ({exit_text(last.exit_code)})"
 
 
 def _starts_before_extension(events: Sequence[Mapping[str, Any]]) -> int:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
-from hpctf.core.errors import PREEMPTED_EXIT, UserError
+from hpctf.core.errors import PREEMPTED_EXIT, UserError, shell_status
 from hpctf.core.run import journal, ownership
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import open_append
@@ -190,7 +190,7 @@ def launch(config: ResolvedConfig, run: RunDir, env: Mapping[str, str], echo: IO
         for proc in procs:
             proc.wait()
         stop.restore()
-    status = status or next((p.returncode for p in procs if p.returncode), 0)
+    status = shell_status(status or next((p.returncode for p in procs if p.returncode), 0))
     reason = run.record_end(str(job_id), status, config.site.preemption.signal)
     return CANCELLED_EXIT if reason == "cancelled" else status
 

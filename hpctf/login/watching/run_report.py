@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from hpctf.core.errors import exit_text as exit_words
 from hpctf.core.run import journal, snapshot
 from hpctf.core.run.ends import FAILURE_REASONS, PLANNED_RESTART, PREEMPTION_REASONS
 from hpctf.core.run.jobs import jobs_of
@@ -238,7 +239,7 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
             text = f"UNKNOWN ({state['reason']})"
         else:
             text = slurm_text(state)
-        exit_text = f" exit {job['exit_code']}" if job["exit_code"] is not None else ""
+        exit_text = f" {exit_words(job['exit_code'])}" if job["exit_code"] is not None else ""
         lines.append(
             f"job {job['job']}: {text}{exit_text} starts {job['starts']} "
             f"nodes {job['nodes'] or '-'}"
@@ -279,5 +280,5 @@ def _end(start: Start, job: Mapping[str, str] | None) -> str:
             return f"ended; Slurm requeued its job ({slurm_text(job)})"
         return "not ended"
     if start.user_code is not None:  # what the user's code raised, not srun's 143 for it
-        return f"{start.user_code} (step {start.end_step}, exit {start.exit_code})"
-    return f"{start.reason} at step {start.end_step} (exit {start.exit_code})"
+        return f"{start.user_code} (step {start.end_step}, {exit_words(start.exit_code)})"
+    return f"{start.reason} at step {start.end_step} ({exit_words(start.exit_code)})"
