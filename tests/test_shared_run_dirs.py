@@ -510,3 +510,39 @@ def test_a_death_by_signal_reads_as_its_name_and_128_plus_n() -> None:
     assert exit_text(1) == "exit 1" and exit_text(None) == "exit ?"
     state = run_state([started(), ended("failed", 0, 137)])
     assert state.why == "failed (exit 137, SIGKILL)"
+
+
+def test_a_real_local_run_keeps_its_secrets_out_of_every_log_and_shared_file(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """MLflow at a port nobody listens on, its URI holding a password, and a token in env: the
+    run trains; the rank log (which quotes the tracker's URL) and the test's output hold
+    neither secret; only owner-only files do."""
+    pytest.importorskip("mlflow")
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    experiment = digits_with(
+        tmp_path, SECRETS_YAML.replace("mlflow.invalid:5000", f"127.0.0.1:{port}")
+    )
+    settings = ["resources.nodes=1", "train.steps=6", "train.log_every_steps=1",
+                "checkpoint.every_steps=6"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpctf", "submit", str(experiment), "--site", "local"]
+        + [arg for setting in settings for arg in ("--set", setting)],
+        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (path,) = runs_root.iterdir()
+    log = (path / "logs" / "rank-0.log").read_text()
+    assert f"http://alice:***@127.0.0.1:{port}" in log  # the tracker's failure, redacted
+    for text in (proc.stdout, proc.stderr, log):
+        assert URI_PASSWORD not in text and TOKEN not in text
+    held = files_holding(path, URI_PASSWORD, TOKEN)
+    assert {k: v for k, v in held.items() if not k.startswith("code/")} == {
+        "config.json": 0o600,
+        "secrets.env": 0o600,
+    }
+    assert set(held.values()) <= {0o600, 0o400}
