@@ -546,3 +546,29 @@ def test_a_real_local_run_keeps_its_secrets_out_of_every_log_and_shared_file(
         "secrets.env": 0o600,
     }
     assert set(held.values()) <= {0o600, 0o400}
+
+
+def test_resubmit_of_a_local_run_another_launcher_owns_says_how_to_stop_it_there(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    import socket
+
+    from hpctf.core.run import ownership
+
+    out = tmp_path / "job.sh"
+    made = CliRunner().invoke(cli, ["render", str(DIGITS), "--site", "local", "-o", str(out)])
+    assert made.exit_code == 0, made.output
+    (path,) = runs_root.iterdir()
+    launcher = subprocess.Popen(["sleep", "60"])  # a live process standing for its launcher
+    try:
+        claim = ownership.Claim("local", socket.gethostname(), launcher.pid, os.getuid(), 0.0)
+        assert ownership.take(path, claim, lambda c: False) is None
+        result = CliRunner().invoke(cli, ["resubmit", str(path)])
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: a local run (pid {launcher.pid} on {socket.gethostname()}) owns {path}; wait "
+        "for it, or stop its launcher (Ctrl-C in its terminal, or kill its pid)\n"
+    )
