@@ -572,3 +572,45 @@ def test_resubmit_of_a_local_run_another_launcher_owns_says_how_to_stop_it_there
         f"Error: a local run (pid {launcher.pid} on {socket.gethostname()}) owns {path}; wait "
         "for it, or stop its launcher (Ctrl-C in its terminal, or kill its pid)\n"
     )
+
+
+def test_a_local_launcher_gone_without_its_end_is_failed_and_logs_f_returns(
+    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (or SIGKILL) kept the local launcher from writing its ``ended`` record: the
+    run is not shown running for ever, and ``logs -f`` ends."""
+    import socket
+
+    from hpctf.core.run import journal, ownership
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    made = CliRunner().invoke(
+        cli, ["render", str(DIGITS), "--site", "local", "-o", str(tmp_path / "job.sh")]
+    )
+    assert made.exit_code == 0, made.output
+    (path,) = runs_root.iterdir()
+    launcher = subprocess.Popen(["sleep", "60"])
+    claim = ownership.Claim("local", socket.gethostname(), launcher.pid, os.getuid(), 0.0)
+    assert ownership.take(path, claim, lambda c: False) is None
+    journal.record_started(RunDir(path), str(launcher.pid), socket.gethostname(), "USR1")
+    (path / "logs" / "rank-0.log").write_text("step 1/300\n")
+
+    def shown() -> dict[str, object]:
+        result = CliRunner().invoke(cli, ["status", "--json", str(path)])
+        (document,) = json.loads(result.stdout)["runs"]
+        return document
+
+    try:
+        assert shown()["state"] == "running"  # its launcher lives
+    finally:
+        launcher.kill()
+        launcher.wait()
+    document = shown()
+    assert document["state"] == "failed"
+    assert f"the local launcher (pid {launcher.pid} on {socket.gethostname()}) is gone" in str(
+        document["why"]
+    )
+    started = time.monotonic()
+    follow = hpctf("logs", "-f", str(path), timeout=60)
+    assert follow.returncode == 0, follow.stderr
+    assert "step 1/300" in follow.stdout and time.monotonic() - started < 20

@@ -16,6 +16,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.printable import printable
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.run.runstate import Start, starts_of
+from hpctf.login.watching.run_report import local_launcher_gone
 from hpctf.login.watching.runs import FINAL_RUN_STATES, Run
 from hpctf.login.watching.slurm_view import slurm_records
 
@@ -164,6 +165,8 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
             gone, last_state = 0, state
             next_check = min(next_check, time.monotonic() + (3 if stopped else 30))
         over = state in FINAL_RUN_STATES - {"failed"}
+        # A local launcher gone from this host recorded no end (SIGKILL, a full disk): over.
+        over = over or local_launcher_gone(current) is not None
         if not over and time.monotonic() >= next_check:
             # The journal cannot always tell: a failed start may be requeued by Slurm itself
             # (a node failure), and a job killed hard never records its end.

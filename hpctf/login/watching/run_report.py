@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from hpctf.core.errors import exit_text as exit_words
-from hpctf.core.run import journal, snapshot
+from hpctf.core.run import journal, ownership, snapshot
 from hpctf.core.run.ends import FAILURE_REASONS, PLANNED_RESTART, PREEMPTION_REASONS
 from hpctf.core.run.jobs import jobs_of
 from hpctf.core.run.runstate import RunState, Start, starts_of
@@ -32,6 +32,15 @@ def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
     the journal's) counts against its budget as soon as it is decided, not only once the next
     start has begun."""
     state = run.state
+    gone = local_launcher_gone(run)
+    if gone is not None:
+        state = replace(
+            state,
+            state="failed",
+            why=f"the local launcher (pid {gone.pid} on {gone.host}) is gone without recording "
+            "how its start ended (killed, or a full disk?); its rank logs say the rest; "
+            f"continue with: hpctf resubmit {run.run.path}",
+        )
     if (
         state.state in ("failed", "preempted", "running")
         and current
@@ -47,6 +56,19 @@ def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
             failure_requeues=state.failure_requeues + (reason in FAILURE_REASONS),
         )
     return state
+
+
+def local_launcher_gone(run: Run) -> ownership.Claim | None:
+    """The claim of a local run's launcher that the journal says is running but that is gone
+    from this host (its pid runs no more), or None. A launcher that could not write its
+    ``ended`` record (a full disk, SIGKILL) must not read as running for ever; on another host
+    nobody here can tell, and the journal's word stands."""
+    if run.slurm or run.state.state != "running":
+        return None
+    owner = ownership.current(run.run.path)[1]
+    if owner is None or owner.kind != "local" or ownership.process_alive(owner):
+        return None
+    return owner
 
 
 def _last_end(run: Run) -> str:
