@@ -614,3 +614,29 @@ def test_a_local_launcher_gone_without_its_end_is_failed_and_logs_f_returns(
     follow = hpctf("logs", "-f", str(path), timeout=60)
     assert follow.returncode == 0, follow.stderr
     assert "step 1/300" in follow.stdout and time.monotonic() - started < 20
+
+
+def test_sweep_points_share_one_copy_of_the_code(
+    runs_root: Path, fake_slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    fake_slurm.answer("scontrol", "MaxArraySize            = 1001\nMaxJobCount = 10000\n")
+    experiment = digits_with(tmp_path, "")
+    result = CliRunner().invoke(
+        cli, ["sweep", str(experiment), "--site", "local-slurm", "--grid", "train.seed=0,1,2"]
+    )
+    assert result.exit_code == 0, result.output
+    (sweep,) = runs_root.iterdir()
+    codes = sorted(sweep.glob("digits-seed*/code/0-digits/digits.py"))
+    assert len(codes) == 3
+    assert len({f.stat().st_ino for f in codes}) == 1 and codes[0].stat().st_nlink == 3
+    assert codes[0].stat().st_mode & 0o777 == 0o444
+    # A later resubmit --update-code of one point takes its own copy; the others keep theirs.
+    (experiment.parent / "digits.py").write_text(
+        (experiment.parent / "digits.py").read_text() + "\n# changed\n"
+    )
+    from hpctf.core.run import snapshot
+
+    point = codes[0].parents[2]
+    snapshot.take([str(experiment.parent)], point)
+    assert (point / "code/0-digits/digits.py").read_text().endswith("# changed\n")
+    assert not codes[1].read_text().endswith("# changed\n") and codes[1].stat().st_nlink == 2

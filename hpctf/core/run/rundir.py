@@ -206,7 +206,9 @@ def plan_run_dir(config: ResolvedConfig) -> RunDir:
     raise UserError(f"cannot find a free run directory name under {root}")
 
 
-def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> ResolvedConfig:
+def create_run_dir(
+    run: RunDir, config: ResolvedConfig, script: str, share_code_with: RunDir | None = None
+) -> ResolvedConfig:
     """Create the planned run directory: the code snapshot (:mod:`hpctf.core.run.snapshot`), the
     frozen config (its python_path pointing at the snapshot), the batch script. Returns the
     frozen config. On any failure nothing is left behind."""
@@ -222,7 +224,7 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> Resolved
     try:
         run.logs.mkdir()
         run.checkpoints.mkdir()
-        frozen = with_snapshot(config, run)
+        frozen = with_snapshot(config, run, share_with=share_code_with)
         secret = secret_env({**config.site.env, **config.experiment.env})
         if secret:
             write_atomic(run.path / SECRETS_FILE, shell_file(secret), mode=0o600)
@@ -237,7 +239,10 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> Resolved
 
 
 def with_snapshot(
-    config: ResolvedConfig, run: RunDir, sources: list[str] | None = None
+    config: ResolvedConfig,
+    run: RunDir,
+    sources: list[str] | None = None,
+    share_with: RunDir | None = None,
 ) -> ResolvedConfig:
     """Copy the code into ``run`` (from ``sources``, default the config's python_path) and
     write the config, its python_path pointing at the copies; returns that config."""
@@ -246,6 +251,7 @@ def with_snapshot(
         run.path,
         runs_root(config),
         secrets=secret_values(config),
+        share_with=share_with.path if share_with is not None else None,
     )
     update: dict[str, Any] = {"python_path": [s.copy for s in copied]}
     if config.experiment.train.script is not None:

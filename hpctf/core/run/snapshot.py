@@ -15,6 +15,7 @@ recorded (``RUN_DIR/code/SNAPSHOT.json``), for ``hpctf status``. The copy is rea
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import re
@@ -164,11 +165,17 @@ def take(
     run_path: Path,
     runs_root: Path | None = None,
     secrets: Sequence[str] = (),
+    share_with: Path | None = None,
 ) -> list[Source]:
     """Copy ``python_path`` into ``run_path/code`` (replacing an earlier copy); return what
     was copied, also written to ``code/SNAPSHOT.json``. A UserError, with nothing left
     behind, when the copy would be over :data:`MAX_TOTAL`. A copied file holding one of
-    ``secrets`` (the experiment file, most often) is readable by its owner alone (0400)."""
+    ``secrets`` (the experiment file, most often) is readable by its owner alone (0400).
+
+    ``share_with``: another run directory whose snapshot was taken from the same sources (a
+    sweep's first point): a file whose bytes are the same there is hard-linked, not copied, so
+    a 1,000-point sweep holds one copy of its code, not 1,000. The copies are read-only for
+    everyone (:func:`seal`), so the points cannot change each other's code."""
     skip = runs_root.resolve() if runs_root is not None else None
     plan: list[tuple[Path, list[Path]]] = []
     too_big: dict[Path, list[Path]] = {}
@@ -197,15 +204,20 @@ def take(
     staging = run_path / f".{CODE_DIR}.new"
     shutil.rmtree(staging, ignore_errors=True)
     sources: list[Source] = []
+    shared = {s.copy: s.source for s in read(share_with)} if share_with is not None else {}
     try:
         staging.mkdir(parents=True)
         for index, (root, files) in enumerate(plan):
             copy = staging / f"{index}-{root.name or 'root'}"
             copy.mkdir()
+            other = share_with / CODE_DIR / copy.name if share_with is not None else None
+            if other is None or shared.get(str(other)) != str(root):
+                other = None  # taken from other sources: nothing to share
             for file in files:
                 target = copy / file.relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(file, target)
+                if other is None or not _linked(file, other / file.relative_to(root), target):
+                    shutil.copy2(file, target)
             commit, dirty = _git(root) if root.is_dir() else (None, None)
             final = code / copy.name
             sources.append(
@@ -230,6 +242,19 @@ def take(
         shutil.rmtree(staging, ignore_errors=True)
         raise EnvironmentProblem(f"cannot copy the code into {code}: {exc.strerror}") from exc
     return sources
+
+
+def _linked(source: Path, earlier: Path, target: Path) -> bool:
+    """Hard-link ``earlier`` (another run's copy of ``source``) as ``target`` when it holds
+    the same bytes as ``source`` now; False (copy it) otherwise, or when the filesystem will
+    not link."""
+    try:
+        if earlier.is_symlink() or not filecmp.cmp(source, earlier, shallow=False):
+            return False
+        os.link(earlier, target)
+    except OSError:
+        return False
+    return True
 
 
 def seal(copy: Path) -> None:
