@@ -640,3 +640,37 @@ def test_sweep_points_share_one_copy_of_the_code(
     snapshot.take([str(experiment.parent)], point)
     assert (point / "code/0-digits/digits.py").read_text().endswith("# changed\n")
     assert not codes[1].read_text().endswith("# changed\n") and codes[1].stat().st_nlink == 2
+
+
+def test_a_run_directory_moved_mid_run_is_an_environment_fault_and_no_stub_is_left(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    settings = ["resources.nodes=1", "train.steps=1000000", "train.log_every_steps=1"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hpctf", "submit", str(DIGITS), "--site", "local"]
+        + [arg for setting in settings for arg in ("--set", setting)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            found = list(runs_root.glob("*/metrics.jsonl")) if runs_root.exists() else []
+            if found and found[0].stat().st_size > 0:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no step logged within 120 s")
+        path = found[0].parent
+        moved = path.with_name(path.name + "-moved")
+        path.rename(moved)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert not path.exists()  # not recreated as a stub holding a journal
+    log = (moved / "logs" / "rank-0.log").read_text()
+    assert f"the run directory {path} is gone (moved or removed while the job ran)" in log, log[
+        -2000:
+    ]
+    assert "a bug in hpctf" not in log and "a bug in hpctf" not in err
+    assert launcher.returncode == 3, out + err
