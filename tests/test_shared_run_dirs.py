@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -674,3 +675,66 @@ def test_a_run_directory_moved_mid_run_is_an_environment_fault_and_no_stub_is_le
     ]
     assert "a bug in hpctf" not in log and "a bug in hpctf" not in err
     assert launcher.returncode == 3, out + err
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 20 MB tmpfs of its own (root only), unmounted after."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a tmpfs")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], capture_output=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_local_run_whose_disk_fills_between_saves_ends_failed_and_logs_f_returns(
+    small_tmpfs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs_root = small_tmpfs / "runs"
+    monkeypatch.setenv("HPCTF_RUNS_ROOT", str(runs_root))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    settings = ["resources.nodes=1", "train.steps=1000000", "train.log_every_steps=1"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hpctf", "submit", str(DIGITS), "--site", "local"]
+        + [arg for setting in settings for arg in ("--set", setting)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            found = list(runs_root.glob("*/metrics.jsonl")) if runs_root.exists() else []
+            if found and found[0].stat().st_size > 0:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no step logged within 120 s")
+        with (small_tmpfs / "filler").open("wb") as filler:  # the disk fills between saves
+            try:
+                while True:
+                    filler.write(b"\0" * (1 << 20))
+                    filler.flush()
+            except OSError:
+                pass
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    path = found[0].parent
+    assert launcher.returncode == 3, out + err
+    assert "a bug in hpctf" not in out + err
+    said = [line for line in err.splitlines() if line.startswith("Error: ")]
+    assert len(said) == 1 and "No space left on device" in said[0], err
+    status = hpctf("status", "--json", str(path))
+    (document,) = json.loads(status.stdout)["runs"]
+    assert document["state"] == "failed", document
+    print(f"{said[0]}\nstatus: {document['state']}: {document['why']}")
+    follow = hpctf("logs", "-f", str(path), timeout=60)
+    assert follow.returncode == 0, follow.stderr

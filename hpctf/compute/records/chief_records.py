@@ -10,6 +10,7 @@ import logging
 import tensorflow as tf
 
 from hpctf.compute.records.tracking import start_tracking
+from hpctf.core.errors import EnvironmentProblem
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import open_append, safe_dir
 from hpctf.core.settings.config import ResolvedConfig
@@ -39,8 +40,14 @@ class ChiefRecords:
         if not self._chief:
             return
         line = {"step": step, group: values} if group else {"step": step, **values}
-        with open_append(self._run.metrics) as handle:
-            handle.write((json.dumps(line) + "\n").encode("utf-8"))
+        try:
+            with open_append(self._run.metrics) as handle:
+                handle.write((json.dumps(line) + "\n").encode("utf-8"))
+        except OSError as exc:  # a full disk, a quota: the environment's, in one line
+            raise EnvironmentProblem(
+                f"cannot write {self._run.metrics}: {exc.strerror or exc}; free space there, "
+                f"then hpctf resubmit {self._run.path}"
+            ) from exc
         for tracker in self._trackers:
             tracker.log(step, values, group)
         if self._writer is None:
