@@ -738,3 +738,13 @@ def test_a_local_run_whose_disk_fills_between_saves_ends_failed_and_logs_f_retur
     print(f"{said[0]}\nstatus: {document['state']}: {document['why']}")
     follow = hpctf("logs", "-f", str(path), timeout=60)
     assert follow.returncode == 0, follow.stderr
+
+
+def test_a_planted_far_future_entry_does_not_pin_the_journals_order() -> None:
+    from hpctf.core.run.journal import next_stamp
+
+    now = 1_800_000_000 * 10**9
+    planted = ["99999999999999999999-1-submitted.json", f"{now + 5 * 10**9:020d}-7-started.json"]
+    assert next_stamp(planted, now) == now + 5 * 10**9 + 1  # 5 s ahead: followed
+    assert next_stamp(planted[:1], now) == now  # far ahead: not followed
+    assert next_stamp([".x.json.tmp", "notes.txt"], now) == now

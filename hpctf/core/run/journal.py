@@ -110,9 +110,17 @@ def next_stamp(names: Sequence[str], now_ns: int) -> int:
     sorts after every entry written before it, whatever the clocks say: a clock stepped back,
     or the login node's and a compute node's clocks a minute apart (an ``ended`` record
     named 23 s before its ``started`` made a finished run read as running). The entry's
-    ``time`` field keeps the writer's clock: a time is data, never the order."""
-    newest = max((int(n[:20]) for n in names if n[:20].isdigit() and n[20:21] == "-"), default=0)
+    ``time`` field keeps the writer's clock: a time is data, never the order.
+
+    A name more than :data:`AHEAD_NS` ahead of this clock is not followed: one planted as
+    ``99999999999999999999-...`` would otherwise push every later entry past 20 digits."""
+    stamps = (int(n[:20]) for n in names if n[:20].isdigit() and n[20:21] == "-")
+    newest = max((s for s in stamps if s <= now_ns + AHEAD_NS), default=0)
     return max(now_ns, newest + 1)
+
+
+# Clocks of one cluster disagree by seconds; an hour is beyond any clock step seen.
+AHEAD_NS = 3600 * 10**9
 
 
 def files_of(event: str) -> str:
