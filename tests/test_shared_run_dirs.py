@@ -748,3 +748,21 @@ def test_a_planted_far_future_entry_does_not_pin_the_journals_order() -> None:
     assert next_stamp(planted, now) == now + 5 * 10**9 + 1  # 5 s ahead: followed
     assert next_stamp(planted[:1], now) == now  # far ahead: not followed
     assert next_stamp([".x.json.tmp", "notes.txt"], now) == now
+
+
+def test_status_redacts_a_uri_password_from_run_data(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    from hpctf.core.run import journal
+
+    path = new_run(runs_root, fake_slurm)
+    run = RunDir(path)
+    journal.record_started(run, "4242", "node1", "USR1")
+    line = "train.py:9: ConnectionError: http://bob:hunter2-xyz@db.invalid/x refused"
+    journal.record_user_code_failed(run, "4242", "node1", 0, "ConnectionError", "train.py:9", line)
+    journal.record_ended(run, "4242", 65, "failed")
+    fake_slurm.answer("squeue", "")
+    for args in (["status", str(path)], ["status", "--json", str(path)], ["status"]):
+        output = CliRunner().invoke(cli, args).output
+        assert "hunter2-xyz" not in output, output
+    assert "http://bob:***@db.invalid/x" in CliRunner().invoke(cli, ["status", str(path)]).output
