@@ -66,7 +66,7 @@ def local_launcher_gone(run: Run) -> ownership.Claim | None:
     if run.slurm or run.state.state != "running":
         return None
     owner = ownership.current(run.run.path)[1]
-    if owner is None or owner.kind != "local" or ownership.process_alive(owner):
+    if owner is None or owner.kind in ("job", "submit") or ownership.process_alive(owner):
         return None
     return owner
 
