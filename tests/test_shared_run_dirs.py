@@ -766,3 +766,27 @@ def test_status_redacts_a_uri_password_from_run_data(
         output = CliRunner().invoke(cli, args).output
         assert "hunter2-xyz" not in output, output
     assert "http://bob:***@db.invalid/x" in CliRunner().invoke(cli, ["status", str(path)]).output
+
+
+def test_the_doctor_script_holding_a_site_token_is_yours_alone(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    from hpctf.core.settings.sites import load_named_site
+    from hpctf.login.doctor.commands import doctor_config, prepare_directory
+
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    for name, env_yaml in (("tok", {"HF_TOKEN": TOKEN}), ("plain", {"OMP_NUM_THREADS": "2"})):
+        (sites / f"{name}.yaml").write_text(
+            json.dumps({"name": name, "scheduler": "slurm", "runs_root": str(runs_root),
+                        "env": env_yaml})
+        )  # fmt: skip
+    env = {**os.environ, "HPCTF_SITE_PATH": str(sites)}
+    old = os.umask(0o022)
+    try:
+        for name, mode in (("tok", 0o700), ("plain", 0o755)):
+            config = doctor_config(load_named_site(name, env), 1, 60, env)
+            script = prepare_directory(config, tmp_path / f"doctor-{name}", 60)
+            assert script.stat().st_mode & 0o777 == mode, name
+    finally:
+        os.umask(old)

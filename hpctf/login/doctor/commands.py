@@ -30,10 +30,11 @@ import click
 from hpctf import __version__
 from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
-from hpctf.core.safe_files import open_append, write_atomic
+from hpctf.core.safe_files import open_append, umask, write_atomic
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.hostnames import expand_nodelist
 from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.secrets import secret_env
 from hpctf.core.settings import sbatch_options
 from hpctf.core.settings.config import Experiment, ResolvedConfig, Resources, Site, Train
 from hpctf.core.settings.replicas import expected_replicas
@@ -138,8 +139,10 @@ def prepare_directory(config: ResolvedConfig, directory: Path, timeout: int) -> 
     }
     write_atomic(directory / SETTINGS_FILE, json.dumps(settings, indent=1) + "\n")
     script = directory / "doctor.sh"
-    write_atomic(script, render_script(config, directory))
-    script.chmod(0o755)
+    # The site's env goes into the script as it is: yours alone when it holds a secret
+    # (hpctf.core.secrets), else executable as the umask allows.
+    mode = 0o700 if secret_env(config.site.env) else 0o777 & ~umask()
+    write_atomic(script, render_script(config, directory), mode=mode)
     return script
 
 
