@@ -21,6 +21,8 @@ from typing import Any
 import click
 
 from hpctf.core.errors import BUG_EXIT, EnvironmentProblem, UserError
+from hpctf.core.printable import printable
+from hpctf.core.secrets import redact
 
 # The commands every task of a job runs (`srun hpctf worker` on each): they need neither the
 # login wing nor the batch hooks, whose imports (jinja2, sweeps, doctor, ...: 69 modules, about
@@ -53,9 +55,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            raise _UserFailure(str(exc)) from None
+            raise _UserFailure(printable(redact(str(exc)))) from None
         except EnvironmentProblem as exc:
-            raise _EnvironmentFailure(str(exc)) from exc
+            raise _EnvironmentFailure(printable(redact(str(exc)))) from exc
 
 
 @click.group(cls=_Group)

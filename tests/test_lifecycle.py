@@ -421,7 +421,7 @@ def test_a_job_slurm_requeued_itself_shows_requeued_not_failed(
     assert run["elapsed_s"] == elapsed and run["eta_s"] is None
     fake_slurm.answer("squeue", squeue_line("4242", "NODE_FAIL"))
     (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
-    assert (run["state"], run["why"]) == ("failed", "node_fail (exit 143)")
+    assert (run["state"], run["why"]) == ("failed", "node_fail (exit 143, SIGTERM)")
     # Killed before its batch shell could record the end: still running in the journal.
     write_events(path, {"event": STARTED, "job_id": "4242", "step": 100})
     fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))

@@ -165,7 +165,7 @@ def test_a_start_the_users_code_stopped_is_not_requeued(step: int) -> None:
     decision = after_end(state, BUDGETS)
     assert (decision.go, decision.gave_up) == (False, True)
     assert decision.why == f"{LINE}; not requeued: fix it and run hpctf resubmit"
-    assert _end(state.starts[0], None) == f"{LINE} (step {step}, exit 143)"
+    assert _end(state.starts[0], None) == f"{LINE} (step {step}, exit 143, SIGTERM)"
     # Resubmitted after each of four such ends: no start is refused for the failure budget (2).
     resubmits = [SUBMITTED] + [e for _ in range(4) for e in (*events[1:], SUBMITTED)]
     assert before_start(run_state(resubmits), BUDGETS).go

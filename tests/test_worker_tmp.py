@@ -160,3 +160,19 @@ def test_a_killed_workers_tmp_goes_when_the_next_worker_starts(tmp_path: Path) -
         live.kill()
         killed.kill()
         live.wait(timeout=30)
+
+
+def test_only_this_hosts_directories_are_swept(tmp_path: Path) -> None:
+    """On a $TMPDIR shared by nodes, flock may be node-local: another host's directory whose
+    lock looks free here is left alone; this host's is removed."""
+    from hpctf.compute.start import worker_tmp
+
+    host = worker_tmp._host()
+    mine = tmp_path / f"hpctf-rank0-{host}-abcd_123"
+    theirs = tmp_path / "hpctf-rank0-othernode-abcd_123"
+    suffix_host = tmp_path / f"hpctf-rank0-x{host}-abcd_123"  # a host whose name ends in ours
+    for directory in (mine, theirs, suffix_host):
+        directory.mkdir()
+        (directory / "owner.lock").write_bytes(b"")  # its lock free: its worker is gone
+    assert worker_tmp.remove_left_behind(tmp_path) == [mine]
+    assert sorted(tmp_path.iterdir()) == sorted([theirs, suffix_host])

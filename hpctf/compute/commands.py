@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.settings.config import Site
 from hpctf.core.settings.sites import load_named_site
@@ -24,9 +24,21 @@ def worker(run_dir: Path) -> None:
     from hpctf.compute.start.leaving import leave
     from hpctf.compute.start.runtime import run_worker
 
+    path = run_dir.resolve()
+    try:
+        status = run_worker(run_dir, os.environ)
+    except Exception as exc:
+        if (path / "config.json").exists():
+            raise
+        # Moved or removed while the job ran: whatever failed first (a metrics line, a save,
+        # TensorFlow's own error) is the environment's doing, not a bug in hpctf.
+        raise EnvironmentProblem(
+            f"the run directory {path} is gone (moved or removed while the job ran); move it "
+            f"back and continue with: hpctf resubmit {path}"
+        ) from exc
     # Not sys.exit: the interpreter's teardown of TensorFlow can wait many seconds on peers
     # that have already left (hpctf.compute.start.leaving).
-    leave(run_worker(run_dir, os.environ))
+    leave(status)
 
 
 @click.command()

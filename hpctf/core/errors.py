@@ -19,6 +19,8 @@ the batch script and the local launcher read them.
 
 from __future__ import annotations
 
+import signal
+
 USER_ERROR_EXIT = 2
 ENVIRONMENT_EXIT = 3
 BUG_EXIT = 70  # sysexits.h EX_SOFTWARE
@@ -73,3 +75,22 @@ def one_line(text: str, limit: int = ONE_LINE_MAX, rest: str = "the rank log has
     if len(flat) <= limit:
         return flat
     return f"{flat[:limit].rstrip()}... ({len(flat) - limit} more characters; {rest})"
+
+
+def shell_status(returncode: int) -> int:
+    """A child's status as a shell shows it: Python's ``-N`` for "killed by signal N" becomes
+    128+N (as srun and bash say it; ``exit(-9)`` would be 247)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def exit_text(code: object) -> str:
+    """``exit 1``, or for a death by signal (128+N, or Python's -N) ``exit 137, SIGKILL``."""
+    if not isinstance(code, int) or isinstance(code, bool):
+        return f"exit {'?' if code is None else code}"
+    code = shell_status(code)
+    if 128 < code < 128 + 65:
+        try:
+            return f"exit {code}, {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"exit {code}"

@@ -50,7 +50,7 @@ from hpctf.compute.start.quick_preflight import before_tensorflow
 from hpctf.compute.start.runtime import log_to_stdout, prepare_environment
 from hpctf.core.doctor_files import GATE_DIR, NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
-from hpctf.core.run.rundir import write_atomic
+from hpctf.core.safe_files import write_atomic
 from hpctf.core.settings.config import Site
 
 log = logging.getLogger("hpctf.preflight")

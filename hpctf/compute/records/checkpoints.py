@@ -36,6 +36,7 @@ from hpctf.compute.compat import tensorflow_internals
 from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files
+from hpctf.core.safe_files import write_atomic
 
 log = logging.getLogger("hpctf.worker")
 
@@ -145,6 +146,8 @@ class Checkpointer:
         self._task_index = spec.task_index
         self._manager = None
         if spec.is_chief:
+            for name in checkpoint_files.remove_dead_temps(directory):
+                log.info("removed %s, left by a save whose writer died", directory / name)
             repair_state_file(directory)
             self._manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=keep)
         # Asynchronous saves (checkpoint.asynchronous): the save copies every variable to host
@@ -345,12 +348,10 @@ def repair_state_file(directory: Path) -> None:
         ", ".join(Path(p).name for p in found.values()),
     )
     try:
-        tmp = directory / ".checkpoint.hpctf-tmp"
-        tmp.write_text(wanted, encoding="utf-8")
-        tmp.replace(state_file)
-    except OSError as exc:
+        write_atomic(state_file, wanted, mode=None)
+    except EnvironmentProblem as exc:
         raise EnvironmentProblem(
-            f"cannot rewrite the checkpoint state file {state_file}: {exc.strerror or exc}"
+            f"cannot rewrite the checkpoint state file {state_file}: {exc.__cause__ or exc}"
         ) from exc
 
 

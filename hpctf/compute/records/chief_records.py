@@ -11,8 +11,10 @@ import time
 import tensorflow as tf
 
 from hpctf.compute.records.tracking import start_tracking
+from hpctf.core.errors import EnvironmentProblem
 from hpctf.core.run.metrics_history import resumed_marker
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import open_append, safe_dir
 from hpctf.core.settings.config import ResolvedConfig
 
 log = logging.getLogger("hpctf.worker")
@@ -28,7 +30,7 @@ class ChiefRecords:
         self._writer = None
         self._trackers = start_tracking(run, config) if chief and config is not None else []
         if chief and _tensorboard_installed():
-            self._writer = tf.summary.create_file_writer(str(run.path / "tensorboard"))
+            self._writer = tf.summary.create_file_writer(str(safe_dir(run.path / "tensorboard")))
         elif chief:
             log.warning(
                 "the tensorboard package is not installed: no TensorBoard events, only %s "
@@ -49,8 +51,14 @@ class ChiefRecords:
         if not self._chief:
             return
         line = {"step": step, group: values} if group else {"step": step, **values}
-        with self._run.metrics.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line) + "\n")
+        try:
+            with open_append(self._run.metrics) as handle:
+                handle.write((json.dumps(line) + "\n").encode("utf-8"))
+        except OSError as exc:  # a full disk, a quota: the environment's, in one line
+            raise EnvironmentProblem(
+                f"cannot write {self._run.metrics}: {exc.strerror or exc}; free space there, "
+                f"then hpctf resubmit {self._run.path}"
+            ) from exc
         for tracker in self._trackers:
             tracker.log(step, values, group)
         if self._writer is None:

@@ -29,6 +29,7 @@ from hpctf.compute.users_code.script import keras_environment, run_script
 from hpctf.core.errors import UserError
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.secrets import redact
 
 log = logging.getLogger("hpctf.worker")
 
@@ -43,6 +44,11 @@ class _RankFormatter(logging.Formatter):
         if record.levelno >= logging.WARNING:
             record.message = f"{record.levelname.lower()}: {record.message}"
         return super().formatMessage(record)
+
+    def format(self, record: logging.LogRecord) -> str:
+        # A tracker's error quotes its URL: a password in it must not reach the rank log,
+        # which others may read (hpctf.core.secrets).
+        return redact(super().format(record))
 
 
 def log_to_stdout(logger: logging.Logger, formatter: logging.Formatter) -> None:

@@ -16,7 +16,9 @@ after job.
 A worker killed outright (SIGKILL: Slurm's KillWait, the OOM killer) runs none of these. Its
 directory holds a lock file the worker keeps locked while it lives (``flock``, which the kernel
 releases when the process dies), and the next worker on the node to start removes every such
-directory of this user whose lock is free.
+directory of this user whose lock is free, made on this host: the directory's name holds the
+host's name (``hpctf-rank0-node17-k3j9x_2a``), because on a ``$TMPDIR`` shared by several nodes
+``flock``'s locks may be node-local, and another node's live directory would look free.
 
 ``$TMPDIR`` itself is not changed: data a batch script staged there is still where it says,
 and programs the user's code starts get the same ``$TMPDIR``. Only ``tempfile.gettempdir()``
@@ -30,7 +32,9 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -49,7 +53,7 @@ def use_own_tmp(task_index: int) -> Path | None:
     base = Path(tempfile.gettempdir())
     remove_left_behind(base)
     try:
-        path = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{task_index}-", dir=base))
+        path = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{task_index}-{_host()}-", dir=base))
         _lock_for_life(path)
     except OSError as exc:
         log.warning(
@@ -81,12 +85,22 @@ def _lock_for_life(path: Path) -> None:
     os.rename(making, path / _OWNER)
 
 
+def _host() -> str:
+    """This host's name as it goes into a directory name (no dash-free guess needed: the
+    name is matched whole, :func:`remove_left_behind`)."""
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:64] or "host"
+
+
 def remove_left_behind(base: Path) -> list[Path]:
-    """Remove the directories under ``base`` of this user's workers that are gone (their owner
-    lock is free) and return them; a live worker's, another user's, a link, and one still
-    being made are left alone."""
+    """Remove the directories under ``base`` of this user's workers on this host that are gone
+    (their owner lock is free) and return them; a live worker's, another host's, another
+    user's, a link, and one still being made are left alone."""
+    # tempfile's random names are 8 of [a-z0-9_]: the host's part is matched whole.
+    ours = re.compile(rf"{_PREFIX}\d+-{re.escape(_host())}-[a-z0-9_]{{8}}")
     removed = []
     for old in base.glob(f"{_PREFIX}*-*"):
+        if not ours.fullmatch(old.name):
+            continue
         try:
             if old.is_symlink() or old.stat().st_uid != os.getuid():
                 continue

@@ -14,6 +14,7 @@ check (:func:`hpctf.compute.records.checkpoints.verify`).
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 PREFIX = "ckpt"  # tf.train.CheckpointManager's default checkpoint_name
@@ -90,3 +91,29 @@ def set_aside(directory: Path, stamp: str) -> Path | None:
     directory.rename(target)
     directory.mkdir()
     return target
+
+
+_TEMP = re.compile(rf"^{PREFIX}-\d+_temp")
+
+
+def remove_dead_temps(directory: Path) -> list[str]:
+    """Remove the ``ckpt-N_temp*`` directories a save left when its writer died (a chief killed
+    mid-save leaves one for ever); returns their names. Only for the chief at a start, when
+    the run's claim (:mod:`hpctf.core.run.ownership`) says no other writer is alive. A link
+    there is removed as a link, never followed."""
+    try:
+        names = [entry.name for entry in directory.iterdir() if _TEMP.match(entry.name)]
+    except OSError:
+        return []
+    removed = []
+    for name in sorted(names):
+        path = directory / name
+        try:
+            if path.is_symlink() or not path.is_dir():
+                path.unlink()
+            else:
+                shutil.rmtree(path)
+        except OSError:
+            continue  # the listing of checkpoints says what is wrong with the directory
+        removed.append(name)
+    return removed

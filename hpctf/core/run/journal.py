@@ -99,8 +99,28 @@ def upgraded(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def file_name(stamp_ns: int, pid: int, event: str) -> str:
-    """The name of one entry's file: sorted by name, the journal is in time order."""
+    """The name of one entry's file: sorted by name, the journal is in the order it was
+    written (:func:`next_stamp`)."""
     return f"{stamp_ns:020d}-{pid}-{event}.json"
+
+
+def next_stamp(names: Sequence[str], now_ns: int) -> int:
+    """The ordering number of a new entry, given the names in the journal now: the clock's
+    ``now_ns``, or one past the newest entry's number when that is later. So an entry always
+    sorts after every entry written before it, whatever the clocks say: a clock stepped back,
+    or the login node's and a compute node's clocks a minute apart (an ``ended`` record
+    named 23 s before its ``started`` made a finished run read as running). The entry's
+    ``time`` field keeps the writer's clock: a time is data, never the order.
+
+    A name more than :data:`AHEAD_NS` ahead of this clock is not followed: one planted as
+    ``99999999999999999999-...`` would otherwise push every later entry past 20 digits."""
+    stamps = (int(n[:20]) for n in names if n[:20].isdigit() and n[20:21] == "-")
+    newest = max((s for s in stamps if s <= now_ns + AHEAD_NS), default=0)
+    return max(now_ns, newest + 1)
+
+
+# Clocks of one cluster disagree by seconds; an hour is beyond any clock step seen.
+AHEAD_NS = 3600 * 10**9
 
 
 def files_of(event: str) -> str:

@@ -129,7 +129,10 @@ def _link(run_path: Path, generation: int, claim: Claim) -> bool:
     own = folder / f".{claim.host}.{claim.pid}.{time.monotonic_ns()}.tmp"
     try:
         folder.mkdir(exist_ok=True)
-        own.write_text(json.dumps(data), encoding="utf-8")
+        # O_EXCL: never through a link someone planted at the name (hpctf.core.safe_files).
+        fd = os.open(own, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(data))
         try:
             os.link(own, folder / _name(generation))
             return True

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -32,29 +31,15 @@ from pydantic import ValidationError
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, snapshot
 from hpctf.core.run.ends import end_of_start, failed_node_checks, since_last_start
+from hpctf.core.safe_files import NotARegularFile, read_bounded, safe_dir, umask
+from hpctf.core.safe_files import write_atomic as write_atomic  # its old home
+from hpctf.core.secrets import SECRETS_FILE, secret_env, shell_file, uri_passwords
 from hpctf.core.settings.config import ResolvedConfig
 
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old content or the new, never a part.
-
-    A filesystem that refuses (full, read-only, over quota) is an EnvironmentProblem naming the
-    file, with the OSError kept as its cause.
-    """
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise EnvironmentProblem(f"cannot write {path}: {exc.strerror or exc}") from exc
-        raise
+# Bounds on what a run directory may make a reader read (its files are data anyone who can
+# write the directory controls): hpctf's own are a few KB.
+MAX_CONFIG_BYTES = 16 << 20
+MAX_ENTRY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -109,7 +94,7 @@ class RunDir:
         """The frozen config; a UserError (one line) when it is missing or damaged, an
         EnvironmentProblem when it cannot be read."""
         try:
-            data = self.config_file.read_bytes()
+            data = read_bounded(self.config_file, MAX_CONFIG_BYTES, "the frozen run config")
         except FileNotFoundError:
             raise UserError(
                 f"{self.path}: not a run directory (no config.json); "
@@ -129,8 +114,8 @@ class RunDir:
     def record(self, event: str, **fields: Any) -> None:
         """Append one event to the journal (atomic, safe from several writers at once); its
         writers are :mod:`hpctf.core.run.journal`'s ``record_*`` functions."""
-        self.journal.mkdir(parents=True, exist_ok=True)
-        stamp = time.time_ns()
+        safe_dir(self.journal)
+        stamp = journal.next_stamp(os.listdir(self.journal), time.time_ns())
         entry = {
             "event": event,
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -163,9 +148,12 @@ class RunDir:
         damaged: list[str] = []
         for file in sorted(self.journal.glob("*.json")):
             try:
-                entry = json.loads(file.read_bytes().decode("utf-8"))
+                entry = json.loads(read_bounded(file, MAX_ENTRY_BYTES, "a journal entry"))
             except OSError:
                 continue  # gone between the listing and the read
+            except NotARegularFile as exc:  # a FIFO planted there must not hang a status
+                damaged.append(str(exc))
+                continue
             except ValueError:  # not JSON, not UTF-8: our writers never leave partial files
                 damaged.append(f"{file}: not a JSON document")
                 continue
@@ -218,7 +206,9 @@ def plan_run_dir(config: ResolvedConfig) -> RunDir:
     raise UserError(f"cannot find a free run directory name under {root}")
 
 
-def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> ResolvedConfig:
+def create_run_dir(
+    run: RunDir, config: ResolvedConfig, script: str, share_code_with: RunDir | None = None
+) -> ResolvedConfig:
     """Create the planned run directory: the code snapshot (:mod:`hpctf.core.run.snapshot`), the
     frozen config (its python_path pointing at the snapshot), the batch script. Returns the
     frozen config. On any failure nothing is left behind."""
@@ -234,9 +224,11 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> Resolved
     try:
         run.logs.mkdir()
         run.checkpoints.mkdir()
-        frozen = with_snapshot(config, run)
-        write_atomic(run.script, script)
-        run.script.chmod(0o755)
+        frozen = with_snapshot(config, run, share_with=share_code_with)
+        secret = secret_env({**config.site.env, **config.experiment.env})
+        if secret:
+            write_atomic(run.path / SECRETS_FILE, shell_file(secret), mode=0o600)
+        write_atomic(run.script, script, mode=0o777 & ~umask())  # as the umask allows
         journal.record_created(run, config.experiment_file, config.site.name)
     except (OSError, EnvironmentProblem, UserError) as exc:
         remove_new_run_dir(run)  # nothing half-made is left behind
@@ -247,7 +239,10 @@ def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> Resolved
 
 
 def with_snapshot(
-    config: ResolvedConfig, run: RunDir, sources: list[str] | None = None
+    config: ResolvedConfig,
+    run: RunDir,
+    sources: list[str] | None = None,
+    share_with: RunDir | None = None,
 ) -> ResolvedConfig:
     """Copy the code into ``run`` (from ``sources``, default the config's python_path) and
     write the config, its python_path pointing at the copies; returns that config."""
@@ -255,6 +250,8 @@ def with_snapshot(
         sources if sources is not None else config.experiment.train.python_path,
         run.path,
         runs_root(config),
+        secrets=secret_values(config),
+        share_with=share_with.path if share_with is not None else None,
     )
     update: dict[str, Any] = {"python_path": [s.copy for s in copied]}
     if config.experiment.train.script is not None:
@@ -265,6 +262,19 @@ def with_snapshot(
     )
     write_atomic(run.config_file, frozen.model_dump_json(indent=2))
     return frozen
+
+
+def secret_values(config: ResolvedConfig) -> list[str]:
+    """The secrets in ``config`` (:mod:`hpctf.core.secrets`): its env's secret values and the
+    passwords in its tracking URI and env values."""
+    env = {**config.site.env, **config.experiment.env}
+    uri = (
+        config.experiment.tracking.mlflow.tracking_uri if config.experiment.tracking.mlflow else ""
+    )
+    found = [*secret_env(env).values(), *uri_passwords(uri or "")]
+    for value in env.values():
+        found += uri_passwords(value)
+    return found
 
 
 def remove_new_run_dir(run: RunDir) -> None:

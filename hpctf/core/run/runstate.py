@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hpctf.core.errors import exit_text
 from hpctf.core.run import journal
 from hpctf.core.run.ends import (
     FAILURE_REASONS,
@@ -259,8 +260,8 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
     if last.reason in PREEMPTION_REASONS:  # saved, and nothing requeued it (a local SIGTERM)
         return "preempted", f"saved step {last.end_step}; hpctf resubmit resumes it"
     if last.reason == "failed":  # said once: "failed (exit 1)", not "failed (failed (exit 1))"
-        return "failed", f"exit {last.exit_code}"
-    return "failed", f"{last.reason} (exit {last.exit_code})"
+        return "failed", exit_text(last.exit_code)
+    return "failed", f"{last.reason} ({exit_text(last.exit_code)})"
 
 
 def _starts_before_extension(events: Sequence[Mapping[str, Any]]) -> int:

@@ -15,11 +15,14 @@ recorded (``RUN_DIR/code/SNAPSHOT.json``), for ``hpctf status``. The copy is rea
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
+import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,28 @@ SKIPPED_DIRS = frozenset(
 )
 MAX_FILE = 1 << 20  # 1 MiB: larger "source" files are data in disguise
 MAX_TOTAL = 32 << 20  # 32 MiB in all
+# Each run (and each point of a sweep) holds its own copy: 20,000 small files were 20,000
+# inodes per run. A project's own code is hundreds of files.
+MAX_FILES = 5_000
+# Credentials beside the code stay where they are (a 0700 home), not copied into a runs root
+# others may read: dot-files and dot-directories (.env, .netrc, .secrets/, .aws/), and these.
+CREDENTIAL_NAMES = frozenset(
+    {"kaggle.json", "credentials.json", "client_secret.json", "service_account.json"}
+)
+CREDENTIAL_SUFFIXES = frozenset({".pem", ".key", ".p12", ".pfx", ".keytab"})
+_CREDENTIAL_WORDS = re.compile(r"secret|credential|password", re.IGNORECASE)
+
+
+def is_credential(name: str) -> bool:
+    """Whether a file called ``name`` looks like it holds credentials (never copied)."""
+    return (
+        name.startswith(".")
+        or name.lower() in CREDENTIAL_NAMES
+        or Path(name).suffix.lower() in CREDENTIAL_SUFFIXES
+        or bool(_CREDENTIAL_WORDS.search(name))
+    )
+
+
 CODE_DIR = "code"
 MANIFEST = "SNAPSHOT.json"
 
@@ -70,6 +95,8 @@ class Source:
     bytes: int
     git_commit: str | None = None
     git_dirty: bool | None = None
+    # Source-like files over MAX_FILE, left out (relative to ``source``): said at submit.
+    too_big: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         if self.git_commit is None:
@@ -79,15 +106,19 @@ class Source:
         return f"{self.source}: {self.files} files, {version}"
 
 
-def _files(root: Path, skip: Path | None) -> list[Path]:
-    """The source-like files under ``root``, in a stable order."""
+def _files(root: Path, skip: Path | None) -> tuple[list[Path], list[Path]]:
+    """The source-like files under ``root``, in a stable order, and those left out for their
+    size (over :data:`MAX_FILE`). Dot-directories and credential-looking files
+    (:func:`is_credential`) are not looked at."""
     found: list[Path] = []
+    too_big: list[Path] = []
     for directory, dirs, names in os.walk(root):
         here = Path(directory)
         dirs[:] = sorted(
             d
             for d in dirs
             if d not in SKIPPED_DIRS
+            and not d.startswith(".")
             and not d.endswith(".egg-info")
             and (skip is None or (here / d).resolve() != skip)
             and not (here / d / "journal").is_dir()  # an earlier run directory
@@ -96,12 +127,14 @@ def _files(root: Path, skip: Path | None) -> list[Path]:
             path = here / name
             if (
                 path.suffix in SOURCE_SUFFIXES
+                and not is_credential(name)
                 and path.is_file()
                 and not path.is_symlink()
-                and path.stat().st_size <= MAX_FILE
             ):
-                found.append(path)
-    return found
+                (found if path.stat().st_size <= MAX_FILE else too_big).append(path)
+        if len(found) > MAX_FILES:
+            break  # refused by take(); no need to walk the rest of a home directory
+    return found, too_big
 
 
 def _git(directory: Path) -> tuple[str | None, bool | None]:
@@ -127,18 +160,39 @@ def _git(directory: Path) -> tuple[str | None, bool | None]:
     return commit.strip(), bool(status and status.strip())
 
 
-def take(python_path: list[str], run_path: Path, runs_root: Path | None = None) -> list[Source]:
+def take(
+    python_path: list[str],
+    run_path: Path,
+    runs_root: Path | None = None,
+    secrets: Sequence[str] = (),
+    share_with: Path | None = None,
+) -> list[Source]:
     """Copy ``python_path`` into ``run_path/code`` (replacing an earlier copy); return what
     was copied, also written to ``code/SNAPSHOT.json``. A UserError, with nothing left
-    behind, when the copy would be over :data:`MAX_TOTAL`."""
+    behind, when the copy would be over :data:`MAX_TOTAL`. A copied file holding one of
+    ``secrets`` (the experiment file, most often) is readable by its owner alone (0400).
+
+    ``share_with``: another run directory whose snapshot was taken from the same sources (a
+    sweep's first point): a file whose bytes are the same there is hard-linked, not copied, so
+    a 1,000-point sweep holds one copy of its code, not 1,000. The copies are read-only for
+    everyone (:func:`seal`), so the points cannot change each other's code."""
     skip = runs_root.resolve() if runs_root is not None else None
     plan: list[tuple[Path, list[Path]]] = []
+    too_big: dict[Path, list[Path]] = {}
     total = 0
     for entry in python_path:
         root = Path(entry)
-        files = _files(root, skip) if root.is_dir() else []
+        files, too_big[root] = _files(root, skip) if root.is_dir() else ([], [])
         total += sum(f.stat().st_size for f in files)
         plan.append((root, files))
+    count = sum(len(files) for _, files in plan)
+    if count > MAX_FILES:
+        biggest = max(plan, key=lambda item: len(item[1]))[0]
+        raise UserError(
+            f"train.python_path holds more than {MAX_FILES:,} source-like files ({count:,} "
+            f"counted before stopping, most in {biggest}), the most hpctf copies into each "
+            "run: point python_path at the directories with your code only"
+        )
     if total > MAX_TOTAL:
         biggest = max(plan, key=lambda item: sum(f.stat().st_size for f in item[1]))[0]
         raise UserError(
@@ -150,15 +204,20 @@ def take(python_path: list[str], run_path: Path, runs_root: Path | None = None) 
     staging = run_path / f".{CODE_DIR}.new"
     shutil.rmtree(staging, ignore_errors=True)
     sources: list[Source] = []
+    shared = {s.copy: s.source for s in read(share_with)} if share_with is not None else {}
     try:
         staging.mkdir(parents=True)
         for index, (root, files) in enumerate(plan):
             copy = staging / f"{index}-{root.name or 'root'}"
             copy.mkdir()
+            other = share_with / CODE_DIR / copy.name if share_with is not None else None
+            if other is None or shared.get(str(other)) != str(root):
+                other = None  # taken from other sources: nothing to share
             for file in files:
                 target = copy / file.relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(file, target)
+                if other is None or not _linked(file, other / file.relative_to(root), target):
+                    shutil.copy2(file, target)
             commit, dirty = _git(root) if root.is_dir() else (None, None)
             final = code / copy.name
             sources.append(
@@ -169,18 +228,33 @@ def take(python_path: list[str], run_path: Path, runs_root: Path | None = None) 
                     sum(f.stat().st_size for f in files),
                     commit,
                     dirty,
+                    [str(f.relative_to(root)) for f in too_big[root]],
                 )
             )
         (staging / MANIFEST).write_text(
             json.dumps([asdict(s) for s in sources], indent=2) + "\n", encoding="utf-8"
         )
         seal(staging)
+        _owner_only(staging, [s.encode("utf-8") for s in secrets if s])
         shutil.rmtree(code, ignore_errors=True)
         os.replace(staging, code)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise EnvironmentProblem(f"cannot copy the code into {code}: {exc.strerror}") from exc
     return sources
+
+
+def _linked(source: Path, earlier: Path, target: Path) -> bool:
+    """Hard-link ``earlier`` (another run's copy of ``source``) as ``target`` when it holds
+    the same bytes as ``source`` now; False (copy it) otherwise, or when the filesystem will
+    not link."""
+    try:
+        if earlier.is_symlink() or not filecmp.cmp(source, earlier, shallow=False):
+            return False
+        os.link(earlier, target)
+    except OSError:
+        return False
+    return True
 
 
 def seal(copy: Path) -> None:
@@ -194,6 +268,17 @@ def seal(copy: Path) -> None:
             file = Path(directory) / name
             file.chmod(file.stat().st_mode & 0o555)
         Path(directory).chmod(Path(directory).stat().st_mode & 0o755)
+
+
+def _owner_only(copy: Path, secrets: list[bytes]) -> None:
+    if not secrets:
+        return
+    for directory, _, names in os.walk(copy):
+        for name in names:
+            file = Path(directory) / name
+            data = file.read_bytes()
+            if any(secret in data for secret in secrets):
+                file.chmod(0o400)
 
 
 def read(run_path: Path) -> list[Source]:

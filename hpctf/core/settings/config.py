@@ -24,6 +24,10 @@ from hpctf.core.settings.container import Container
 from hpctf.core.settings.sbatch_options import normalize_sbatch_option
 from hpctf.core.settings.tracking import Tracking
 from hpctf.core.settings.values import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_SECONDS,
+    MAX_STEPS,
     Constraint,
     Dependency,
     EnvValue,
@@ -40,6 +44,7 @@ from hpctf.core.settings.values import (
     Time,
     check_entry,
     check_env,
+    finite_args,
 )
 
 # --- extra_sbatch --------------------------------------------------------------------------
@@ -107,17 +112,19 @@ class Train(Strict):
         "install hpctf[keras2]",
     )
     args: dict[str, Any] = Field(default_factory=dict)
-    steps: int | None = Field(None, ge=1)
-    epochs: int | None = Field(None, ge=1)
-    global_batch_size: int | None = Field(None, ge=1, description="required with entry")
-    log_every_steps: int = Field(10, ge=1)
-    seed: int = 0
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    epochs: int | None = Field(None, ge=1, le=MAX_EPOCHS)
+    global_batch_size: int | None = Field(
+        None, ge=1, le=MAX_BATCH, description="required with entry"
+    )
+    log_every_steps: int = Field(10, ge=1, le=MAX_STEPS)
+    seed: int = Field(0, ge=-(2**63), le=2**63 - 1)  # TensorFlow's seeds are int64
     python_path: list[str] = Field(
         default_factory=lambda: ["."],
         description="directories put on sys.path for the entry, relative to the experiment file",
     )
     eval_every_steps: int | None = Field(
-        None, ge=1, description="evaluate every N steps as well as at the end"
+        None, ge=1, le=MAX_STEPS, description="evaluate every N steps as well as at the end"
     )
     save_model: bool = Field(True, description="a Task run ends with RUN/model.keras")
     export_savedmodel: bool = Field(
@@ -147,27 +154,33 @@ class Train(Strict):
     heartbeat_timeout_seconds: int = Field(
         10,
         ge=1,
+        le=MAX_SECONDS,
         description="a rank whose heartbeats stop (dead or frozen) fails the job after this",
     )
     stall_timeout_seconds: int | None = Field(
         1800,
         ge=1,
+        le=MAX_SECONDS,
         description=(
             "a rank that finishes no step, save or evaluation batch for this long (a live but "
             "stuck peer, a hung collective) exits 124; null: wait for ever"
         ),
     )
     startup_timeout_seconds: int = Field(
-        300, ge=1, description="every rank must join the cluster within this"
+        300, ge=1, le=MAX_SECONDS, description="every rank must join the cluster within this"
     )
     preemption_check_every_steps: int = Field(
-        10, ge=1, description="how often the ranks agree whether any got a preemption signal"
+        10,
+        ge=1,
+        le=MAX_STEPS,
+        description="how often the ranks agree whether any got a preemption signal",
     )
     # Not tied to checkpoint.every_steps: the restart step is saved for itself, as a warned
     # preemption's agreed step is, so any step will do.
     restart_every_steps: int | None = Field(
         None,
         ge=1,
+        le=MAX_STEPS,
         description="end the job at every multiple of this step (all ranks save it) and "
         "requeue it, using no requeue budget: a fresh process for long runs; Slurm sites only",
     )
@@ -177,6 +190,7 @@ class Train(Strict):
     )
 
     _entry = field_validator("entry", mode="before")(check_entry)
+    _args = field_validator("args")(finite_args)
 
     @field_validator("script")
     @classmethod
@@ -211,8 +225,8 @@ class Train(Strict):
 
 
 class Checkpoint(Strict):
-    every_steps: int = Field(100, ge=1)
-    keep: int = Field(3, ge=1)
+    every_steps: int = Field(100, ge=1, le=MAX_STEPS)
+    keep: int = Field(3, ge=1, le=1_000_000)
     asynchronous: bool = Field(
         True,
         description="write checkpoints while training goes on (the save stalls only to copy "

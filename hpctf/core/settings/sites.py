@@ -127,6 +127,10 @@ def _replaced_paths(
     return paths
 
 
+# Sites extend a handful of others in practice; each level is a recursion and a file read.
+MAX_EXTENDS = 32
+
+
 def _layers(
     path: Path, env: Mapping[str, str], chain: tuple[Path, ...]
 ) -> tuple[dict[str, Any], Origins]:
@@ -151,6 +155,11 @@ def _layers(
             parent = find_site(parent_ref, env, after=path if same_name else None)
     except UserError as exc:
         raise UserError(f"{where}: extends: {exc}") from None
+    if len(chain) + 1 >= MAX_EXTENDS:
+        raise UserError(
+            f"{where}: extends: a chain of more than {MAX_EXTENDS} sites, starting at "
+            f"{(chain or (path,))[0]}; a site may extend at most {MAX_EXTENDS - 1} others"
+        )
     if parent.resolve() in {p.resolve() for p in (*chain, path)}:
         cycle = " -> ".join(p.name for p in (*chain, path, parent))
         raise UserError(f"{where}: extends: a cycle: {cycle}")

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from hpctf.core.errors import UserError
+from hpctf.core.safe_files import read_bounded, shortened
 
 KeyPath = tuple[str, ...]
 
@@ -51,7 +52,7 @@ class Origin:
         if self.source in {"site", "experiment"}:
             text = f"{self.source} {self.where()}"
         elif self.source == "--set":
-            text = f"--set {self.detail}"
+            text = f"--set {shortened(self.detail)}"
         elif self.source == "environment":
             text = f"environment {self.detail}"
         else:
@@ -92,6 +93,9 @@ _DROPPED_TAGS = {
 # "a bug in hpctf") and values with aliases expanded (10 levels of 9 aliases is 9**10 values in
 # 300 bytes: the key-line walk grew to 8.1 GB in 60 s). Config files are far below both.
 MAX_DEPTH = 100
+# An experiment or site file is a page of settings: 1 MiB is thousands of lines, and a bigger
+# one (or /dev/zero) is refused before PyYAML spends minutes on it.
+MAX_FILE_BYTES = 1 << 20
 MAX_VALUES = 100_000
 
 
@@ -257,7 +261,7 @@ def _key_lines(root: yaml.Node | None) -> dict[KeyPath, int]:
 def load_yaml(path: Path) -> tuple[dict[str, Any], dict[KeyPath, int]]:
     """Read one YAML mapping safely; return it and the line of every key path in it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_FILE_BYTES, "a YAML file").decode("utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hpctf.core.errors import UserError
+from hpctf.core.safe_files import quoted, shortened
 from hpctf.core.settings.sources import KeyPath, Origin, Origins, origin_of, parse_yaml
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -112,7 +113,7 @@ def _describe(error: Mapping[str, Any], model: type[BaseModel], path: list[str])
         if hint:
             message += f" (did you mean {hint[0]!r}?)"
     if error["type"] not in {"value_error", "assertion_error"} and "input" in error:
-        message += f" (got {error['input']!r})"
+        message += f" (got {quoted(error['input'])})"
     return message
 
 
@@ -143,7 +144,7 @@ def validation_problems(
         if origin is None:
             where = default_file
         elif origin.source == "--set":
-            where, text = default_file, f"{text} (from --set {origin.detail})"
+            where, text = default_file, f"{text} (from --set {shortened(origin.detail)})"
         else:
             where = origin.where()
         out.append(f"{where}: {key}: {text}")
@@ -208,13 +209,15 @@ def apply_overrides(
         key, sep, raw = item.partition("=")
         parts = key.split(".")
         if not sep or not key or any(not part for part in parts):
-            raise UserError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. resources.nodes=4")
+            raise UserError(
+                f"--set {quoted(item)}: expected KEY.PATH=VALUE, e.g. resources.nodes=4"
+            )
         value = _override_value(model, parts, raw)
         target = result
         for part in parts[:-1]:
             child = target.setdefault(part, {})
             if not isinstance(child, dict):
-                raise UserError(f"--set {item!r}: {part} is not a mapping")
+                raise UserError(f"--set {quoted(item)}: {part} is not a mapping")
             target = child
         target[parts[-1]] = value
         if origins is not None:

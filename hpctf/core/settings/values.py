@@ -5,6 +5,7 @@ shell text. Pydantic types with one-line errors that say what is allowed; the sc
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -284,3 +285,35 @@ def check_entry(value: Any) -> Any:
         f"{value!r} is not module:function: name the module and the function returning "
         f"hpctf.Task (e.g. {example}); to run a script as it is, give train.script"
     )
+
+
+# --- limits ---------------------------------------------------------------------------------
+# Counts a run can reach, refused at validate rather than as a bug at step 2: TensorFlow keeps
+# the step in an int64 and Python's sleep takes at most about 2**63 ns. 10**12 steps is three
+# years at 10,000 steps a second; 10**6 epochs times 10**12 steps still fits in an int64.
+MAX_STEPS = 10**12
+MAX_EPOCHS = 10**6
+MAX_BATCH = 2**31 - 1
+MAX_SECONDS = 10**8  # three years
+
+
+def finite_args(value: dict[str, Any]) -> dict[str, Any]:
+    """``train.args`` without NaN or infinity anywhere: JSON (the frozen config) has no such
+    number, so one would reach the user's code as None."""
+
+    def walk(item: Any, where: str) -> None:
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(
+                f"{where} is {item}, which the frozen config (JSON) cannot hold; give a finite "
+                f'number, or the string "{item}" and convert it in your code'
+            )
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                walk(inner, f"{where}.{key}")
+        elif isinstance(item, list):
+            for index, inner in enumerate(item):
+                walk(inner, f"{where}[{index}]")
+
+    for key, item in value.items():
+        walk(item, f"train.args.{key}")
+    return value

@@ -30,10 +30,11 @@ import click
 from hpctf import __version__
 from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
-from hpctf.core.run.rundir import write_atomic
+from hpctf.core.safe_files import open_append, umask, write_atomic
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.hostnames import expand_nodelist
 from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.secrets import secret_env
 from hpctf.core.settings import sbatch_options
 from hpctf.core.settings.config import Experiment, ResolvedConfig, Resources, Site, Train
 from hpctf.core.settings.replicas import expected_replicas
@@ -138,8 +139,10 @@ def prepare_directory(config: ResolvedConfig, directory: Path, timeout: int) -> 
     }
     write_atomic(directory / SETTINGS_FILE, json.dumps(settings, indent=1) + "\n")
     script = directory / "doctor.sh"
-    write_atomic(script, render_script(config, directory))
-    script.chmod(0o755)
+    # The site's env goes into the script as it is: yours alone when it holds a secret
+    # (hpctf.core.secrets), else executable as the umask allows.
+    mode = 0o700 if secret_env(config.site.env) else 0o777 & ~umask()
+    write_atomic(script, render_script(config, directory), mode=mode)
     return script
 
 
@@ -171,7 +174,7 @@ def run_local(config: ResolvedConfig, directory: Path, env: Mapping[str, str], t
     job_id = os.getpid()
     procs = []
     for rank in range(ntasks):
-        with (directory / "logs" / f"rank-{rank}.log").open("ab") as log_file:
+        with open_append(directory / "logs" / f"rank-{rank}.log") as log_file:
             procs.append(
                 subprocess.Popen(
                     [config.python, "-m", "hpctf", "preflight", str(directory)],
@@ -255,7 +258,7 @@ def run_here(
             f"see {directory / 'logs'}; raise --timeout",
         )
     output = (proc.stdout + proc.stderr).strip()
-    (directory / "logs" / "here.out").write_text(output + "\n", encoding="utf-8")
+    write_atomic(directory / "logs" / "here.out", output + "\n")
     if proc.returncode != 0:
         last = output.splitlines()[-1][:300] if output else "no output"
         return (

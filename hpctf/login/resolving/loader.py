@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hpctf.core.errors import UserError
+from hpctf.core.safe_files import shortened
 from hpctf.core.settings.config import Experiment, ResolvedConfig, Site
 from hpctf.core.settings.sites import available
 from hpctf.core.settings.sources import KeyPath, Origin, Origins, load_yaml
@@ -286,7 +287,7 @@ def _located(origins: Mapping[KeyPath, Origin], path: KeyPath, message: str, fil
     if origin is None or origin.source == "default":
         return f"{file}: {key}: {message}"
     if origin.source == "--set":
-        return f"{file}: {key}: {message} (from --set {origin.detail})"
+        return f"{file}: {key}: {message} (from --set {shortened(origin.detail)})"
     if origin.source == "site" and origin.key != key:
         return f"{origin.where()}: {origin.key}: {message}"
     return f"{origin.where()}: {key}: {message}"

@@ -13,18 +13,15 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.run.rundir import (
-    create_run_dir,
-    plan_run_dir,
-    write_atomic,
-)
+from hpctf.core.run.rundir import create_run_dir, plan_run_dir
+from hpctf.core.safe_files import umask, write_atomic
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import Experiment, Site
 from hpctf.core.settings.sites import describe_site, listing, read_site, search_path
 from hpctf.login.resolving.advice import advice
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting import scaffold
-from hpctf.login.submitting.launch import submit_config, warn_if_writable_by_others
+from hpctf.login.submitting.launch import submit_config, warn_if_writable_by_others, warn_left_out
 from hpctf.login.submitting.render import explain as explain_script
 from hpctf.login.submitting.render import render
 from hpctf.login.submitting.resubmit import resubmit_run
@@ -108,8 +105,8 @@ def render_command(
         return
     config = create_run_dir(run, config, script)
     warn_if_writable_by_others(run.path)
-    write_atomic(output, script)
-    output.chmod(0o755)
+    warn_left_out(run.path)
+    write_atomic(output, script, mode=0o777 & ~umask())  # executable, as the umask allows
     if explain:
         click.echo(shown, nl=False)
     click.echo(f"wrote {output} (run directory {run.path}); submit it with: sbatch {output}")

@@ -17,7 +17,8 @@ from typing import Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
-from hpctf.core.run.rundir import RunDir, write_atomic
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import write_atomic
 from hpctf.core.settings.config import Experiment, ResolvedConfig
 from hpctf.core.settings.validation import apply_overrides, validate_model
 from hpctf.login.submitting.render import render

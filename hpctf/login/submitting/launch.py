@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import PREEMPTED_EXIT
-from hpctf.core.run import journal
+from hpctf.core.run import journal, snapshot
 from hpctf.core.run.rundir import (
     RunDir,
     RunDirTaken,
@@ -44,6 +44,7 @@ def new_run(config: ResolvedConfig) -> tuple[RunDir, ResolvedConfig, str]:
         except RunDirTaken:
             continue
         warn_if_writable_by_others(run.path)
+        warn_left_out(run.path)
         return run, frozen, script
     raise RunDirTaken(f"no free run directory under {plan_run_dir(config).path.parent}")
 
@@ -64,6 +65,19 @@ def warn_if_writable_by_others(path: Path) -> None:
             f"chmod go-w {path}, and set umask 022 before hpctf submit",
             err=True,
         )
+
+
+def warn_left_out(path: Path) -> None:
+    """Name, on stderr, the source-like files the code snapshot of run ``path`` left out for
+    their size: at submit, not as an ImportError or a missing file on the cluster."""
+    for source in snapshot.read(path):
+        for name in source.too_big:
+            click.echo(
+                f"warning: {Path(source.source) / name} is over the {snapshot.MAX_FILE >> 20} "
+                "MiB hpctf copies per file and is not in the run's code snapshot: read it from "
+                "its own path (an absolute path in train.args), or make it smaller",
+                err=True,
+            )
 
 
 def _umask() -> int:

@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
-from hpctf.core.errors import PREEMPTED_EXIT, UserError
+from hpctf.core.errors import PREEMPTED_EXIT, UserError, shell_status
 from hpctf.core.run import journal, ownership
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import open_append
 from hpctf.core.settings.config import ResolvedConfig
 
 
@@ -177,7 +178,7 @@ def launch(
     sink: IO[str] | None = echo
     try:
         for rank in range(ntasks):
-            with run.rank_log(rank).open("ab") as log_file:
+            with open_append(run.rank_log(rank)) as log_file:
                 procs.append(
                     subprocess.Popen(
                         [config.python, "-m", "hpctf", "worker", str(run.path)],
@@ -202,7 +203,7 @@ def launch(
         for proc in procs:
             proc.wait()
         stop.restore()
-    status = status or next((p.returncode for p in procs if p.returncode), 0)
+    status = shell_status(status or next((p.returncode for p in procs if p.returncode), 0))
     reason = run.record_end(str(job_id), status, config.site.preemption.signal)
     if interrupt and stop.first == signal.SIGINT:
         raise Interrupted(reason)

@@ -29,6 +29,7 @@ from jinja2 import nodes
 from hpctf import __version__
 from hpctf.core.assets import shipped_dir
 from hpctf.core.errors import UserError
+from hpctf.core.secrets import secret_env
 from hpctf.core.settings import sbatch_options
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.core.settings.sources import KeyPath, Origin
@@ -177,6 +178,7 @@ def render(config: ResolvedConfig, run_dir: Path, array: ArrayScript | None = No
     only where the array's output goes) and otherwise does what the single-run script does."""
     res = config.experiment.resources
     env = {**config.site.env, **config.experiment.env}
+    secret = secret_env(env)  # from RUN_DIR/secrets.env (0600), never the script itself
     job = sbatch_options.ArrayJob(array.spec, array.log_dir) if array else None
     context = {
         "version": __version__,
@@ -189,7 +191,8 @@ def render(config: ResolvedConfig, run_dir: Path, array: ArrayScript | None = No
         "python": config.python,
         "modules": config.site.modules,
         "venv": config.site.venv,
-        "env": sorted(env.items()),
+        "env": sorted((k, v) for k, v in env.items() if k not in secret),
+        "secrets": sorted(secret),
         "setup": [
             ShellCode(line.rstrip("\n")) for line in (*config.site.setup, *config.experiment.setup)
         ],

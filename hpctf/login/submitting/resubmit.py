@@ -82,10 +82,12 @@ def resubmit_run(
     claim = ownership.claim_of("submit" if launcher.slurm else "local")
     owner = ownership.take(run.path, claim, ownership.alive, wait_for_submit_s=0)
     if owner is not None:
-        raise UserError(
-            f"{owner.describe()} owns {run.path}; wait for it, or stop it with: "
-            f"hpctf cancel {run.path}"
+        stop = (
+            f"stop it with: hpctf cancel {run.path}"
+            if launcher.slurm
+            else "stop its launcher (Ctrl-C in its terminal, or kill its pid)"
         )
+        raise UserError(f"{owner.describe()} owns {run.path}; wait for it, or {stop}")
     try:
         status = _start_again(
             run, config, exclude, retry_failed_nodes, update_code, from_scratch, overrides, caller

@@ -24,7 +24,8 @@ import click
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.jobs import open_jobs as open_jobs_of
-from hpctf.core.run.rundir import RunDir, runs_root, write_atomic
+from hpctf.core.run.rundir import RunDir, runs_root
+from hpctf.core.safe_files import write_atomic
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure

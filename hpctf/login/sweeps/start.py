@@ -67,7 +67,8 @@ def start_sweep(
         "arrays": [],
     })  # fmt: skip
     for config, path in zip(configs, run_dirs, strict=True):
-        create_run_dir(RunDir(path), config, render(config, path))
+        # One copy of the code for every point: the later points hard-link the first's files.
+        create_run_dir(RunDir(path), config, render(config, path), RunDir(run_dirs[0]))
     record.write()
     click.echo(f"sweep directory: {sweep_path}")
     if not slurm_site:

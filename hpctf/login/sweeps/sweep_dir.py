@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.run.rundir import write_atomic
+from hpctf.core.safe_files import write_atomic
 from hpctf.login.watching.run_report import format_table, run_document
 from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records
 from hpctf.login.watching.slurm_view import SlurmView, slurm_text

@@ -13,8 +13,10 @@ from typing import Any
 import click
 
 from hpctf.core.errors import UserError
+from hpctf.core.printable import printable
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.run.runstate import Start, starts_of
+from hpctf.login.watching.run_report import local_launcher_gone
 from hpctf.login.watching.runs import FINAL_RUN_STATES, Run
 from hpctf.login.watching.slurm_view import slurm_records
 
@@ -31,9 +33,14 @@ def worker_starts(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, Start]
 
 
 def separator(number: int, start: Start, rank: int) -> str:
+    # The journal's time is data its owner wrote: escaped (hpctf.core.printable).
     return (
-        f"===== start {number}: job {start.job_id}, rank {rank}, started "
-        f"{start.started_at}, from step {start.step} =====\n"
+        printable(
+            f"===== start {number}: job {start.job_id}, rank {rank}, started "
+            f"{start.started_at}, from step {start.step} =====",
+            keep_lines=False,
+        )
+        + "\n"
     )
 
 
@@ -158,6 +165,8 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
             gone, last_state = 0, state
             next_check = min(next_check, time.monotonic() + (3 if stopped else 30))
         over = state in FINAL_RUN_STATES - {"failed"}
+        # A local launcher gone from this host recorded no end (SIGKILL, a full disk): over.
+        over = over or local_launcher_gone(current) is not None
         if not over and time.monotonic() >= next_check:
             # The journal cannot always tell: a failed start may be requeued by Slurm itself
             # (a node failure), and a job killed hard never records its end.

@@ -4,12 +4,15 @@ matplotlib is imported only inside the command, off every other command's import
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
 from hpctf.core.errors import UserError
+from hpctf.core.safe_files import write_atomic
 from hpctf.login.watching.run_report import with_slurm_queue
 from hpctf.login.watching.runs import Run, metric_records
 from hpctf.login.watching.slurm_view import job_states, slurm_state
@@ -32,7 +35,8 @@ RESTART_LABELS = {
     "-o",
     "--output",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="The PNG to write (default: RUN_DIR/loss.png).",
+    help="The PNG to write (default: RUN_DIR/loss.png for your own run, ./NAME-loss.png "
+    "for a run someone else owns).",
 )
 def plot(run_dir: Path, output: Path | None) -> None:
     """Draw RUN_DIR's loss and eval metrics against step, each restart marked with why the
@@ -52,7 +56,7 @@ def plot(run_dir: Path, output: Path | None) -> None:
     losses = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), (int, float))]
     if not losses:
         raise UserError(f"{run.run.metrics}: no loss logged yet; nothing to plot")
-    output = output or run.run.path / "loss.png"
+    output = output or default_output(run)
     figure, axes = pyplot.subplots(figsize=(9, 5), dpi=100)
     axes.plot([s for s, _ in losses], [v for _, v in losses], label="training loss", color="C0")
     if all(v > 0 for _, v in losses):
@@ -81,9 +85,22 @@ def plot(run_dir: Path, output: Path | None) -> None:
     axes.set_title(title(run))
     axes.grid(True, alpha=0.3)
     figure.tight_layout()
-    figure.savefig(output)
+    image = io.BytesIO()
+    figure.savefig(image, format="png")
     pyplot.close(figure)
+    # A temporary file renamed over the name: a link planted at ``output`` is refused, and
+    # never written through (hpctf.core.safe_files).
+    write_atomic(output, image.getvalue(), mode=None)
     click.echo(f"wrote {output}")
+
+
+def default_output(run: Run) -> Path:
+    """RUN_DIR/loss.png when the caller owns the run directory; else NAME-loss.png in the
+    current directory: a run someone else owns is theirs to write, not ours (and whatever
+    they planted in it is not ours to follow)."""
+    if run.run.path.stat().st_uid == os.geteuid():
+        return run.run.path / "loss.png"
+    return Path.cwd() / f"{run.name}-loss.png"
 
 
 def eval_series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:

@@ -27,8 +27,8 @@ def elapsed_seconds(starts: Sequence[Start], running: bool, now: float) -> float
             end = now
         else:
             end = epoch_seconds(start.last_at)
-        total += end - begin
-    return max(total, 0.0)
+        total += max(end - begin, 0.0)  # clocks of two nodes may disagree: never negative
+    return total
 
 
 def progress(

@@ -9,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from hpctf.core.errors import exit_text as exit_words
 from hpctf.core.errors import one_line
-from hpctf.core.run import journal, snapshot
+from hpctf.core.run import journal, ownership, snapshot
 from hpctf.core.run.ends import FAILURE_REASONS, PLANNED_RESTART, PREEMPTION_REASONS
 from hpctf.core.run.jobs import jobs_of
 from hpctf.core.run.runstate import RunState, Start, starts_of
@@ -36,8 +37,17 @@ def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
     killed) was ``interrupted``: nothing preempts or requeues it (a Ctrl-C or ``hpctf cancel``
     is ``cancelled``)."""
     state = run.state
-    if not run.slurm and state.state == "preempted":
-        return replace(state, state="interrupted", why=f"its launcher was stopped; {state.why}")
+    gone = local_launcher_gone(run)
+    if gone is not None:
+        state = replace(
+            state,
+            state="failed",
+            why=f"the local launcher (pid {gone.pid} on {gone.host}) is gone without recording "
+            "how its start ended (killed, or a full disk?); its rank logs say the rest; "
+            f"continue with: hpctf resubmit {run.run.path}",
+        )
+    elif not run.slurm and state.state == "preempted":
+        state = replace(state, state="interrupted", why=f"its launcher was stopped; {state.why}")
     if (
         state.state in ("failed", "preempted", "running")
         and current
@@ -53,6 +63,19 @@ def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
             failure_requeues=state.failure_requeues + (reason in FAILURE_REASONS),
         )
     return state
+
+
+def local_launcher_gone(run: Run) -> ownership.Claim | None:
+    """The claim of a local run's launcher that the journal says is running but that is gone
+    from this host (its pid runs no more), or None. A launcher that could not write its
+    ``ended`` record (a full disk, SIGKILL) must not read as running for ever; on another host
+    nobody here can tell, and the journal's word stands."""
+    if run.slurm or run.state.state != "running":
+        return None
+    owner = ownership.current(run.run.path)[1]
+    if owner is None or owner.kind in ("job", "submit") or ownership.process_alive(owner):
+        return None
+    return owner
 
 
 def _last_end(run: Run) -> str:
@@ -251,7 +274,7 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
             text = f"UNKNOWN ({state['reason']})"
         else:
             text = slurm_text(state)
-        exit_text = f" exit {job['exit_code']}" if job["exit_code"] is not None else ""
+        exit_text = f" {exit_words(job['exit_code'])}" if job["exit_code"] is not None else ""
         lines.append(
             f"job {job['job']}: {text}{exit_text} starts {job['starts']} "
             f"nodes {job['nodes'] or '-'}"
@@ -293,5 +316,5 @@ def _end(start: Start, job: Mapping[str, str] | None) -> str:
             return f"ended; Slurm requeued its job ({slurm_text(job)})"
         return "not ended"
     if start.user_code is not None:  # what the user's code raised, not srun's 143 for it
-        return f"{start.user_code} (step {start.end_step}, exit {start.exit_code})"
-    return f"{start.reason} at step {start.end_step} (exit {start.exit_code})"
+        return f"{start.user_code} (step {start.end_step}, {exit_words(start.exit_code)})"
+    return f"{start.reason} at step {start.end_step} ({exit_words(start.exit_code)})"

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.printable import printable
 from hpctf.core.run import journal
 from hpctf.core.run.metrics_history import metric_records as metric_records
 from hpctf.core.run.rundir import RunDir, run_dirs_under
@@ -133,13 +134,16 @@ def find_runs(root: Path) -> list[Run]:
             run = Run.read(path)
         except (UserError, EnvironmentProblem) as exc:
             # One damaged run never hides the others: said in one line on stderr, left out.
-            click.echo(f"hpctf: left out: {exc}", err=True)
+            click.echo(printable(f"hpctf: left out: {exc}", keep_lines=False), err=True)
             continue
         if run.damaged:
             click.echo(
-                f"hpctf: {run.run.path}: {len(run.damaged)} damaged journal entr"
-                f"{'y' if len(run.damaged) == 1 else 'ies'} left out, the first: "
-                f"{run.damaged[0]}",
+                printable(
+                    f"hpctf: {run.run.path}: {len(run.damaged)} damaged journal entr"
+                    f"{'y' if len(run.damaged) == 1 else 'ies'} left out, the first: "
+                    f"{run.damaged[0]}",
+                    keep_lines=False,
+                ),
                 err=True,
             )
         runs.append(run)

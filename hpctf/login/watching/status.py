@@ -16,6 +16,8 @@ from typing import Any
 import click
 
 from hpctf.core.errors import UserError
+from hpctf.core.printable import printable as _printable
+from hpctf.core.secrets import redact
 from hpctf.login.sweeps.commands import sweep_status
 from hpctf.login.sweeps.sweep_dir import (
     SweepDir,
@@ -98,6 +100,12 @@ def _readable_points(sweep: SweepDir) -> list[Run]:
     return points
 
 
+def for_terminal(text: str) -> str:
+    """Run data as it may reach a terminal: control characters escaped, URI passwords
+    redacted (:mod:`hpctf.core.printable`, :mod:`hpctf.core.secrets`)."""
+    return _printable(redact(text))
+
+
 @click.command()
 @_runs_option
 @_json_option
@@ -131,11 +139,13 @@ def status(
     documents = [run_document(run, view, now, full=single) for run in runs]
     if as_json:
         notes = [view.problem] if view.problem else []
-        click.echo(json.dumps({"runs": documents, "sweeps": sweeps, "notes": notes}, indent=2))
+        click.echo(
+            redact(json.dumps({"runs": documents, "sweeps": sweeps, "notes": notes}, indent=2))
+        )
     elif single:
-        click.echo(describe_run(runs[0], documents[0]), nl=False)
+        click.echo(for_terminal(describe_run(runs[0], documents[0])), nl=False)
     elif documents or sweeps:
-        click.echo(status_table(documents, sweeps), nl=False)
+        click.echo(for_terminal(status_table(documents, sweeps)), nl=False)
 
 
 @click.command()
@@ -176,7 +186,9 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
             }
         )
     if as_json:
-        click.echo(json.dumps({"root": str(where), "runs": documents, "sweeps": sweeps}, indent=2))
+        click.echo(
+            redact(json.dumps({"root": str(where), "runs": documents, "sweeps": sweeps}, indent=2))
+        )
         return
     if not documents and not sweeps:
         click.echo(f"no runs under {where}", err=True)
@@ -186,12 +198,17 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
         for d in documents
     ]
     if rows:
-        click.echo(format_table(("RUN", "CREATED", "SITE", "STATE", "LAST STEP"), rows), nl=False)
+        click.echo(
+            for_terminal(format_table(("RUN", "CREATED", "SITE", "STATE", "LAST STEP"), rows)),
+            nl=False,
+        )
     if sweeps:
         sweep_rows = [
             (str(s["sweep"]), str(s["created"]), str(s["site"]), str(s["states"])) for s in sweeps
         ]
-        click.echo(format_table(("SWEEP", "CREATED", "SITE", "POINTS"), sweep_rows), nl=False)
+        click.echo(
+            for_terminal(format_table(("SWEEP", "CREATED", "SITE", "POINTS"), sweep_rows)), nl=False
+        )
 
 
 COMMANDS = (status, runs)

@@ -18,7 +18,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from hpctf.core.run import snapshot
-from hpctf.core.run.rundir import RunDir, write_atomic
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import safe_dir, write_atomic
+from hpctf.core.secrets import redact
 from hpctf.core.settings.config import ResolvedConfig
 
 log = logging.getLogger("hpctf.worker")
@@ -52,7 +54,8 @@ class Backend(Protocol):
 
 def flat_params(config: ResolvedConfig) -> dict[str, str]:
     """The resolved experiment as ``section.key`` -> text, and the site's name; ``env`` and
-    ``setup`` left out (they may hold tokens)."""
+    ``setup`` left out (they may hold tokens), a URI's password redacted (everyone on the
+    tracker's experiment sees its parameters)."""
     data = config.experiment.model_dump(exclude={"env", "setup"})
     out: dict[str, str] = {"site": config.site.name}
 
@@ -61,7 +64,7 @@ def flat_params(config: ResolvedConfig) -> dict[str, str]:
             for key, item in value.items():
                 walk(f"{prefix}.{key}" if prefix else str(key), item)
         else:
-            out[prefix] = json.dumps(value) if not isinstance(value, str) else value
+            out[prefix] = redact(json.dumps(value) if not isinstance(value, str) else value)
 
     walk("", data)
     return out
@@ -159,7 +162,7 @@ class Tracker:
 
     def _save(self, **changes: Any) -> None:
         self._state.update(changes)
-        self._path.parent.mkdir(exist_ok=True)
+        safe_dir(self._path.parent)
         write_atomic(self._path, json.dumps(self._state))
 
     def _put(self, item: _Item) -> None:
