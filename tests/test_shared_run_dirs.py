@@ -510,7 +510,7 @@ def test_a_death_by_signal_reads_as_its_name_and_128_plus_n() -> None:
     assert exit_text(proc.returncode) == exit_text(137) == "exit 137, SIGKILL"
     assert exit_text(1) == "exit 1" and exit_text(None) == "exit ?"
     state = run_state([started(), ended("failed", 0, 137)])
-    assert state.why == "failed (exit 137, SIGKILL)"
+    assert state.why == "exit 137, SIGKILL"  # "failed" once: the state says it
 
 
 def test_a_real_local_run_keeps_its_secrets_out_of_every_log_and_shared_file(
