@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctf.compute.doctor.node_checks import Check, IbPort
+from hpctf.compute.doctor.node_checks import Check, IbPort, sysfs_text
 
 NET_ROOT = Path("/sys/class/net")
 
@@ -94,13 +94,7 @@ def read_interfaces(root: Path = NET_ROOT) -> list[Interface] | None:
     """The interfaces under ``root`` (/sys/class/net), or None when it does not exist."""
     if not root.is_dir():
         return None
-
-    def read(path: Path) -> str:
-        try:
-            return path.read_text(encoding="utf-8").strip()
-        except OSError:
-            return ""
-
+    read = sysfs_text
     return [
         Interface(entry.name, read(entry / "operstate"), read(entry / "type"))
         for entry in sorted(root.iterdir(), key=lambda path: path.name)

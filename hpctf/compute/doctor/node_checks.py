@@ -226,16 +226,20 @@ def scan_nccl_log(text: str, infiniband: bool, path: str) -> Check:
 # --- the checks that need this machine -------------------------------------------------------
 
 
+def sysfs_text(path: Path) -> str:
+    """One sysfs attribute's value, "" where it cannot be read (a port gone, a driver that
+    leaves the file out)."""
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
 def read_infiniband(root: Path = IB_ROOT) -> list[IbPort] | None:
     """The ports under ``root`` (/sys/class/infiniband), or None when it does not exist."""
     if not root.is_dir():
         return None
-
-    def read(path: Path) -> str:
-        try:
-            return path.read_text(encoding="utf-8").strip()
-        except OSError:
-            return ""
+    read = sysfs_text
 
     ports = []
     for device in sorted(root.iterdir()):
