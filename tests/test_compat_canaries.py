@@ -193,6 +193,45 @@ def test_tf_keras_training_state() -> None:
     assert tuple(counters) == (1, 3), gone("fit resume exact", name, counters)
 
 
+def test_keras_3_trainer_names_that_fit_under_the_strategy_replaces() -> None:
+    """compat/keras_fit replaces TensorFlowTrainer._maybe_symbolic_build (calling
+    _symbolic_build) and trainer.reduce_per_replica, wraps fit, and resumes through
+    Model._initial_epoch, Model.metrics_variables and the seed states' paths."""
+    import importlib
+
+    import keras
+
+    trainer = importlib.import_module("keras.src.backend.tensorflow.trainer")
+    cls = getattr(trainer, "TensorFlowTrainer", None)
+    for name in ("_maybe_symbolic_build", "_symbolic_build", "fit"):
+        assert callable(getattr(cls, name, None)), gone("Keras 3 fit", f"TensorFlowTrainer.{name}")
+    assert callable(getattr(trainer, "reduce_per_replica", None)), gone(
+        "Keras 3 fit", "trainer.reduce_per_replica"
+    )
+    layers = [keras.Input(shape=(2,)), keras.layers.Dropout(0.5, seed=1), keras.layers.Dense(1)]
+    model = keras.Sequential(layers)
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    assert hasattr(model, "_initial_epoch"), gone("fit resume exact", "Model._initial_epoch")
+    variables = sing("fit resume exact", "Model.metrics_variables", lambda: model.metrics_variables)
+    assert isinstance(variables, list), gone("fit resume exact", "Model.metrics_variables")
+    from hpctf.compute.compat.keras_fit import random_state_variables
+
+    assert len(random_state_variables({"model": model})) == 1, gone(
+        "exact resume with random layers", "seed_generator_state variables"
+    )
+
+
+def test_tf_keras_reduce_per_replica() -> None:
+    """compat/keras_fit reads tf_keras's "auto" reduction as the mean across replicas."""
+    import importlib
+
+    pytest.importorskip("tf_keras")
+    training = importlib.import_module("tf_keras.src.engine.training")
+    assert callable(getattr(training, "reduce_per_replica", None)), gone(
+        "tf_keras fit's true numbers", "training.reduce_per_replica"
+    )
+
+
 def test_jinja_context_super_and_block_reference() -> None:
     """The login side's render marks ``{{ super() }}`` through Context.super and
     BlockReference's private fields (hpctf/login/submitting/render.py)."""

@@ -26,12 +26,16 @@ Checked against (the names this module replaces):
 
 ========================= ==================================================================
 keras 3.15.1              ``TensorFlowTrainer._maybe_symbolic_build``, ``_symbolic_build``,
-                          ``trainer.reduce_per_replica``, ``steps_per_execution``
-tf_keras 2.21.0           ``training.reduce_per_replica``, ``Model.fit``
+                          ``trainer.reduce_per_replica``, ``steps_per_execution``; for a resume
+                          (:mod:`hpctf.compute.users_code.fit`) ``Model._initial_epoch``,
+                          ``metrics_variables`` and the ``seed_generator_state`` variables
+tf_keras 2.21.0           ``training.reduce_per_replica``, ``Model.fit``,
+                          ``Model._training_state``
 ========================= ==================================================================
 
 Each name is looked up, never assumed: where one is missing :func:`prepare_fit` says so in its
 one line and leaves Keras as it is (a fit that fails then fails in Keras, with Keras's error).
+``tests/test_compat_canaries.py`` fails, naming the name and the versions, when one moves.
 """
 
 from __future__ import annotations
