@@ -1,12 +1,13 @@
 """A researcher's Keras fit script, as tests/test_fit_scripts.py runs it on 2 local workers.
 
-    fit_matrix.py KERAS MODEL LR STOP_AT [STRATEGY]
+    fit_matrix.py KERAS MODEL LR STOP_AT [STRATEGY [STEPS_PER_EXECUTION]]
 
 KERAS ``3`` (keras) or ``2`` (tf_keras); MODEL ``plain`` (Conv2D, Dense) or ``random``
 (RandomFlip and Dropout too); LR the learning rate (0: the model never changes, so each epoch's
 mean training loss is the loss ``evaluate`` gives on the same examples); STOP_AT: rank 0 sends
 itself SIGUSR2 at that optimizer step of a run with no checkpoint yet (0: never); STRATEGY
-``none`` builds the model outside any strategy's scope, as a script written for one machine.
+``none`` builds the model outside any strategy's scope, as a script written for one machine;
+STEPS_PER_EXECUTION is given to ``compile`` (1 by default).
 Prints each rank's weights (``WEIGHTS``) and ``evaluate``'s numbers (``EVALUATE``).
 """
 
@@ -27,6 +28,7 @@ import hpctf.keras
 
 model_kind, learning_rate, stop_at = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 with_strategy = (sys.argv[5] if len(sys.argv) > 5 else "strategy") != "none"
+steps_per_execution = int(sys.argv[6]) if len(sys.argv) > 6 else 1
 strategy = tf.distribute.MultiWorkerMirroredStrategy() if with_strategy else None
 keras.utils.set_random_seed(0)
 GLOBAL_BATCH = 32
@@ -51,6 +53,7 @@ def build():
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
+        steps_per_execution=steps_per_execution,
     )
     return model
 
