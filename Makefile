@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint system-packages clean
+.PHONY: demo test quick lint system-packages clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ system-packages:
 TEST_WORKERS ?= 2
 test: system-packages lint
 	HPCTF_REQUIRE_SLURM=1 HPCTF_SLURM_ACCOUNTING=1 $(BIN)/python -m pytest -ra --durations=10 -n $(TEST_WORKERS) --dist worksteal
+
+# The quick subset for iterating (about a minute on 2 cores): lint, then every test that starts
+# neither Slurm, TensorFlow workers nor the oldest-TensorFlow environment.
+quick: lint
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slurm and not tf and not compat"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
