@@ -49,7 +49,8 @@ from hpctf.compute.loop.watchdog import ProgressWatchdog
 from hpctf.compute.records.checkpoints import Checkpointer, checkpoint_of
 from hpctf.compute.records.chief_records import ChiefRecords
 from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.core.errors import UserError
+from hpctf.compute.start.leaving import exit_later
+from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler.launcher import launcher_for
@@ -332,6 +333,9 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._preemption.agree(0.0)  # a barrier: no rank leaves before the chief's record
         log.warning(leaving_words(self._run, step))
         self._stop()
+        # The script's own code after fit (a model.save, an evaluate with collectives) may wait
+        # on ranks that are leaving: bounded as the built-in loop's exit is (leaving.py).
+        exit_later(PREEMPTED_EXIT)
         raise Preempted()
 
     def _log_progress(self, step: int, logs: dict[str, Any]) -> None:
