@@ -303,6 +303,19 @@ def test_secrets_stay_in_owner_only_files_and_out_of_the_script(
         check=True,
     )
     assert shell.stdout == TOKEN
+    # A resubmit that extends the run and takes the code again rewrites config.json and the
+    # snapshot: still redacted, the values still in secrets.env alone, the script unchanged.
+    fake_slurm.answer("scontrol", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
+    again = CliRunner().invoke(
+        cli, ["resubmit", "--update-code", "--set", "train.steps=400", str(path)]
+    )
+    assert again.exit_code == 0, again.output
+    assert URI_PASSWORD not in again.output and TOKEN not in again.output
+    assert files_holding(path, URI_PASSWORD, TOKEN) == {"secrets.env": 0o600}
+    assert (path / "job.sbatch").read_text() == script
+    extended = RunDir(path).load_config()
+    assert extended.experiment.train.steps == 400
+    assert extended.experiment.env["HF_TOKEN"] == TOKEN
 
 
 def test_a_python_source_holding_a_secret_stays_owner_only_and_submit_names_it(
