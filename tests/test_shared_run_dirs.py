@@ -4,6 +4,7 @@ size, and `hpctf plot` of someone else's run writes into the caller's directory,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -279,9 +280,18 @@ def test_secrets_stay_in_owner_only_files_and_out_of_the_script(
     assert result.exit_code == 0, result.output
     assert URI_PASSWORD not in result.output and TOKEN not in result.output
     (path,) = runs_root.iterdir()
-    held = files_holding(path, URI_PASSWORD, TOKEN)
-    snapshot_copy = next(k for k in held if k.startswith("code/"))
-    assert held == {"config.json": 0o600, "secrets.env": 0o600, snapshot_copy: 0o400}
+    assert "warning" not in result.output
+    # secrets.env alone holds them: config.json and the snapshot's experiment file say ***.
+    assert files_holding(path, URI_PASSWORD, TOKEN) == {"secrets.env": 0o600}
+    frozen = json.loads((path / "config.json").read_text())
+    assert frozen["experiment"]["env"]["HF_TOKEN"] == "***"
+    assert "alice:***@" in frozen["experiment"]["tracking"]["mlflow"]["tracking_uri"]
+    assert "HF_TOKEN: ***" in next(path.glob("code/*/experiment.yaml")).read_text()
+    # Whoever may read secrets.env (the run's owner: worker, resubmit, sweep) gets the values.
+    config = RunDir(path).load_config()
+    assert config.experiment.env["HF_TOKEN"] == TOKEN
+    assert config.experiment.tracking.mlflow is not None
+    assert URI_PASSWORD in str(config.experiment.tracking.mlflow.tracking_uri)
     script = (path / "job.sbatch").read_text()
     assert "export PLAIN_SETTING='visible'" in script
     assert '. "$RUN_DIR/secrets.env" || exit 1' in script and "HF_TOKEN" in script
@@ -293,6 +303,38 @@ def test_secrets_stay_in_owner_only_files_and_out_of_the_script(
         check=True,
     )
     assert shell.stdout == TOKEN
+    # A resubmit that extends the run and takes the code again rewrites config.json and the
+    # snapshot: still redacted, the values still in secrets.env alone, the script unchanged.
+    fake_slurm.answer("scontrol", "", "slurm_load_jobs error: Invalid job id specified\n", 1)
+    again = CliRunner().invoke(
+        cli, ["resubmit", "--update-code", "--set", "train.steps=400", str(path)]
+    )
+    assert again.exit_code == 0, again.output
+    assert URI_PASSWORD not in again.output and TOKEN not in again.output
+    assert files_holding(path, URI_PASSWORD, TOKEN) == {"secrets.env": 0o600}
+    assert (path / "job.sbatch").read_text() == script
+    extended = RunDir(path).load_config()
+    assert extended.experiment.train.steps == 400
+    assert extended.experiment.env["HF_TOKEN"] == TOKEN
+
+
+def test_a_python_source_holding_a_secret_stays_owner_only_and_submit_names_it(
+    runs_root: Path, fake_slurm: FakeSlurm, tmp_path: Path
+) -> None:
+    experiment = digits_with(tmp_path, SECRETS_YAML)
+    (experiment.parent / "keys.py").write_text(f"HF = {TOKEN!r}\n")
+    result = CliRunner().invoke(cli, ["submit", str(experiment), "--site", "local-slurm"])
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.output.splitlines() if "holds a secret" in line]
+    assert warned == [
+        f"warning: {experiment.parent / 'keys.py'} holds a secret of this run's config, kept "
+        "in the code snapshot readable by you alone (0400): move it into env: under a secret "
+        "name"
+    ]
+    (path,) = runs_root.iterdir()
+    held = files_holding(path, URI_PASSWORD, TOKEN)
+    (copy,) = [k for k in held if k.startswith("code/")]
+    assert copy.endswith("/keys.py") and held == {"secrets.env": 0o600, copy: 0o400}
 
 
 def test_render_o_holds_no_secret_and_takes_the_umask(
@@ -530,23 +572,32 @@ def test_a_real_local_run_keeps_its_secrets_out_of_every_log_and_shared_file(
     )
     settings = ["resources.nodes=1", "train.steps=6", "train.log_every_steps=1",
                 "checkpoint.every_steps=6"]  # fmt: skip
+    # The entry writes what the worker's environment holds, hashed: the token reaches it.
+    seen = tmp_path / "seen-token.sha256"
+    (experiment.parent / "envcheck.py").write_text(
+        "import hashlib, os, pathlib\nimport digits\n\n\n"
+        "def build(**args):\n"
+        f"    pathlib.Path({str(seen)!r}).write_text(\n"
+        "        hashlib.sha256(os.environ['HF_TOKEN'].encode()).hexdigest())\n"
+        "    return digits.build(**args)\n"
+    )
+    settings = ["resources.nodes=1", "train.steps=6", "train.log_every_steps=1",
+                "checkpoint.every_steps=6", "train.entry=envcheck:build"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "hpctf", "submit", str(experiment), "--site", "local"]
         + [arg for setting in settings for arg in ("--set", setting)],
         capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert seen.read_text() == hashlib.sha256(TOKEN.encode()).hexdigest()
     (path,) = runs_root.iterdir()
     log = (path / "logs" / "rank-0.log").read_text()
     assert f"http://alice:***@127.0.0.1:{port}" in log  # the tracker's failure, redacted
     for text in (proc.stdout, proc.stderr, log):
         assert URI_PASSWORD not in text and TOKEN not in text
-    held = files_holding(path, URI_PASSWORD, TOKEN)
-    assert {k: v for k, v in held.items() if not k.startswith("code/")} == {
-        "config.json": 0o600,
-        "secrets.env": 0o600,
-    }
-    assert set(held.values()) <= {0o600, 0o400}
+    # Every file of the run directory (logs, journal, config, snapshot, tracking): only
+    # secrets.env holds either secret.
+    assert files_holding(path, URI_PASSWORD, TOKEN) == {"secrets.env": 0o600}
 
 
 def test_resubmit_of_a_local_run_another_launcher_owns_says_how_to_stop_it_there(

@@ -7,9 +7,11 @@ http://alice:SECRET@host``) and the value of an ``env:`` entry whose name says i
 - log lines, error lines, tracker parameters and ``status``: redacted (:func:`redact`),
   ``http://alice:***@host``;
 - the batch script (``job.sbatch``, ``render -o``): never; it sources ``RUN_DIR/secrets.env``
-  (mode 0600, :data:`SECRETS_FILE`), the one file of the run directory besides the frozen
-  ``config.json`` (also 0600) that holds them;
-- the code snapshot: a copied file that holds one is made 0400 (owner only).
+  (mode 0600, :data:`SECRETS_FILE`), the one file of the run directory that holds them:
+  ``config.json`` holds them redacted and whoever reads it as the run's owner gets them back
+  from there (:mod:`hpctf.core.run.secret_store`);
+- the code snapshot: a copied file holding one has it replaced by ``***``; a Python source
+  holding one is kept, made 0400 (owner only), and named at submit.
 """
 
 from __future__ import annotations

@@ -29,11 +29,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.run import checkpoint_files, journal, snapshot
+from hpctf.core.run import checkpoint_files, journal, secret_store, snapshot
 from hpctf.core.run.ends import end_of_start, failed_node_checks, since_last_start
 from hpctf.core.safe_files import NotARegularFile, read_bounded, safe_dir, umask
 from hpctf.core.safe_files import write_atomic as write_atomic  # its old home
-from hpctf.core.secrets import SECRETS_FILE, secret_env, shell_file, uri_passwords
+from hpctf.core.secrets import secret_env, uri_passwords
 from hpctf.core.settings.config import ResolvedConfig
 
 # Bounds on what a run directory may make a reader read (its files are data anyone who can
@@ -105,11 +105,13 @@ class RunDir:
                 f"cannot read {self.config_file}: {exc.strerror or exc}"
             ) from exc
         try:
-            return ResolvedConfig.model_validate_json(data)
+            frozen = ResolvedConfig.model_validate_json(data)
         except ValidationError as exc:
             raise UserError(
                 f"{self.config_file}: damaged run config: {exc.errors()[0]['msg']}"
             ) from None
+        # config.json holds the secrets redacted; secrets.env (0600, the owner's) the values.
+        return secret_store.restore(frozen, secret_store.read(self.path))
 
     def record(self, event: str, **fields: Any) -> None:
         """Append one event to the journal (atomic, safe from several writers at once); its
@@ -225,9 +227,6 @@ def create_run_dir(
         run.logs.mkdir()
         run.checkpoints.mkdir()
         frozen = with_snapshot(config, run, share_with=share_code_with)
-        secret = secret_env({**config.site.env, **config.experiment.env})
-        if secret:
-            write_atomic(run.path / SECRETS_FILE, shell_file(secret), mode=0o600)
         write_atomic(run.script, script, mode=0o777 & ~umask())  # as the umask allows
         journal.record_created(run, config.experiment_file, config.site.name)
     except (OSError, EnvironmentProblem, UserError) as exc:
@@ -260,7 +259,7 @@ def with_snapshot(
     frozen = config.model_copy(
         update={"experiment": config.experiment.model_copy(update={"train": train})}
     )
-    write_atomic(run.config_file, frozen.model_dump_json(indent=2))
+    secret_store.write_frozen(run.path, frozen)  # config.json redacted, secrets.env 0600
     return frozen
 
 

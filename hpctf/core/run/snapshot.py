@@ -97,6 +97,9 @@ class Source:
     git_dirty: bool | None = None
     # Source-like files over MAX_FILE, left out (relative to ``source``): said at submit.
     too_big: list[str] = field(default_factory=list)
+    # Python sources holding a secret (relative to ``source``): kept, owner-only (0400), and
+    # said at submit -- a secret hard-coded in code is the user's to move.
+    holds_secret: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         if self.git_commit is None:
@@ -170,7 +173,9 @@ def take(
     """Copy ``python_path`` into ``run_path/code`` (replacing an earlier copy); return what
     was copied, also written to ``code/SNAPSHOT.json``. A UserError, with nothing left
     behind, when the copy would be over :data:`MAX_TOTAL`. A copied file holding one of
-    ``secrets`` (the experiment file, most often) is readable by its owner alone (0400).
+    ``secrets`` has each replaced by ``***`` in the copy (the experiment file, most often); a
+    Python source holding one is kept as it is, readable by its owner alone (0400), and named
+    in :attr:`Source.holds_secret`.
 
     ``share_with``: another run directory whose snapshot was taken from the same sources (a
     sweep's first point): a file whose bytes are the same there is hard-linked, not copied, so
@@ -205,11 +210,13 @@ def take(
     shutil.rmtree(staging, ignore_errors=True)
     sources: list[Source] = []
     shared = {s.copy: s.source for s in read(share_with)} if share_with is not None else {}
+    secret_bytes = sorted({s.encode("utf-8") for s in secrets if s}, key=len, reverse=True)
     try:
         staging.mkdir(parents=True)
         for index, (root, files) in enumerate(plan):
             copy = staging / f"{index}-{root.name or 'root'}"
             copy.mkdir()
+            holding: list[str] = []
             other = share_with / CODE_DIR / copy.name if share_with is not None else None
             if other is None or shared.get(str(other)) != str(root):
                 other = None  # taken from other sources: nothing to share
@@ -218,6 +225,8 @@ def take(
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if other is None or not _linked(file, other / file.relative_to(root), target):
                     shutil.copy2(file, target)
+                if _keeps_secret(target, secret_bytes):
+                    holding.append(str(file.relative_to(root)))
             commit, dirty = _git(root) if root.is_dir() else (None, None)
             final = code / copy.name
             sources.append(
@@ -229,13 +238,14 @@ def take(
                     commit,
                     dirty,
                     [str(f.relative_to(root)) for f in too_big[root]],
+                    holding,
                 )
             )
         (staging / MANIFEST).write_text(
             json.dumps([asdict(s) for s in sources], indent=2) + "\n", encoding="utf-8"
         )
         seal(staging)
-        _owner_only(staging, [s.encode("utf-8") for s in secrets if s])
+        _owner_only(staging, secret_bytes)
         shutil.rmtree(code, ignore_errors=True)
         os.replace(staging, code)
     except OSError as exc:
@@ -268,6 +278,24 @@ def seal(copy: Path) -> None:
             file = Path(directory) / name
             file.chmod(file.stat().st_mode & 0o555)
         Path(directory).chmod(Path(directory).stat().st_mode & 0o755)
+
+
+def _keeps_secret(copy: Path, secrets: list[bytes]) -> bool:
+    """Replace each of ``secrets`` in the file ``copy`` by ``***``; True, leaving it as it is,
+    when it is Python source (rewriting code could change what it does: the owner-only mode of
+    :func:`_owner_only` keeps it from others, and submit names the file)."""
+    if not secrets:
+        return False
+    data = copy.read_bytes()
+    if not any(secret in data for secret in secrets):
+        return False
+    if copy.suffix in {".py", ".pyi"}:
+        return True
+    for secret in secrets:  # longest first, as hpctf.core.secrets.redact
+        data = data.replace(secret, b"***")
+    copy.unlink()  # may be a hard link into another run's copy: a new file, not a write
+    copy.write_bytes(data)
+    return False
 
 
 def _owner_only(copy: Path, secrets: list[bytes]) -> None:

@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.run import journal
+from hpctf.core.run import journal, secret_store
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.safe_files import write_atomic
 from hpctf.core.settings.config import Experiment, ResolvedConfig
 from hpctf.core.settings.validation import apply_overrides, validate_model
 from hpctf.login.submitting.render import render
@@ -96,7 +95,7 @@ def extend_run(run: RunDir, config: ResolvedConfig, overrides: Sequence[str]) ->
         except (OSError, ValueError):
             done = None
     try:
-        write_atomic(run.config_file, extended.model_dump_json(indent=2))
+        secret_store.write_frozen(run.path, extended)  # redacted; secrets.env holds them
         journal.record_extended(run, changes(config, extended), done)
         run.done.unlink(missing_ok=True)  # the worker would otherwise stop at once: complete
     except OSError as exc:

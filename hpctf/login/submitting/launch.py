@@ -78,6 +78,13 @@ def warn_left_out(path: Path) -> None:
                 "its own path (an absolute path in train.args), or make it smaller",
                 err=True,
             )
+        for name in source.holds_secret:
+            click.echo(
+                f"warning: {Path(source.source) / name} holds a secret of this run's config, "
+                "kept in the code snapshot readable by you alone (0400): move it into env: "
+                "under a secret name",
+                err=True,
+            )
 
 
 def _umask() -> int:

@@ -1,0 +1,106 @@
+"""A run directory's secrets in one file: ``RUN_DIR/secrets.env`` (0600).
+
+``config.json`` holds every secret (:mod:`hpctf.core.secrets`) redacted: a secret ``env:``
+value reads ``***``, the tracking URI ``http://alice:***@host``. The values are in
+``secrets.env`` alone: one ``export NAME='value'`` line per secret ``env:`` entry (which the
+batch script sources) and one unexported ``HPCTF_TRACKING_URI='...'`` line for a tracking URI
+holding a password. :meth:`RunDir.load_config` puts them back (:func:`restore`) for whoever may
+read ``secrets.env`` -- the run's owner: the worker, ``resubmit``, ``sweep``, ``render -o``;
+anyone else reads the redacted config.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from hpctf.core.safe_files import write_atomic
+from hpctf.core.secrets import REDACTED, SECRETS_FILE, redact, secret_env, shell_file, uri_passwords
+from hpctf.core.settings.config import ResolvedConfig
+
+# secrets.env's name for the tracking URI: read back by restore(), never exported to the job.
+TRACKING_URI_VAR = "HPCTF_TRACKING_URI"
+
+
+def split(config: ResolvedConfig) -> tuple[ResolvedConfig, dict[str, str]]:
+    """``config`` with its secrets redacted, and the secrets: ``{NAME: value}`` of the env's
+    secret entries (site and experiment merged, as the job sees them), plus
+    :data:`TRACKING_URI_VAR` when the tracking URI holds a password."""
+    site_env, experiment_env = config.site.env, config.experiment.env
+    secrets = secret_env({**site_env, **experiment_env})
+    experiment = config.experiment.model_copy(update={"env": _redacted(experiment_env)})
+    mlflow = config.experiment.tracking.mlflow
+    if mlflow is not None and mlflow.tracking_uri and uri_passwords(mlflow.tracking_uri):
+        secrets[TRACKING_URI_VAR] = mlflow.tracking_uri
+        tracking = experiment.tracking.model_copy(
+            update={
+                "mlflow": mlflow.model_copy(update={"tracking_uri": redact(mlflow.tracking_uri)})
+            }
+        )
+        experiment = experiment.model_copy(update={"tracking": tracking})
+    site = config.site.model_copy(update={"env": _redacted(site_env)})
+    return config.model_copy(update={"site": site, "experiment": experiment}), secrets
+
+
+def restore(config: ResolvedConfig, secrets: dict[str, str]) -> ResolvedConfig:
+    """``config`` as read from ``config.json``, its redacted secrets put back from
+    ``secrets`` (:func:`read`)."""
+    if not secrets:
+        return config
+
+    def back(env: dict[str, str]) -> dict[str, str]:
+        return {k: secrets.get(k, v) if v == REDACTED else v for k, v in env.items()}
+
+    experiment = config.experiment.model_copy(update={"env": back(config.experiment.env)})
+    mlflow = experiment.tracking.mlflow
+    if mlflow is not None and TRACKING_URI_VAR in secrets:
+        tracking = experiment.tracking.model_copy(
+            update={"mlflow": mlflow.model_copy(update={"tracking_uri": secrets[TRACKING_URI_VAR]})}
+        )
+        experiment = experiment.model_copy(update={"tracking": tracking})
+    site = config.site.model_copy(update={"env": back(config.site.env)})
+    return config.model_copy(update={"site": site, "experiment": experiment})
+
+
+def text(secrets: dict[str, str]) -> str:
+    """``secrets.env``'s text for ``secrets`` (:func:`split`'s)."""
+    exported = {k: v for k, v in secrets.items() if k != TRACKING_URI_VAR}
+    out = shell_file(exported)
+    if TRACKING_URI_VAR in secrets:
+        out += f"{TRACKING_URI_VAR}={shlex.quote(secrets[TRACKING_URI_VAR])}\n"
+    return out
+
+
+def read(run_path: Path) -> dict[str, str]:
+    """The secrets in ``run_path/secrets.env``; {} when there is none or it is not ours to read
+    (another user's run: its config stays redacted)."""
+    try:
+        lines = (run_path / SECRETS_FILE).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    found: dict[str, str] = {}
+    for line in lines:
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        if words and words[0] == "export":
+            words = words[1:]
+        if len(words) == 1 and "=" in words[0]:
+            name, _, value = words[0].partition("=")
+            found[name] = value
+    return found
+
+
+def write_frozen(run_path: Path, config: ResolvedConfig) -> None:
+    """Write ``config`` as the run's ``config.json`` (0600), redacted, and its secrets, when it
+    has any, to ``secrets.env`` (0600) first: the config is never there without them."""
+    redacted, secrets = split(config)
+    if secrets:
+        write_atomic(run_path / SECRETS_FILE, text(secrets), mode=0o600)
+    write_atomic(run_path / "config.json", redacted.model_dump_json(indent=2))
+
+
+def _redacted(env: dict[str, str]) -> dict[str, str]:
+    secret = secret_env(env)
+    return {k: REDACTED if k in secret else v for k, v in env.items()}
