@@ -198,15 +198,12 @@ def test_random_state_variables_are_the_seed_generators_of_keras_3_models() -> N
 
     from hpctf.compute.compat.keras_fit import random_state_variables
 
-    model = keras.Sequential(
-        [
-            keras.layers.Input((4, 4, 3)),
-            keras.layers.RandomFlip("horizontal", seed=1),
-            keras.layers.Flatten(),
-            keras.layers.Dropout(0.5, seed=2),
-            keras.layers.Dense(2),
-        ]
-    )
-    found = random_state_variables({"model": model, "step": 3})
+    flip = keras.layers.RandomFlip("horizontal", seed=1)
+    flip.build((None, 4, 4, 3))
+    dropout = keras.layers.Dropout(0.5, seed=2)
+    dropout.build((None, 48))
+    dense = keras.layers.Dense(2)
+    dense.build((None, 48))
+    found = random_state_variables({"flip": flip, "dropout": dropout, "dense": dense, "step": 3})
     assert len(found) == 2
     assert all(v.path.endswith("seed_generator_state") for v in found)
