@@ -162,7 +162,7 @@ def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = Non
     if _multi_worker(strategy) and int(getattr(self, "steps_per_execution", 1) or 1) > 1:
         raise UserError(
             f"compile(steps_per_execution={self.steps_per_execution}) fails in Keras 3 under "
-            f"MultiWorkerMirroredStrategy with {strategy.extended._num_workers} workers: use "
+            f"MultiWorkerMirroredStrategy with {strategy.num_replicas_in_sync} replicas: use "
             "steps_per_execution=1 (the default)"
         )
     if iterator is not None:
