@@ -118,7 +118,7 @@ def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
         return config.site.sweep.max_array_size, f"site {config.site.name}: sweep.max_array_size"
     try:
         return slurm_queries.max_array_size(), "the cluster's MaxArraySize"
-    except (SlurmFailure, UserError) as exc:
+    except SlurmFailure as exc:
         if not dry_run:
             raise
         return SLURM_DEFAULT_MAX_ARRAY_SIZE, f"Slurm's default MaxArraySize (not asked: {exc})"
