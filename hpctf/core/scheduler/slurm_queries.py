@@ -113,9 +113,10 @@ def query(
 ) -> str:
     """:func:`run_command` for a read-only query, tried again after quick
     :class:`~hpctf.core.scheduler.slurm.SlurmTransient` failures (pausing
-    :data:`RETRY_PAUSES_S`) while ``budget_s`` seconds last; the last failure is raised. A command that ran out of time, or took :data:`SLOW_FAILURE_S` or more to fail
-    (the client had already retried: an unreachable slurmctld takes MessageTimeout and more),
-    is not tried again: a slow controller gets no more load from us, nor the user a longer wait."""
+    :data:`RETRY_PAUSES_S`) while ``budget_s`` seconds last; the last failure is raised. A
+    command that ran out of time, or took :data:`SLOW_FAILURE_S` or more to fail (the client
+    had already retried: an unreachable slurmctld takes MessageTimeout and more), is not tried
+    again: a slow controller gets no more load from us, nor the user a longer wait."""
     deadline = time.monotonic() + budget_s
     pauses = list(RETRY_PAUSES_S)
     while True:
