@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.run.rundir import create_run_dir, plan_run_dir
+from hpctf.core.run.rundir import plan_run_dir
 from hpctf.core.safe_files import umask, write_atomic
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import Experiment, Site
@@ -21,7 +21,7 @@ from hpctf.core.settings.sites import describe_site, listing, read_site, search_
 from hpctf.login.resolving.advice import advice
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting import scaffold
-from hpctf.login.submitting.launch import submit_config, warn_if_writable_by_others, warn_left_out
+from hpctf.login.submitting.pipeline import RunJob, submit_run
 from hpctf.login.submitting.render import explain as explain_script
 from hpctf.login.submitting.render import render
 from hpctf.login.submitting.resubmit import resubmit_run
@@ -96,16 +96,14 @@ def render_command(
     comes from the config: default, site file and line, experiment file and line, or --set.
     """
     loaded = load_config(experiment, site_name, overrides, os.environ)
-    config = loaded.config
-    run = plan_run_dir(config)
-    script = render(config, run.path)
-    shown = explain_script(script, config, loaded.origins) if explain else script
+    job = RunJob(loaded.config)
+    planned = job.plan()
+    script = job.render(planned)
+    shown = explain_script(script, loaded.config, loaded.origins) if explain else script
     if output is None:
         click.echo(shown, nl=False)
         return
-    config = create_run_dir(run, config, script)
-    warn_if_writable_by_others(run.path)
-    warn_left_out(run.path)
+    run = job.create(planned, script).run
     write_atomic(output, script, mode=0o777 & ~umask())  # executable, as the umask allows
     if explain:
         click.echo(shown, nl=False)
@@ -127,20 +125,19 @@ def submit(
 ) -> None:
     """Create a run directory for EXPERIMENT and start it (sbatch, or local processes)."""
     config = load_config(experiment, site_name, overrides, os.environ).config
-    run = plan_run_dir(config)
-    script = render(config, run.path)
     for line in advice(config):
         click.echo(f"warning: {line}", err=True)
-    if dry_run:
-        click.echo(script, nl=False)
-        click.echo(
-            f"# dry run: nothing written, nothing submitted (run directory would be {run.path})",
-            err=True,
-        )
-        if launcher_for(config.site).test_only(script):  # a SlurmFailure carries its words
-            click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
-        return
-    sys.exit(submit_config(config)[1])
+    submitted = submit_run(config, dry_run=dry_run)
+    if not dry_run:
+        sys.exit(submitted.result)
+    click.echo(submitted.script, nl=False)
+    click.echo(
+        "# dry run: nothing written, nothing submitted (run directory would be "
+        f"{submitted.planned.run.path})",
+        err=True,
+    )
+    if launcher_for(config.site).test_only(submitted.script):  # a SlurmFailure says why not
+        click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
 
 
 @click.command()
