@@ -75,11 +75,13 @@ def _add_commands(every: bool) -> None:
         from hpctf.batch import commands as batch
         from hpctf.login.doctor.commands import doctor
         from hpctf.login.submitting import commands as submitting
+        from hpctf.login.sweeps.resubmit_command import resubmit
         from hpctf.login.sweeps.start import sweep
         from hpctf.login.watching import cancel, logs, plot, status
 
         found = [
             *submitting.COMMANDS,
+            resubmit,
             sweep,
             doctor,
             *status.COMMANDS,

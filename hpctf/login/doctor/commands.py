@@ -27,7 +27,6 @@ from typing import Any
 
 import click
 
-from hpctf import __version__
 from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import open_append, umask, write_atomic
@@ -40,10 +39,11 @@ from hpctf.core.settings.config import Experiment, ResolvedConfig, Resources, Si
 from hpctf.core.settings.replicas import expected_replicas
 from hpctf.core.settings.sites import read_site
 from hpctf.core.settings.sources import Origin
+from hpctf.core.version import VERSION
 from hpctf.login.doctor.verdict import evaluate, format_table, verdict_document
 from hpctf.login.resolving.resolve import ConfigProblems, merge_resources, resolve
 from hpctf.login.submitting.local import task_environment
-from hpctf.login.submitting.render import ENVIRONMENT, ShellCode
+from hpctf.login.templating import ENVIRONMENT, ShellCode
 
 TEMPLATE = "doctor.sh.j2"
 # Options of the training job that a doctor job leaves out: it is not requeued, warned,
@@ -100,7 +100,7 @@ def render_script(config: ResolvedConfig, directory: Path) -> str:
     """The doctor's batch script, through the one Jinja environment (its quoting rules)."""
     res = config.experiment.resources
     context = {
-        "version": __version__,
+        "version": VERSION,
         "site": config.site.name,
         "sbatch_options": [
             (flag, value)

@@ -23,7 +23,7 @@ from hpctf.login.resolving.arg_types import type_problems
 from hpctf.login.resolving.readings import Readings
 from hpctf.login.resolving.resolve import ConfigProblems, Loaded, read_experiment, resolve
 from hpctf.login.resolving.tracking_check import tracking_problems
-from hpctf.login.submitting.render import check_site_template
+from hpctf.login.templating import site_template
 
 
 def entry_problem(config: ResolvedConfig) -> str | None:
@@ -263,7 +263,7 @@ def load_config(
     config, origins = loaded.config, loaded.origins
     if config.site.template:
         try:
-            check_site_template(config.site.template)
+            site_template(config.site.template)  # parsed once: render uses it
         except UserError as exc:
             raise UserError(_located(origins, ("template",), str(exc), experiment_file)) from None
     problem, tree = readings.entry(_entry_key(config), lambda: _entry_source(config))

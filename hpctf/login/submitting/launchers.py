@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import click
 
@@ -31,9 +31,9 @@ from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm
-from hpctf.core.scheduler.launcher import Launcher, LocalLauncher, SchedulerSite, SlurmLauncher
+from hpctf.core.scheduler.launcher import Launcher, LocalLauncher, SlurmLauncher
 from hpctf.core.scheduler.launcher import launcher_for as facts_for
-from hpctf.core.settings.config import ResolvedConfig
+from hpctf.core.settings.config import ResolvedConfig, Site
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,9 @@ CLI = Caller()
 class JobLauncher:
     """How a site of one kind starts, cancels and describes a run's jobs."""
 
-    kind: ClassVar[type[Launcher]]
+    kind: ClassVar[type[Launcher[Any]]]
 
-    def __init__(self, site: SchedulerSite, transport: slurm.Transport = slurm.HERE) -> None:
+    def __init__(self, site: Site, transport: slurm.Transport = slurm.HERE) -> None:
         self.facts = facts_for(site)
         self.transport = transport
 
@@ -169,14 +169,14 @@ JOB_LAUNCHERS: dict[str, type[JobLauncher]] = {
 }
 
 
-def job_launcher(site: SchedulerSite, transport: slurm.Transport = slurm.HERE) -> JobLauncher:
+def job_launcher(site: Site, transport: slurm.Transport = slurm.HERE) -> JobLauncher:
     """The job launcher of ``site`` (its Slurm commands through ``transport``)."""
     return JOB_LAUNCHERS[site.scheduler](site, transport)
 
 
-def slurm_jobs(site: SchedulerSite) -> SlurmJobs:
+def slurm_jobs(site: Site) -> SlurmJobs:
     """The Slurm job launcher of ``site``; a UserError when its jobs are no Slurm jobs."""
     launcher = job_launcher(site)
     if not isinstance(launcher, SlurmJobs):
-        raise UserError(f"site {getattr(site, 'name', '?')} runs no Slurm jobs")
+        raise UserError(f"site {site.name} runs no Slurm jobs")
     return launcher

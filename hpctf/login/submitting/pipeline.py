@@ -41,7 +41,7 @@ from hpctf.login.submitting.render import render
 
 Planned = TypeVar("Planned")
 Created = TypeVar("Created")
-Result = TypeVar("Result")
+Result = TypeVar("Result", covariant=True)
 
 
 class Job(Protocol[Planned, Created, Result]):
@@ -152,9 +152,7 @@ def submit_run(
     return submit(RunJob(config, caller), dry_run)
 
 
-def create_run(
-    config: ResolvedConfig, path: Path, share_code_with: RunDir | None = None
-) -> NewRun:
+def create_run(config: ResolvedConfig, path: Path, share_code_with: RunDir | None = None) -> NewRun:
     """A sweep's point: the run directory ``path`` for ``config``, rendered once and created
     (its code hard-linked to ``share_code_with``'s), not started."""
     job = RunJob(config, share_code_with=share_code_with, path=path, warn=False)
