@@ -27,8 +27,8 @@ from tests.fake_slurm import FakeSlurm
 def _tree(run_dir: Path) -> dict[str, bytes]:
     """Every file of ``run_dir`` by relative path, normalised for what two submits cannot
     share, and only that: the run directory's own path and name (which hold the second it was
-    made; the job is named after it), the journal's file names (a time stamp and the writer's pid; kept: the order and
-    the event) and each record's ``time``."""
+    made; the job is named after it), the journal's file names (a time stamp and the writer's
+    pid; kept: the order and the event) and each record's ``time``."""
     files: dict[str, bytes] = {}
     journal = sorted((run_dir / "journal").glob("*.json"))
     for path in sorted(p for p in run_dir.rglob("*") if p.is_file()):
