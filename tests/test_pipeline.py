@@ -20,7 +20,7 @@ from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.scheduler import slurm
 from hpctf.login import templating
 from hpctf.login.submitting import pipeline
-from tests.conftest import DIGITS, write
+from tests.conftest import DIGITS, REPO, write
 from tests.fake_slurm import FakeSlurm
 
 
@@ -149,3 +149,20 @@ def test_a_missing_slurm_command_is_an_environment_fault_exit_3(
     assert result.exit_code == 3
     assert re.fullmatch(r"Error: sbatch not found on PATH: [^\n]*\n", result.output)
     assert not runs_root.exists() or list(runs_root.iterdir()) == []  # nothing left behind
+
+
+def test_slurm_words_are_read_only_at_the_wrapper_and_no_catch_mixes_causes() -> None:
+    """Outside core/scheduler/slurm.py nothing reads a SlurmFailure's output to decide what
+    happened (each cause is a type), and no handler catches a Slurm failure and a UserError
+    together (an environment fault is no user mistake)."""
+    wrapper = REPO / "hpctf" / "core" / "scheduler" / "slurm.py"
+    reads = re.compile(r"exc\.(stderr|stdout)|[\"'] (not )?in str\(exc\)")
+    mixed = re.compile(r"except \([^)]*Slurm\w*[^)]*UserError|except \([^)]*UserError[^)]*Slurm")
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sorted((REPO / "hpctf").rglob("*.py"))
+        if path != wrapper
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if reads.search(line) or mixed.search(line)
+    ]
+    assert found == []
