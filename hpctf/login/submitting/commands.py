@@ -100,7 +100,8 @@ def render_command(
     if output is None:
         click.echo(shown, nl=False)
         return
-    run = job.create(planned, script).run
+    created = job.create(planned, script)  # another name when a submit of this second took it
+    run, script = created.run, created.script
     write_atomic(output, script, mode=0o777 & ~umask())  # executable, as the umask allows
     if explain:
         click.echo(shown, nl=False)

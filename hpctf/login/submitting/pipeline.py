@@ -93,10 +93,11 @@ def submit(
 @dataclass(frozen=True)
 class NewRun:
     """A run directory: planned (``config`` as resolved), or created (``config`` frozen, its
-    python_path pointing at the code snapshot)."""
+    python_path pointing at the code snapshot; ``script``: the batch script written there)."""
 
     run: RunDir
     config: ResolvedConfig
+    script: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class RunJob:
             if self.warn:
                 warn_if_writable_by_others(planned.run.path)
                 warn_left_out(planned.run.path)
-            return replace(planned, config=frozen)
+            return replace(planned, config=frozen, script=script)
         raise RunDirTaken(f"no free run directory under {planned.run.path.parent}")
 
     def start(self, created: NewRun) -> int:
