@@ -166,3 +166,37 @@ def test_slurm_words_are_read_only_at_the_wrapper_and_no_catch_mixes_causes() ->
         if reads.search(line) or mixed.search(line)
     ]
     assert found == []
+
+
+@pytest.mark.tf
+def test_a_rank_that_cannot_join_the_cluster_is_an_environment_fault_naming_the_peers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tensorflow as tf
+
+    from hpctf.compute.start import joining
+    from hpctf.compute.start.cluster import cluster_spec
+    from hpctf.core.settings.config import Train
+
+    variables = {
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_TASKS_PER_NODE": "1(x2)",
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "0",
+    }
+    spec = cluster_spec(variables, (20000, 30000))
+
+    def unreachable(gpus: int, settings: Train) -> None:
+        raise tf.errors.UnavailableError(None, None, "failed to connect to all addresses")
+
+    monkeypatch.setattr(joining, "make_strategy", unreachable)
+    monkeypatch.setattr(joining, "configure_failure_detection", lambda spec, settings: None)
+    with pytest.raises(EnvironmentProblem) as caught:
+        joining.connect(Train(script="fit.py"), spec)
+    said = str(caught.value)
+    assert said.startswith(f"rank 1 ({spec.workers[1]}) could not join the cluster of 2 worker(s)")
+    assert f"chief {spec.workers[0]}" in said and "train.startup_timeout_seconds=" in said
+    assert said.endswith("UnavailableError: failed to connect to all addresses")
+    assert not isinstance(caught.value, UserError)  # exit 3, not "a bug in hpctf"
