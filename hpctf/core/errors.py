@@ -64,6 +64,13 @@ class EnvironmentProblem(Exception):
     exit_code = ENVIRONMENT_EXIT
 
 
+class SlurmEnvironmentProblem(EnvironmentProblem):
+    """Slurm's variables for this task are malformed or disagree with each other (a nodelist
+    that does not expand, task counts that do not add up, a rank outside the step): Slurm's or
+    the launcher's doing, not the user's, so exit 3 with the variables named. Running a
+    compute-node command outside a job step at all stays the user's (a :class:`UserError`)."""
+
+
 class DamagedRecord(EnvironmentProblem):
     """A file hpctf wrote and reads back (a run's journal entry, a job id in it) is damaged
     or was edited: no input of the user's, so exit 3, the file named."""
