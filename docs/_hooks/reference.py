@@ -1,0 +1,240 @@
+"""The generated parts of the docs: every command from the click group, every experiment and
+site key from the schemas ``hpctf schema`` prints.
+
+An MkDocs hook (``hooks:`` in mkdocs.yml): a page that holds a line ``<!-- hpctf:commands -->``,
+``<!-- hpctf:schema experiment -->`` or ``<!-- hpctf:schema site -->`` gets it replaced, at
+every build, by what the code says today; nothing of it is copied by hand, so the reference
+follows the code. The build also fails (strict mode counts these warnings) on a
+reference-style link whose reference is not defined, which Markdown would print as text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+from click.testing import CliRunner
+
+log = logging.getLogger("mkdocs.hooks.hpctf")
+
+MARKER = re.compile(
+    r"^<!-- hpctf:(commands|schema (?:experiment|site)|readme [A-Za-z ]+) -->$", re.M
+)
+# `[text][ref]` or `[ref][]` left in the HTML: Markdown found no definition for `ref`.
+UNDEFINED_REFERENCE = re.compile(r"\[[^\]\n<>]+\]\[[^\]\n<>]*\]")
+CODE = re.compile(r"<(code|pre)\b.*?</\1>", re.S)
+
+
+# --- MkDocs events ----------------------------------------------------------------------------
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
+    readme = Path(config["config_file_path"]).parent / "README.md"
+    return MARKER.sub(lambda m: generated(m.group(1), readme, page.file.src_uri), markdown)
+
+
+def on_page_content(html: str, page: Any, **_: Any) -> str:
+    for found in UNDEFINED_REFERENCE.findall(CODE.sub("", html)):
+        log.warning("%s: undefined reference link %s", page.file.src_path, found)
+    return html
+
+
+def generated(what: str, readme: Path, page_uri: str) -> str:
+    if what == "commands":
+        return commands_markdown()
+    kind, _, argument = what.partition(" ")
+    if kind == "readme":
+        return readme_section(readme, argument, page_uri)
+    return schema_markdown(argument)
+
+
+def readme_section(readme: Path, title: str, page_uri: str) -> str:
+    """The body of README's ``## title`` section (README keeps what the lead updates there),
+    its links into ``docs/`` made relative to the page that includes it."""
+    text = readme.read_text(encoding="utf-8")
+    found = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    if found is None:
+        raise RuntimeError(f"README.md has no section '## {title}'")
+    here = posixpath.dirname(page_uri) or "."
+    return re.sub(
+        r"\]\(docs/([^)]+)\)",
+        lambda m: f"]({posixpath.relpath(m.group(1), here)})",
+        found.group(1).strip(),
+    )
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def commands_markdown() -> str:
+    """Every command of ``hpctf``: a summary table, then each command's ``--help``."""
+    from hpctf.cli import cli
+
+    context = click.Context(cli, info_name="hpctf")
+    names = cli.list_commands(context)
+    commands = [(name, cli.get_command(context, name)) for name in names]
+    shown = [(n, c) for n, c in commands if c is not None and not c.hidden]
+    internal = [(n, c) for n, c in commands if c is not None and c.hidden]
+    lines = ["| command | what it does |", "|---|---|"]
+    lines += [
+        f"| [`hpctf {n}`](#hpctf-{n}) | {_cell(c.get_short_help_str(90))} |" for n, c in shown
+    ]
+    lines.append("")
+    for name, command in shown:
+        lines += _command_section(name, command)
+    lines += [
+        "## Run by the batch script and on the compute nodes",
+        "",
+        "These commands are not for your shell: the batch script runs `job-start`, "
+        "`job-signal` and `job-end` around `srun`, and every task runs `worker` (or `preflight` "
+        "for `hpctf doctor`). `tfconfig` is for debugging inside an allocation.",
+        "",
+    ]
+    for name, command in internal:
+        lines += _command_section(name, command, level="###")
+    return "\n".join(lines)
+
+
+def _command_section(name: str, command: click.Command, level: str = "##") -> list[str]:
+    result = CliRunner().invoke(_group(), [name, "--help"], prog_name="hpctf", terminal_width=100)
+    if result.exit_code != 0:
+        raise RuntimeError(f"hpctf {name} --help failed: {result.output}")
+    return [f"{level} hpctf {name}", "", "```text", result.output.rstrip(), "```", ""]
+
+
+def _group() -> click.Group:
+    from hpctf.cli import cli
+
+    return cli
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+# --- schemas ----------------------------------------------------------------------------------
+
+
+def schema_markdown(kind: str) -> str:
+    """Every key of an experiment or site file, a table per mapping, from ``hpctf schema``."""
+    result = CliRunner().invoke(_group(), ["schema", kind], prog_name="hpctf")
+    if result.exit_code != 0:
+        raise RuntimeError(f"hpctf schema {kind} failed: {result.output}")
+    schema = json.loads(result.output)
+    definitions = schema.get("$defs", {})
+    sections: list[str] = []
+    _object_section(None, kind, schema, definitions, sections, level=2)
+    return "\n".join(sections)
+
+
+def _resolve(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in node:
+        return definitions[node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def _nested_object(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any] | None:
+    """The object schema a key holds (directly, by reference, or as ``X | null``), if any."""
+    node = _resolve(node, definitions)
+    if node.get("type") == "object" and "properties" in node:
+        return node
+    for option in node.get("anyOf", []):
+        found = _nested_object(option, definitions)
+        if found is not None:
+            return found
+    return None
+
+
+def _object_section(
+    path: str | None,
+    kind: str,
+    node: dict[str, Any],
+    definitions: dict[str, Any],
+    sections: list[str],
+    level: int,
+) -> None:
+    heading = "#" * level
+    title = f"`{path}`" if path else f"The {kind} file"
+    sections += [f"{heading} {title}", ""]
+    description = node.get("description")
+    if description:
+        sections += [_prose(description), ""]
+    sections += ["| key | type | default | what it is |", "|---|---|---|---|"]
+    nested: list[tuple[str, dict[str, Any]]] = []
+    required = set(node.get("required", []))
+    for key, value in node.get("properties", {}).items():
+        obj = _nested_object(value, definitions)
+        name = f"`{key}`"
+        if obj is not None:
+            child = f"{path}.{key}" if path else key
+            nested.append((child, obj))
+            name = f"[`{key}`](#{_anchor(child)})"
+        default = "required" if key in required else _default(value)
+        sections.append(
+            f"| {name} | {_cell(_type(value, definitions))} | {_cell(default)} | "
+            f"{_cell(_prose(value.get('description', '')))} |"
+        )
+    sections.append("")
+    for child, obj in nested:
+        _object_section(child, kind, obj, definitions, sections, min(level + 1, 4))
+
+
+def _anchor(path: str) -> str:
+    """The id MkDocs' toc gives a heading "`a.b`": punctuation (the dot too) dropped."""
+    return re.sub(r"[^\w\- ]", "", path).strip().lower().replace(" ", "-")
+
+
+def _prose(text: str) -> str:
+    return " ".join(text.replace("``", "`").split())
+
+
+def _default(node: dict[str, Any]) -> str:
+    if "default" not in node:
+        return ""
+    return f"`{json.dumps(node['default'])}`"
+
+
+def _type(node: dict[str, Any], definitions: dict[str, Any]) -> str:
+    node = _resolve(node, definitions)
+    if "anyOf" in node:
+        return " or ".join(dict.fromkeys(_type(o, definitions) for o in node["anyOf"]))
+    if "enum" in node:
+        return "one of " + ", ".join(f"`{json.dumps(v)}`" for v in node["enum"])
+    if "const" in node:
+        return f"`{json.dumps(node['const'])}`"
+    kind = node.get("type")
+    bounds = _bounds(node)
+    if kind == "array":
+        if "prefixItems" in node:
+            items = ", ".join(_type(i, definitions) for i in node["prefixItems"])
+            return f"[{items}]"
+        return f"list of {_type(node.get('items', {}), definitions)}"
+    if kind == "object":
+        if "properties" in node:
+            return "mapping (below)"
+        values = node.get("additionalProperties")
+        if isinstance(values, dict) and values:
+            return f"mapping of name to {_type(values, definitions)}"
+        return "mapping"
+    if kind is None:
+        return "any"
+    return f"{kind}{bounds}"
+
+
+def _bounds(node: dict[str, Any]) -> str:
+    parts = []
+    if "minimum" in node:
+        parts.append(f">= {node['minimum']}")
+    if "exclusiveMinimum" in node:
+        parts.append(f"> {node['exclusiveMinimum']}")
+    if "maximum" in node:
+        parts.append(f"<= {node['maximum']:,}")
+    if "pattern" in node:  # a long one is Slurm's grammar, which the schema checks for you
+        pattern = node["pattern"]
+        parts.append(f"matching `{pattern}`" if len(pattern) <= 40 else "Slurm's syntax")
+    return f" ({', '.join(parts)})" if parts else ""
