@@ -30,9 +30,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from hpctf.core.settings.config import Experiment, Site
 from tests.conftest import REPO
 
 DOCS = REPO / "docs"
@@ -202,6 +204,25 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     assert said.count("WARNING") == len(BROKEN), said
     for broken, warning in BROKEN.items():
         assert warning in said, f"{broken!r} was not reported: {said}"
+
+
+@pytest.mark.parametrize("model", [Experiment, Site])
+def test_every_key_says_what_it_is(model: type[Experiment] | type[Site]) -> None:
+    """The generated reference is only as good as the schema's words: every key of both files
+    has a description (its own, or the class docstring of the mapping it holds)."""
+    schema = model.model_json_schema()
+    definitions = schema.get("$defs", {})
+    silent = []
+
+    def described(node: dict[str, Any]) -> bool:
+        if node.get("description"):
+            return True
+        refs = [node.get("$ref")] + [o.get("$ref") for o in node.get("anyOf", [])]
+        return any(r and definitions[r.rsplit("/", 1)[1]].get("description") for r in refs)
+
+    for name, node in [(model.__name__, schema), *definitions.items()]:
+        silent += [f"{name}.{k}" for k, v in node.get("properties", {}).items() if not described(v)]
+    assert not silent, f"keys without a description (Field(description=...)): {silent}"
 
 
 # --- the tutorials ----------------------------------------------------------------------------

@@ -175,13 +175,19 @@ def _object_section(
             nested.append((child, obj))
             name = f"[`{key}`](#{_anchor(child)})"
         default = "required" if key in required else _default(value)
+        description = value.get("description") or _first_sentence(obj)
         sections.append(
             f"| {name} | {_cell(_type(value, definitions))} | {_cell(default)} | "
-            f"{_cell(_prose(value.get('description', '')))} |"
+            f"{_cell(_prose(description))} |"
         )
     sections.append("")
     for child, obj in nested:
         _object_section(child, kind, obj, definitions, sections, min(level + 1, 4))
+
+
+def _first_sentence(obj: dict[str, Any] | None) -> str:
+    text = (obj or {}).get("description", "")
+    return text.split("\n\n")[0].split(". ")[0].rstrip(".")
 
 
 def _anchor(path: str) -> str:
@@ -190,7 +196,13 @@ def _anchor(path: str) -> str:
 
 
 def _prose(text: str) -> str:
-    return " ".join(text.replace("``", "`").split())
+    """A docstring or description as one Markdown line: ``code`` and Sphinx roles as code,
+    and outside code nothing Markdown would read as emphasis or HTML (``__main__``)."""
+    text = re.sub(r":\w+:`([^`]+)`", r"`\1`", " ".join(text.replace("``", "`").split()))
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # the even parts are outside code spans
+        parts[i] = re.sub(r"([_*\[\]<>])", r"\\\1", parts[i])
+    return "`".join(parts)
 
 
 def _default(node: dict[str, Any]) -> str:
@@ -229,7 +241,7 @@ def _type(node: dict[str, Any], definitions: dict[str, Any]) -> str:
 def _bounds(node: dict[str, Any]) -> str:
     parts = []
     if "minimum" in node:
-        parts.append(f">= {node['minimum']}")
+        parts.append(f">= {node['minimum']:,}")
     if "exclusiveMinimum" in node:
         parts.append(f"> {node['exclusiveMinimum']}")
     if "maximum" in node:
