@@ -179,6 +179,8 @@ def test_site_builds_in_strict_mode(tmp_path: Path) -> None:
         assert f'id="hpctf-{name}"' in commands, name
     experiment = (tmp_path / "site" / "reference" / "experiment" / "index.html").read_text()
     assert "global_batch_size" in experiment and "heartbeat_timeout_seconds" in experiment
+    task = (tmp_path / "site" / "reference" / "task" / "index.html").read_text()
+    assert "shuffle_buffer" in task and "examples" in task
     site = (tmp_path / "site" / "reference" / "site" / "index.html").read_text()
     assert "hostname_template" in site and "max_failure_requeues" in site
 

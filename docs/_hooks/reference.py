@@ -23,7 +23,8 @@ from click.testing import CliRunner
 log = logging.getLogger("mkdocs.hooks.hpctf")
 
 MARKER = re.compile(
-    r"^<!-- hpctf:(commands|schema (?:experiment|site)|readme [A-Za-z ]+) -->$", re.M
+    r"^<!-- hpctf:(commands|schema (?:experiment|site)|api (?:Task|Files)|readme [A-Za-z ]+) -->$",
+    re.M,
 )
 # `[text][ref]` or `[ref][]` left in the HTML: Markdown found no definition for `ref`.
 UNDEFINED_REFERENCE = re.compile(r"\[[^\]\n<>]+\]\[[^\]\n<>]*\]")
@@ -50,6 +51,8 @@ def generated(what: str, readme: Path, page_uri: str) -> str:
     kind, _, argument = what.partition(" ")
     if kind == "readme":
         return readme_section(readme, argument, page_uri)
+    if kind == "api":
+        return api_markdown(argument)
     return schema_markdown(argument)
 
 
@@ -80,10 +83,13 @@ def commands_markdown() -> str:
     commands = [(name, cli.get_command(context, name)) for name in names]
     shown = [(n, c) for n, c in commands if c is not None and not c.hidden]
     internal = [(n, c) for n, c in commands if c is not None and c.hidden]
-    lines = ["| command | what it does |", "|---|---|"]
-    lines += [
-        f"| [`hpctf {n}`](#hpctf-{n}) | {_cell(c.get_short_help_str(90))} |" for n, c in shown
-    ]
+    top = CliRunner().invoke(_group(), ["--help"], prog_name="hpctf", terminal_width=100)
+    usage = top.output.split("\nCommands:")[0].rstrip()  # the table below lists them
+    lines = ["```text", usage, "```", ""]
+    lines += ["| command | what it does |", "|---|---|"]
+    for name, command in shown:
+        summary = _cell(_prose(command.get_short_help_str(90)))
+        lines.append(f"| [`hpctf {name}`](#hpctf-{name}) | {summary} |")
     lines.append("")
     for name, command in shown:
         lines += _command_section(name, command)
@@ -115,6 +121,44 @@ def _group() -> click.Group:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
+
+
+# --- the user's API -------------------------------------------------------------------------
+
+
+def api_markdown(name: str) -> str:
+    """The fields of ``hpctf.Task`` or ``hpctf.Files``: name, default and the docstring's words
+    for it (its ``Attributes:`` section); a field the docstring leaves out fails the build."""
+    import dataclasses
+    import inspect
+
+    import hpctf.api
+
+    cls = getattr(hpctf.api, name)
+    doc = inspect.getdoc(cls) or ""
+    summary, _, attributes = doc.partition("Attributes:")
+    described: dict[str, str] = {}
+    current = ""
+    for line in attributes.splitlines():
+        entry = re.match(r"^    (\w+): (.*)$", line)
+        if entry:
+            current = entry.group(1)
+            described[current] = entry.group(2)
+        elif current and line.strip():
+            described[current] += " " + line.strip()
+    lines = [_prose(summary), "", "| field | default | what it is |", "|---|---|---|"]
+    for item in dataclasses.fields(cls):
+        if item.name not in described:
+            raise RuntimeError(f"hpctf.{name}'s docstring says nothing of {item.name}")
+        if item.default is not dataclasses.MISSING:
+            default = f"`{item.default!r}`"
+        elif item.default_factory is not dataclasses.MISSING:
+            default = f"`{item.default_factory()!r}`"
+        else:
+            default = "required"
+        words = _cell(_prose(described[item.name]))
+        lines.append(f"| `{item.name}` | {_cell(default)} | {words} |")
+    return "\n".join(lines) + "\n"
 
 
 # --- schemas ----------------------------------------------------------------------------------
