@@ -4,8 +4,8 @@ The build fails on a broken link, anchor or reference and on a page left out of 
 (mkdocs.yml's ``validation``, and the hook in docs/_hooks/reference.py for references); the
 reference pages are generated from the click group and the schemas at every build.
 
-Every fenced ``bash`` and ``python`` block of a tutorial is run, and every ``yaml`` and
-``python`` block marked as a file is written, in page order, as a reader would: in one bash
+Every fenced ``bash`` and ``python`` block of a tutorial is run, and every block marked as a
+file is written, in page order, as a reader would: in one bash
 session per page (a variable set in one block is there in the next), in an empty directory,
 with ``HOME`` a fresh directory (so ``~/hpctf-runs`` and ``~/.config/hpctf/sites`` are the
 test's). A block says where it needs to run with an HTML comment on the line before it, which
@@ -18,6 +18,10 @@ the site does not show:
 - ``<!-- test: ssh -->``: a login node reached over SSH: skipped for now (see
   ``SSH_NOT_WIRED``);
 - ``<!-- file: PATH -->``: not run: its text is written to PATH (``~`` is the test's HOME).
+
+An unmarked ``text`` block is output shown to the reader; any other block must be one of
+these (``test_every_tutorial_block_is_run_or_written``). To wire the SSH tutorial, give
+``run_page(page, "ssh", tmp_path, env)`` an environment whose site reaches the harness's sshd.
 """
 
 from __future__ import annotations
