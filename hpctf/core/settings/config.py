@@ -55,6 +55,10 @@ ExtraSbatch = Annotated[
 ]
 
 
+# What a site's request defaults say of themselves (the experiment's own value wins key by key).
+_DEFAULT = "the default of the experiment's `resources` key of the same name"
+
+
 # --- models --------------------------------------------------------------------------------
 
 
@@ -242,10 +246,8 @@ class Train(Strict):
 
 
 class Checkpoint(Strict):
-    every_steps: int = Field(
-        100, ge=1, le=MAX_STEPS, description="every worker takes part; the chief's copy lands"
-    )
-    keep: int = Field(3, ge=1, le=1_000_000, description="the newest this many are kept")
+    every_steps: int = Field(100, ge=1, le=MAX_STEPS)
+    keep: int = Field(3, ge=1, le=1_000_000)
     asynchronous: bool = Field(
         True,
         description="write checkpoints while training goes on (the save stalls only to copy "
@@ -323,9 +325,6 @@ class Sweep(Strict):
         description="tasks per job array; default: the cluster's MaxArraySize (scontrol show "
         "config). Larger sweeps are split into several arrays",
     )
-
-
-_DEFAULT = "the default of the experiment's `resources` key of the same name"
 
 
 class Site(Strict):
