@@ -185,6 +185,8 @@ def test_site_builds_in_strict_mode(tmp_path: Path) -> None:
     assert "global_batch_size" in experiment and "heartbeat_timeout_seconds" in experiment
     task = (tmp_path / "site" / "reference" / "task" / "index.html").read_text()
     assert "shuffle_buffer" in task and "examples" in task
+    python = (tmp_path / "site" / "reference" / "python" / "index.html").read_text()
+    assert "Run.wait" in python and "Sweep.best" in python
     site = (tmp_path / "site" / "reference" / "site" / "index.html").read_text()
     assert "hostname_template" in site and "max_failure_requeues" in site
 

@@ -23,7 +23,8 @@ from click.testing import CliRunner
 log = logging.getLogger("mkdocs.hooks.hpctf")
 
 MARKER = re.compile(
-    r"^<!-- hpctf:(commands|schema (?:experiment|site)|api (?:Task|Files)|readme [A-Za-z ]+) -->$",
+    r"^<!-- hpctf:(commands|python|schema (?:experiment|site)|api (?:Task|Files)"
+    r"|readme [A-Za-z ]+) -->$",
     re.M,
 )
 # `[text][ref]` or `[ref][]` left in the HTML: Markdown found no definition for `ref`.
@@ -48,6 +49,8 @@ def on_page_content(html: str, page: Any, **_: Any) -> str:
 def generated(what: str, readme: Path, page_uri: str) -> str:
     if what == "commands":
         return commands_markdown()
+    if what == "python":
+        return python_markdown()
     kind, _, argument = what.partition(" ")
     if kind == "readme":
         return readme_section(readme, argument, page_uri)
@@ -159,6 +162,56 @@ def api_markdown(name: str) -> str:
         words = _cell(_prose(described[item.name]))
         lines.append(f"| `{item.name}` | {_cell(default)} | {words} |")
     return "\n".join(lines) + "\n"
+
+
+def python_markdown() -> str:
+    """``hpctf.submit``, ``hpctf.run``, ... and the ``Run`` and ``Sweep`` they return: each
+    signature and docstring as the code has them (the names ``hpctf`` exports lazily)."""
+    import inspect
+
+    import hpctf
+
+    names = [n for n in getattr(hpctf, "_PYTHON_API", ()) if n not in {"Task", "Files"}]
+    if not names:
+        raise RuntimeError("hpctf exports no Python API names (_PYTHON_API): update the hook")
+    objects = [(n, getattr(hpctf, n)) for n in names]
+    functions = [(n, o) for n, o in objects if not inspect.isclass(o)]
+    classes = [(n, o) for n, o in objects if inspect.isclass(o)]
+    lines: list[str] = []
+    for name, function in functions:
+        lines += _python_entry(f"hpctf.{name}", function, "##")
+    for name, cls in classes:
+        lines += [f"## `hpctf.{name}`", "", _paragraphs(inspect.getdoc(cls)), ""]
+        for member, value in vars(cls).items():
+            if member.startswith("_"):
+                continue
+            if isinstance(value, property):
+                lines += [f"### `{name}.{member}`", "", _paragraphs(inspect.getdoc(value)), ""]
+            elif inspect.isfunction(value):
+                lines += _python_entry(f"{name}.{member}", value, "###", method=True)
+    return "\n".join(lines)
+
+
+def _python_entry(title: str, function: Any, level: str, method: bool = False) -> list[str]:
+    import inspect
+
+    signature = inspect.signature(function)
+    if method:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return [
+        f"{level} `{title}`",
+        "",
+        "```python",
+        f"{title.rsplit('.', 1)[-1]}{str(signature).replace(chr(39), '')}",
+        "```",
+        "",
+        _paragraphs(inspect.getdoc(function)),
+        "",
+    ]
+
+
+def _paragraphs(doc: str | None) -> str:
+    return "\n\n".join(_prose(p) for p in (doc or "").split("\n\n"))
 
 
 # --- schemas ----------------------------------------------------------------------------------
