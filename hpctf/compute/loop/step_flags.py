@@ -7,7 +7,8 @@ about 5 points of the digits example's runtime (issue #21). Each built-in step a
 its loss across every replica (``strategy.reduce(SUM, loss)`` in
 :func:`hpctf.compute.loop.training.make_train_step`); here that one reduction carries, beside
 the loss, one count per watched signal (the rank's ``pending`` flags, which its signal handler
-raises) and the rank's seconds per step. What comes back is the same on every rank after the
+raises), the rank's vote for a save by time (``checkpoint.every_seconds``) and the rank's
+seconds per step. What comes back is the same on every rank after the
 same step, so every rank folds it into ``agreed`` (sticky) and ``step_ms`` at the same step,
 and reading them every N steps (a local read, no collective) gives every rank the same answer
 at the same step: the save is at one agreed step, as before.
@@ -35,6 +36,7 @@ from typing import Any
 import tensorflow as tf
 
 from hpctf.compute.compat.tensorflow_internals import fixed_instance_keys
+from hpctf.compute.loop.preemption import Agreement
 
 WATCHED = (signal.SIGUSR2, signal.SIGTERM)  # Slurm's warning; a preemption or the time limit
 _MS_EXACT = float(1 << 24)  # float32 holds whole numbers exactly up to here
@@ -51,8 +53,11 @@ class StepFlags:
         self.agreed = tf.Variable(tf.zeros([len(WATCHED)]), trainable=False, name="agreed")
         self.my_step_ms = tf.Variable(0.0, trainable=False, name="my_step_ms")
         self.step_ms = tf.Variable(0.0, trainable=False, name="step_ms")  # summed over replicas
+        self.my_save_vote = tf.Variable(0.0, trainable=False, name="my_save_vote")
+        self.save_votes = tf.Variable(0.0, trainable=False, name="save_votes")  # as step_ms
         self._raised: list[int] = []  # set by the signal handler: no TensorFlow call there
         self._pushed = 0
+        self._vote = 0.0  # what my_save_vote holds, so an unchanged vote costs no assignment
 
     def raise_flag(self, signum: int) -> None:
         """For the signal handler: remember ``signum`` (one of :data:`WATCHED`)."""
@@ -69,15 +74,22 @@ class StepFlags:
             self.pending[WATCHED.index(signum)].assign(1.0)
         self._pushed = len(self._raised)
 
-    def agree(self, step_seconds: float, replicas: int) -> tuple[int, float]:
+    def agree(self, step_seconds: float, replicas: int, save_vote: bool = False) -> Agreement:
         """At a check: the signal some rank had got as of the last step (SIGTERM over SIGUSR2,
-        as the gather's agreement; 0 for none) and the ranks' mean seconds per step as they
-        last brought it, the same on every rank after the same step. Brings ``step_seconds``
-        (this rank's) to the next steps. Waits for the dispatched steps."""
+        as the gather's agreement; 0 for none), the ranks' mean seconds per step as they last
+        brought it, and whether any rank's vote for a save by time was in the last step, the
+        same on every rank after the same step. Brings ``step_seconds`` and ``save_vote``
+        (this rank's) to the next steps; a vote that this agreement's save answers is not
+        brought again. Waits for the dispatched steps."""
         counts, summed = self.agreed.numpy(), float(self.step_ms.numpy())
+        save = float(self.save_votes.numpy()) > 0
         self.my_step_ms.assign(min(round(step_seconds * 1e3), _MS_EXACT / max(replicas, 1) - 1))
+        vote = 1.0 if save_vote and not save else 0.0
+        if vote != self._vote:
+            self.my_save_vote.assign(vote)
+            self._vote = vote
         signum = max((int(s) for s, c in zip(WATCHED, counts, strict=True) if c > 0), default=0)
-        return signum, summed / max(replicas, 1) / 1e3
+        return Agreement(signum, summed / max(replicas, 1) / 1e3, save)
 
 
 def flagged_train_step(
@@ -92,7 +104,8 @@ def flagged_train_step(
     def replica(features: Any, labels: Any) -> Any:
         loss = tf.reshape(tf.cast(replica_step(features, labels), tf.float32), [1])
         step_ms = tf.reshape(flags.my_step_ms.read_value(), [1])
-        return tf.concat([loss, flags.pending.read_value(), step_ms], axis=0)
+        vote = tf.reshape(flags.my_save_vote.read_value(), [1])
+        return tf.concat([loss, flags.pending.read_value(), vote, step_ms], axis=0)
 
     @tf.function
     def train_steps(iterator: Any, steps: Any) -> Any:
@@ -106,6 +119,7 @@ def flagged_train_step(
                 total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
                 seen = tf.cast(total[1 : 1 + len(WATCHED)] > 0, tf.float32)
                 flags.agreed.assign(tf.maximum(flags.agreed, seen))
+                flags.save_votes.assign(total[-2])
                 flags.step_ms.assign(total[-1])
                 loss = total[0]
         return loss

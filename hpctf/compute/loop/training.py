@@ -283,7 +283,7 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
             hooks.epoch_end(step, results if evaluated == step else None)
         session.step_done(step, loss=value)
         if hooks.stop and step != total:  # model.stop_training: EarlyStopping, TerminateOnNaN
-            if step % session.checkpoint_every_steps:
+            if session.last_saved_step != step:
                 session.save(step)
             log.info(
                 "training stopped at step %d of %d by a callback (model.stop_training)", step, total
