@@ -45,7 +45,7 @@ def test_the_flags_ride_in_the_one_reduction_of_the_step(monkeypatch: pytest.Mon
     step(data)
     # Sticky; SIGTERM (a preemption) wins over the walltime warning, as the gather's agreement.
     assert flags.agree(0.5, replicas=1) == (signal.SIGTERM, 0.5, False)
-    assert list(flags.agreed.numpy()) == [1.0, 1.0]
+    assert flags.agreed == [1.0, 1.0]
     assert len(reductions) == 1  # no retracing, no second reduction
 
 
@@ -75,7 +75,7 @@ def test_the_step_time_is_whole_milliseconds_whose_sum_is_exact() -> None:
 
     flags = StepFlags()
     flags.agree(1e9, replicas=4)  # a step of 31 years: clamped so that 4 of them add up exactly
-    assert float(flags.my_step_ms.numpy()) * 4 < 2**24
+    assert float(flags.brought.numpy()[-1]) * 4 < 2**24
 
 
 def test_a_watch_whose_steps_carry_the_flags_never_gathers() -> None:

@@ -43,21 +43,20 @@ _MS_EXACT = float(1 << 24)  # float32 holds whole numbers exactly up to here
 
 
 class StepFlags:
-    """This rank's pending warnings and step time, and what every rank had as of the last step.
+    """What this rank brings to the next steps (its pending warnings, its vote for a save by
+    time, its step time: one local variable, written between calls only when it changes) and
+    what every rank brought as of the last step (the last call's reduced vector, kept as the
+    call returned it: no assignment inside the steps).
 
-    Create it outside the strategy's scope: all are plain local variables.
+    Create it outside the strategy's scope: a plain local variable.
     """
 
     def __init__(self) -> None:
-        self.pending = tf.Variable(tf.zeros([len(WATCHED)]), trainable=False, name="pending")
-        self.agreed = tf.Variable(tf.zeros([len(WATCHED)]), trainable=False, name="agreed")
-        self.my_step_ms = tf.Variable(0.0, trainable=False, name="my_step_ms")
-        self.step_ms = tf.Variable(0.0, trainable=False, name="step_ms")  # summed over replicas
-        self.my_save_vote = tf.Variable(0.0, trainable=False, name="my_save_vote")
-        self.save_votes = tf.Variable(0.0, trainable=False, name="save_votes")  # as step_ms
+        self._mine = [0.0] * _WIDTH  # pending flags, save vote, step ms: what ``brought`` holds
+        self.brought = tf.Variable(self._mine, trainable=False, name="brought")
+        self.last: Any = None  # the last step's reduced vector: loss, then ``brought`` summed
         self._raised: list[int] = []  # set by the signal handler: no TensorFlow call there
         self._pushed = 0
-        self._vote = 0.0  # what my_save_vote holds, so an unchanged vote costs no assignment
 
     def raise_flag(self, signum: int) -> None:
         """For the signal handler: remember ``signum`` (one of :data:`WATCHED`)."""
@@ -65,14 +64,26 @@ class StepFlags:
             self._raised.append(signum)
 
     def push(self) -> None:
-        """Before a step, in the loop: put flags raised since the last push into ``pending``.
-        Not in the signal handler: it may run while a ``tf.function`` is being traced, and an
-        assignment there would land in that graph."""
+        """Before a step, in the loop: put flags raised since the last push into what this rank
+        brings. Not in the signal handler: it may run while a ``tf.function`` is being traced,
+        and an assignment there would land in that graph."""
         if len(self._raised) == self._pushed:
             return
         for signum in self._raised[self._pushed :]:
-            self.pending[WATCHED.index(signum)].assign(1.0)
+            self._mine[WATCHED.index(signum)] = 1.0
         self._pushed = len(self._raised)
+        self.brought.assign(self._mine)
+
+    @property
+    def agreed(self) -> list[float]:
+        """Per watched signal, how many ranks had it as of the last step (a rank's flag, once
+        raised, stays raised: so does the count)."""
+        return [float(v) for v in self._summed()[: len(WATCHED)]]
+
+    def _summed(self) -> Any:
+        if self.last is None:
+            return [0.0] * _WIDTH
+        return self.last.numpy()[1:]
 
     def agree(self, step_seconds: float, replicas: int, save_vote: bool = False) -> Agreement:
         """At a check: the signal some rank had got as of the last step (SIGTERM over SIGUSR2,
@@ -81,15 +92,16 @@ class StepFlags:
         same on every rank after the same step. Brings ``step_seconds`` and ``save_vote``
         (this rank's) to the next steps; a vote that this agreement's save answers is not
         brought again. Waits for the dispatched steps."""
-        counts, summed = self.agreed.numpy(), float(self.step_ms.numpy())
-        save = float(self.save_votes.numpy()) > 0
-        self.my_step_ms.assign(min(round(step_seconds * 1e3), _MS_EXACT / max(replicas, 1) - 1))
-        vote = 1.0 if save_vote and not save else 0.0
-        if vote != self._vote:
-            self.my_save_vote.assign(vote)
-            self._vote = vote
+        summed = self._summed()
+        counts, save, step_ms = summed[: len(WATCHED)], summed[-2] > 0, float(summed[-1])
+        mine = list(self._mine)
+        mine[-2] = 1.0 if save_vote and not save else 0.0
+        mine[-1] = min(round(step_seconds * 1e3), _MS_EXACT / max(replicas, 1) - 1)
+        if mine != self._mine:
+            self._mine = mine
+            self.brought.assign(mine)
         signum = max((int(s) for s, c in zip(WATCHED, counts, strict=True) if c > 0), default=0)
-        return Agreement(signum, summed / max(replicas, 1) / 1e3, save)
+        return Agreement(signum, step_ms / max(replicas, 1) / 1e3, bool(save))
 
 
 def flagged_train_step(
@@ -97,19 +109,23 @@ def flagged_train_step(
 ) -> Callable[..., Any]:
     """``train_step(iterator, steps=1)``: ``steps`` steps in one call of one ``tf.function``
     (as Keras's ``steps_per_execution``: the Python of a call is paid once for them), each
-    running ``replica_step`` on the next batch on every replica, with the flags in the step's
-    one reduction. Returns the last step's loss summed over replicas; folds every rank's
-    pending flags into ``flags.agreed`` and step times into ``flags.step_ms``."""
+    running ``replica_step`` on the next batch on every replica, with what every rank brings
+    (``flags.brought``, read once per call) in the step's one reduction. Returns the last
+    step's loss summed over replicas; keeps the last step's reduced vector in ``flags.last``.
 
-    def replica(features: Any, labels: Any) -> Any:
-        loss = tf.reshape(tf.cast(replica_step(features, labels), tf.float32), [1])
-        step_ms = tf.reshape(flags.my_step_ms.read_value(), [1])
-        vote = tf.reshape(flags.my_save_vote.read_value(), [1])
-        return tf.concat([loss, flags.pending.read_value(), vote, step_ms], axis=0)
+    Nothing but the reduction is added to a step: the vector rides as the loop's own carried
+    value and leaves with the call's result, so no variable is written inside the steps (a
+    write per step cost about a point of the digits example's runtime)."""
 
     @tf.function
     def train_steps(iterator: Any, steps: Any) -> Any:
-        loss = tf.constant(0.0)
+        brought = tf.reshape(flags.brought.read_value(), [_WIDTH])
+
+        def replica(features: Any, labels: Any) -> Any:
+            loss = tf.reshape(tf.cast(replica_step(features, labels), tf.float32), [1])
+            return tf.concat([loss, brought], axis=0)
+
+        total = tf.zeros([1 + _WIDTH])
         # Traced once (a tensor count, one iterator per run): keys fixed at trace time keep
         # RSS flat (fixed_instance_keys).
         with fixed_instance_keys():
@@ -117,12 +133,7 @@ def flagged_train_step(
                 features, labels = next(iterator)
                 per_replica = strategy.run(replica, args=(features, labels))
                 total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-                seen = tf.cast(total[1 : 1 + len(WATCHED)] > 0, tf.float32)
-                flags.agreed.assign(tf.maximum(flags.agreed, seen))
-                flags.save_votes.assign(total[-2])
-                flags.step_ms.assign(total[-1])
-                loss = total[0]
-        return loss
+        return total[0], total
 
     counts: dict[int, Any] = {}  # a tensor per count: a Python int would trace once per value
 
@@ -130,6 +141,10 @@ def flagged_train_step(
         count = counts.get(steps)
         if count is None:
             count = counts[steps] = tf.constant(steps, tf.int32)
-        return train_steps(iterator, count)
+        loss, flags.last = train_steps(iterator, count)
+        return loss
 
     return train_step
+
+
+_WIDTH = len(WATCHED) + 2  # what a rank brings: its flags, its save vote, its step time
