@@ -90,7 +90,8 @@ def make_gather(strategy: Any) -> Callable[[int], list[int]]:
     from hpctf.compute.compat.tensorflow_internals import fixed_instance_keys
 
     # A fixed signature: traced once, so its keys can be fixed (RSS flat: fixed_instance_keys).
-    @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
+    # No control flow to convert: autograph would only cost the restore its time.
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int64)], autograph=False)
     def gather(value: Any) -> Any:
         with fixed_instance_keys():
             per_replica = strategy.run(lambda: tf.reshape(value, [1]))
