@@ -6,12 +6,12 @@ collective and a host sync every ``train.preemption_check_every_steps`` steps, w
 about 5 points of the digits example's runtime (issue #21). Each built-in step already reduces
 its loss across every replica (``strategy.reduce(SUM, loss)`` in
 :func:`hpctf.compute.loop.training.make_train_step`); here that one reduction carries, beside
-the loss, one count per watched signal (the rank's ``pending`` flags, which its signal handler
-raises), the rank's vote for a save by time (``checkpoint.every_seconds``) and the rank's
-seconds per step. What comes back is the same on every rank after the
-same step, so every rank folds it into ``agreed`` (sticky) and ``step_ms`` at the same step,
-and reading them every N steps (a local read, no collective) gives every rank the same answer
-at the same step: the save is at one agreed step, as before.
+the loss, one count per watched signal (the rank's flags, which its signal handler raises),
+the rank's vote for a save by time (``checkpoint.every_seconds``) and the rank's seconds per
+step. What comes back is the same on every rank after the same step; the call returns the
+last step's vector, and reading it every N steps (a local read, no collective) gives every
+rank the same answer at the same step: the save is at one agreed step, as before. A flag
+stays raised on its rank, so the count in any later step's vector still holds it.
 
 Why this cannot deadlock or miss a warning: no collective is added or made conditional (the
 vector replaces the scalar in a reduction every rank already runs at every step); a flag,
