@@ -421,7 +421,11 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     every = 5
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     job_id, run_dir = submit_digits(
-        env, f"train.steps={LONG * 3}", f"checkpoint.every_seconds={every}", "checkpoint.keep=50"
+        env,
+        f"train.steps={LONG * 3}",
+        f"checkpoint.every_seconds={every}",
+        "checkpoint.every_steps=null",  # the example's 100
+        "checkpoint.keep=50",
     )
     deadline = time.monotonic() + 300
     rank1 = wait_for_log(run_dir / "logs" / "rank-1.log", "pid ", run_dir, deadline)
@@ -433,12 +437,14 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     os.kill(pid, signal.SIGKILL)  # the "nodes" share this machine's process table
     killed = time.time()
     rank0 = run_dir / "logs" / "rank-0.log"
-    while rank0.read_text().count("first step ") < 2:
+    starts = re.compile(r"first step \d+ after ([0-9.]+) s.*$", re.M)
+    while len(starts.findall(rank0.read_text())) < 2:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.05)
     back = time.time() - killed
-    first = rank0.read_text().split("first step ")[-1].splitlines()[0]
-    after = float(first.split(" after ")[1].split(" s")[0])  # since the new worker's start
+    second = list(starts.finditer(rank0.read_text()))[-1]
+    after = float(second.group(1))  # since the new worker's process started
+    first = second.group(0)
     events = [(e["event"], e["time"]) for e in RunDir(run_dir).events()]
     restored = int(re.findall(r"resumed from \S+ at step (\d+)", rank0.read_text())[-1])
     # The training lost: from the restored step's save (its files written) to the kill.
