@@ -225,7 +225,7 @@ def init(directory: Path, site_name: str, name: str | None, force: bool) -> None
     multiple=True,
     metavar="KEY.PATH=VALUE",
     help="Continue the run with a new train.steps (or epochs, log/eval cadence, "
-    "checkpoint.every_steps, every_seconds, keep), also a done one (repeatable).",
+    "checkpoint.every_steps, keep), also a done one (repeatable).",
 )
 def resubmit(
     run_dir: Path,
@@ -240,8 +240,7 @@ def resubmit(
 
     With --set, continue the run (done or stopped) with keys that change neither the model nor
     the batch script: train.steps (more steps than it has), train.epochs,
-    train.log_every_steps, train.eval_every_steps, checkpoint.every_steps,
-    checkpoint.every_seconds, checkpoint.keep.
+    train.log_every_steps, train.eval_every_steps, checkpoint.every_steps, checkpoint.keep.
     The change is recorded in the run's journal; `hpctf status` shows it."""
     if is_sweep_dir(run_dir):
         if from_scratch or overrides:
