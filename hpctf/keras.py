@@ -1,8 +1,8 @@
 """``model.fit(..., callbacks=hpctf.keras.callbacks())``: a ``train.script`` fit script, on Keras 3
 or tf_keras, gets what hpctf's own loop has (:mod:`hpctf.compute.users_code.fit`): resume at the
-exact step, a checkpoint every ``checkpoint.every_steps``, a warned preemption saved at one agreed
-step then exit 75, progress lines, metrics.jsonl with each epoch's ``val_*``, and the stall
-watchdog fed by every batch.
+exact step, a checkpoint every ``checkpoint.every_seconds`` (or ``every_steps``), a warned
+preemption saved at one agreed step then exit 75, progress lines, metrics.jsonl with each
+epoch's ``val_*``, and the stall watchdog fed by every batch.
 
 Importable anywhere: TensorFlow is imported only when :func:`callbacks` is called under hpctf.
 """

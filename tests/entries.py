@@ -168,3 +168,51 @@ class RelativeNote(keras.callbacks.Callback):  # type: ignore[misc]
         rank = os.environ["SLURM_PROCID"]
         op = getattr(self.stop.monitor_op, "__name__", str(self.stop.monitor_op))
         Path(f"note-{rank}.json").write_text(json.dumps({"cwd": os.getcwd(), "op": op}))
+
+
+class _Sleep(keras.layers.Layer):  # type: ignore[misc]
+    """Passes its input through after sleeping: ``seconds[0]`` per call for the first
+    ``switch_after`` calls, ``seconds[1]`` after (a step time that changes mid-run)."""
+
+    def __init__(self, seconds: tuple[float, float], switch_after: int) -> None:
+        super().__init__()
+        self._seconds = seconds
+        self._switch_after = switch_after
+        self._calls = 0
+
+    def _sleep(self, x: object) -> object:
+        self._calls += 1
+        time.sleep(self._seconds[0 if self._calls <= self._switch_after else 1])
+        return x
+
+    def call(self, x: object) -> object:
+        import tensorflow as tf
+
+        slept = tf.numpy_function(self._sleep, [x], tf.float32, stateful=True)
+        return tf.ensure_shape(slept, x.shape)  # type: ignore[attr-defined]
+
+
+def slow_steps(
+    first_seconds: float = 0.05, then_seconds: float = 0.3, switch_after: int = 100
+) -> hpctf.Task:
+    """A tiny regression whose steps take ``first_seconds`` for ``switch_after`` steps, then
+    ``then_seconds`` (a sleep in the model: saves by time must not depend on the step time)."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = keras.Sequential(
+        [
+            keras.Input(shape=(4,)),
+            _Sleep((first_seconds, then_seconds), switch_after),
+            keras.layers.Dense(1),
+        ]
+    )
+    return hpctf.Task(
+        model=model,
+        optimizer="adam",
+        loss="mse",
+        train_data=lambda: tf.data.Dataset.from_tensor_slices((x, y)),
+    )

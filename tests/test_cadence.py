@@ -31,6 +31,9 @@ RUN = Cadence(log_every=10, save_every=50, total=120)
         (Cadence(10, 50, 120, 30), 119, 130, Due(False, save=False, agree=False)),
         (Cadence(10, 50, 120, 30), 120, 130, Due(True, save=True, agree=True)),
         (Cadence(10, 50, None, 30), 90, 130, Due(True, save=True, agree=False, restart=True)),
+        # checkpoint.every_steps off (saves by time, decided at the agreement): the last only
+        (Cadence(10, None, 120), 100, 130, Due(log=True, save=False, agree=False)),
+        (Cadence(10, None, 120), 120, 130, Due(log=True, save=True, agree=True)),
     ],
 )
 def test_due(cadence: Cadence, step: int, next_agreement: int, expected: Due) -> None:
@@ -50,6 +53,8 @@ def test_due(cadence: Cadence, step: int, next_agreement: int, expected: Due) ->
         (Cadence(7, 33, 101), 99, 200, 101),
         (Cadence(10, 50, None), 120, 200, 130),  # the last step unknown: only the intervals
         (Cadence(10, 50, 1000, restart_every=25), 20, 40, 25),  # a planned restart
+        (Cadence(10, None, 1000), 20, 25, 25),  # by time only: the agreement, not a save step
+        (Cadence(100, None, 1000), 995, 2000, 1000),
     ],
 )
 def test_next_due_is_the_first_step_due_calls_for(
@@ -97,3 +102,26 @@ def test_a_warning_shorter_than_three_saves_and_a_step_is_said(
     if said:
         assert text.startswith("a checkpoint takes 99.0 s and a step 4.00 s")
         assert "preemption.warning_seconds (300)" in text
+
+
+def test_a_rank_votes_for_a_save_once_most_of_every_seconds_has_passed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """checkpoint.every_seconds 100: the vote from 80 s after the last save (or the start),
+    the agreements a tenth of it apart at most, so a vote seen one agreement late still saves
+    within 100 s."""
+    from hpctf.compute.loop import cadence
+
+    now = [1000.0]
+    monkeypatch.setattr(cadence.time, "perf_counter", lambda: now[0])
+    clock = AgreementClock(check_every=10, warning_seconds=None, save_seconds=100)
+    clock.restart(0)
+    now[0] += 79.0
+    assert not clock.save_vote()
+    now[0] += 1.0
+    assert clock.save_vote()
+    clock.saved()
+    assert not clock.save_vote()
+    clock.agreed(50, slowest_step=2.0)  # a tenth of 100 s: 5 steps of 2 s
+    assert clock.next == 55
+    assert not AgreementClock(10, None, None).save_vote()  # every_seconds off

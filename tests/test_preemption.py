@@ -58,7 +58,7 @@ def test_watch_takes_a_real_signal_and_gives_the_handlers_back() -> None:
             assert watch.signalled == 0
             os.kill(os.getpid(), signal.SIGTERM)
             assert watch.signalled == signal.SIGTERM
-            assert watch.agree(0.5) == (signal.SIGTERM, 0.5)
+            assert watch.agree(0.5) == (signal.SIGTERM, 0.5, False)
         assert recorder.received == 0  # the watch had it, not the recorder
         assert signal.getsignal(signal.SIGTERM) is recorder
         os.kill(os.getpid(), signal.SIGUSR2)  # after the watch: the recorder's again
@@ -78,12 +78,25 @@ def test_a_signal_before_the_watch_is_saved_at_the_first_agreement() -> None:
 
 def test_agreement_any_rank_signal_wins_and_term_beats_usr2() -> None:
     gather, sent = fake_gather(packed(0, 0.2), packed(signal.SIGUSR2, 0.3))
-    assert PreemptionWatch(gather).agree(0.1) == (signal.SIGUSR2, 0.3)
+    assert PreemptionWatch(gather).agree(0.1) == (signal.SIGUSR2, 0.3, False)
     assert sent == [packed(0, 0.1)]
     gather, _ = fake_gather(packed(signal.SIGTERM, 0.1), packed(signal.SIGUSR2, 0.1))
     assert PreemptionWatch(gather).agree(0.1)[0] == signal.SIGTERM
     gather, _ = fake_gather(packed(0, 2.0))
-    assert PreemptionWatch(gather).agree(0.000_001) == (0, 2.0)
+    assert PreemptionWatch(gather).agree(0.000_001) == (0, 2.0, False)
+
+
+def test_agreement_any_rank_vote_saves_and_keeps_the_other_answers_apart() -> None:
+    """checkpoint.every_seconds: one rank's vote is a save on every rank; its bit spills into
+    neither the signal nor the step time."""
+    gather, sent = fake_gather(packed(signal.SIGUSR2, 0.3))
+    watch = PreemptionWatch(gather)
+    assert watch.agree(0.1, save_vote=True) == (signal.SIGUSR2, 0.3, True)
+    assert sent[0] >> 56 == 1 and sent[0] & ((1 << 56) - 1) == packed(0, 0.1)
+    gather, _ = fake_gather(sent[0], packed(0, 0.2))
+    assert PreemptionWatch(gather).agree(0.1) == (0, 0.2, True)
+    gather, _ = fake_gather(packed(signal.SIGTERM, 0.2))
+    assert PreemptionWatch(gather).agree(0.1) == (signal.SIGTERM, 0.2, False)
 
 
 def test_agreement_step_time_is_microseconds_clamped_to_its_bits() -> None:
@@ -94,7 +107,7 @@ def test_agreement_step_time_is_microseconds_clamped_to_its_bits() -> None:
     huge = packed(0, 10**9)
     assert huge == (1 << 40) - 1
     gather, _ = fake_gather(huge)
-    signum, slowest = PreemptionWatch(gather).agree(0.0)
+    signum, slowest, _ = PreemptionWatch(gather).agree(0.0)
     assert signum == 0 and slowest == pytest.approx(((1 << 40) - 1) / 1e6)
     assert packed(signal.SIGTERM, 10**9) >> 40 == signal.SIGTERM
 
@@ -115,3 +128,21 @@ def test_check_interval(
     configured: int, slowest: float, warning: int | None, expected: int
 ) -> None:
     assert check_interval(configured, slowest, warning) == expected
+
+
+@pytest.mark.parametrize(
+    ("slowest", "warning", "save_seconds", "expected"),
+    [
+        (0.003, None, 300, 10),  # fast steps: as configured
+        (1.0, None, 300, 10),  # a tenth of 300 s is 30 steps: the configured 10 comes first
+        (0.2, None, 5, 2),  # checkpoint.every_seconds 5: a tenth is 2 steps of 0.2 s
+        (1.0, 80, 50, 5),  # the save's bound is the tighter (warning's: 10)
+        (1.0, 80, 300, 10),  # the warning's is
+        (9.0, None, 5, 1),  # a step longer than the tenth: every step, never 0
+        (0.0, None, 5, 10),  # no step time measured yet
+    ],
+)
+def test_check_interval_bounds_the_time_between_agreements_by_a_tenth_of_the_save_interval(
+    slowest: float, warning: int | None, save_seconds: int, expected: int
+) -> None:
+    assert check_interval(10, slowest, warning, save_seconds) == expected

@@ -417,12 +417,17 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
     """SIGKILL to one rank (an OOM kill): srun ends the step, the run had advanced, so the
-    job is requeued within the failure budget and resumes from its last checkpoint."""
+    job is requeued within the failure budget and resumes from its last checkpoint. With
+    checkpoint.every_seconds 5, at most 5 s of training is lost (plus a second of slack for a
+    loaded machine); the seconds from the kill to the next first step are measured."""
+    every = 5
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     job_id, run_dir = submit_digits(
         env,
-        f"train.steps={LONG}",
-        "checkpoint.every_steps=100",
+        f"train.steps={LONG * 3}",
+        f"checkpoint.every_seconds={every}",
+        "checkpoint.every_steps=null",  # the example's 100
+        "checkpoint.keep=50",
     )
     deadline = time.monotonic() + 300
     rank1 = wait_for_log(run_dir / "logs" / "rank-1.log", "pid ", run_dir, deadline)
@@ -430,26 +435,50 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     while not checkpoint_steps(run_dir):
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
+    time.sleep(every * 0.6)  # between two saves
     os.kill(pid, signal.SIGKILL)  # the "nodes" share this machine's process table
+    killed = time.time()
+    rank0 = run_dir / "logs" / "rank-0.log"
+    starts = re.compile(r"first step \d+ after ([0-9.]+) s.*$", re.M)
+    while len(starts.findall(rank0.read_text())) < 2:
+        assert time.monotonic() < deadline, logs_of(run_dir)
+        time.sleep(0.05)
+    back = time.time() - killed
+    second = list(starts.finditer(rank0.read_text()))[-1]
+    after = float(second.group(1))  # since the new worker's process started
+    first = second.group(0)
+    events = [(e["event"], e["time"]) for e in RunDir(run_dir).events()]
+    restored = int(re.findall(r"resumed from \S+ at step (\d+)", rank0.read_text())[-1])
+    # The training lost: from the restored step's save (its files written) to the kill.
+    lost = killed - (run_dir / "checkpoints" / f"ckpt-{restored}.index").stat().st_mtime
+    print(f"lost {lost:.2f} s (resumed at step {restored}); first step again {back:.1f} s "
+          f"after the kill, the new worker up {back - after:.1f} s after it; its start: {first}; "
+          f"journal: {events[-4:]}")  # fmt: skip
+    assert lost <= every + 1.0, f"{lost:.2f} s of training lost"
     while "requeued" not in [e["event"] for e in RunDir(run_dir).events()]:
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.2)
     info = wait_for_job(job_id)
     assert info["JobState"] == "COMPLETED", logs_of(run_dir)
-    events = RunDir(run_dir).events()
-    ends = [e for e in events if e["event"] == "ended"]
+    ends = [e for e in RunDir(run_dir).events() if e["event"] == "ended"]
     assert [e["reason"] for e in ends] == ["failed", "done"]
     saved = int(ends[0]["step"])  # type: ignore[call-overload]
-    assert saved >= 100
-    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert saved == restored
+    assert json.loads((run_dir / "DONE").read_text())["step"] == LONG * 3
+    log = rank0.read_text()
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
-    assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
     # The survivor blamed the environment and named the dead rank (unless srun, ending the
     # step, killed it first), never a bug in hpctf.
     assert "bug in hpctf" not in log
     if "stopped answering" in log:
         assert "Error: rank 1 (node2:" in log and "on node node2) stopped answering" in log
-    report_fault("test_a_killed_rank_after_a_checkpoint_requeues_and_resumes", run_dir)
+    report_fault(
+        "test_a_killed_rank_after_a_checkpoint_requeues_and_resumes",
+        run_dir,
+        lost_s=round(lost, 2),
+        kill_to_first_step_s=round(back, 1),
+        new_worker_to_first_step_s=after,
+    )
 
 
 def test_scontrol_requeue_without_a_warning_resumes_from_the_last_checkpoint(

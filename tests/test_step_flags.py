@@ -33,20 +33,41 @@ def test_the_flags_ride_in_the_one_reduction_of_the_step(monkeypatch: pytest.Mon
     assert float(step(data)) == pytest.approx(1.9)  # 1 x 1.9
     assert len(reductions) == 1  # traced once: one reduction, as make_train_step's
     # No warning yet; no step time brought yet. This rank brings 0.0123 s from now on.
-    assert flags.agree(0.0123, replicas=1) == (0, 0.0)
+    assert flags.agree(0.0123, replicas=1) == (0, 0.0, False)
 
     flags.raise_flag(signal.SIGUSR2)  # what the handler does: no TensorFlow call
     assert flags.agree(0.0123, replicas=1)[0] == 0  # not before the next step carries it
     flags.push()
     assert float(step(data)) == pytest.approx(2 * 1.8)
-    assert flags.agree(0.5, replicas=1) == (signal.SIGUSR2, 0.012)  # whole milliseconds
+    assert flags.agree(0.5, replicas=1) == (signal.SIGUSR2, 0.012, False)  # whole ms
     flags.raise_flag(signal.SIGTERM)
     flags.push()
     step(data)
     # Sticky; SIGTERM (a preemption) wins over the walltime warning, as the gather's agreement.
-    assert flags.agree(0.5, replicas=1) == (signal.SIGTERM, 0.5)
-    assert list(flags.agreed.numpy()) == [1.0, 1.0]
+    assert flags.agree(0.5, replicas=1) == (signal.SIGTERM, 0.5, False)
+    assert flags.agreed == [1.0, 1.0]
     assert len(reductions) == 1  # no retracing, no second reduction
+
+
+def test_a_vote_for_a_save_by_time_rides_in_the_next_steps_and_is_answered_once() -> None:
+    """checkpoint.every_seconds: a rank's vote cast at one check is seen by every rank at the
+    next (after a step carried it); the save it calls for answers it, so it is not brought
+    again."""
+    import tensorflow as tf
+
+    from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
+
+    flags = StepFlags()
+    step = flagged_train_step(tf.distribute.get_strategy(), lambda f, y: tf.reduce_sum(f), flags)
+    data = iter(tf.data.Dataset.from_tensor_slices(([1.0], [0.0])).repeat())
+    step(data)
+    assert flags.agree(0.01, replicas=1, save_vote=True).save is False  # cast, not yet carried
+    step(data, 3)
+    assert flags.agree(0.01, replicas=1, save_vote=True).save is True  # seen: save this step
+    step(data)
+    assert flags.agree(0.01, replicas=1, save_vote=False).save is False  # answered: not again
+    step(data)
+    assert flags.agree(0.01, replicas=1).save is False
 
 
 def test_the_step_time_is_whole_milliseconds_whose_sum_is_exact() -> None:
@@ -54,7 +75,7 @@ def test_the_step_time_is_whole_milliseconds_whose_sum_is_exact() -> None:
 
     flags = StepFlags()
     flags.agree(1e9, replicas=4)  # a step of 31 years: clamped so that 4 of them add up exactly
-    assert float(flags.my_step_ms.numpy()) * 4 < 2**24
+    assert float(flags.brought.numpy()[-1]) * 4 < 2**24
 
 
 def test_a_watch_whose_steps_carry_the_flags_never_gathers() -> None:
@@ -77,8 +98,8 @@ def test_a_watch_whose_steps_carry_the_flags_never_gathers() -> None:
     with PreemptionWatch(gather) as watch:
         watch.carry(flags, replicas=1)
         step(data)
-        assert watch.agree(0.002) == (0, 0.0)
+        assert watch.agree(0.002) == (0, 0.0, False)
         os.kill(os.getpid(), signal.SIGUSR2)
         flags.push()
         step(data)
-        assert watch.agree(0.002) == (signal.SIGUSR2, 0.002)
+        assert watch.agree(0.002) == (signal.SIGUSR2, 0.002, False)

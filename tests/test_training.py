@@ -442,6 +442,69 @@ def test_preemption_signal_to_one_rank_saves_an_agreed_step_on_all(
     assert f"got {signum.name}" in logs[1].read_text()
 
 
+def test_saves_by_time_at_one_step_on_every_rank_and_a_killed_rank_loses_at_most_that(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """checkpoint.every_seconds 5 on 2 workers whose step time changes from 0.05 s to 0.3 s
+    mid-run: every rank saves the same steps, about every 5 s whatever the step time; a rank
+    SIGKILLed then has lost at most 5 s of training (the newest checkpoint on disk)."""
+    every = 5
+    experiment = write(
+        tmp_path / "slow.yaml",
+        f"""
+name: slow
+site: local
+resources: {{nodes: 2, time: "00:15:00"}}
+train:
+  entry: entries:slow_steps
+  args: {{first_seconds: 0.05, then_seconds: 0.3, switch_after: 100}}
+  steps: 1000
+  global_batch_size: 2
+  python_path: {json.dumps(ENTRIES_PATH)}
+checkpoint: {{every_seconds: {every}, keep: 100}}
+""",
+    )
+    sets = ("train.log_every_steps=10", "checkpoint.every_steps=null")
+    procs, logs = _start_two_workers(tmp_path, runs_root, experiment, sets, ready="step 10/")
+    (run_dir,) = runs_root.iterdir()
+    try:
+        time.sleep(20)  # 100 fast steps (5 s), then slow ones
+        os.kill(procs[1].pid, signal.SIGKILL)
+        killed = time.time()
+        on_disk = checkpoint_steps(run_dir)
+        procs[0].wait(timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    texts = [log.read_text() for log in logs]
+    chief = [int(s) for s in re.findall(r"checkpoint \S*/ckpt-(\d+) \(", texts[0])]
+    other = [int(s) for s in re.findall(r"checkpoint of step (\d+): the chief's copy", texts[1])]
+    # The same steps on both (the kill may have cut one rank's last line).
+    assert chief[: len(other)] == other[: len(chief)] and abs(len(chief) - len(other)) <= 1, (
+        chief,
+        other,
+    )
+    assert any(step < 100 for step in chief) and any(step > 110 for step in chief), chief
+    index = run_dir / "checkpoints"
+    written = [(index / f"ckpt-{step}.index").stat().st_mtime for step in on_disk]
+    marker = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    gaps = [b - a for a, b in zip([marker["time"], *written], written, strict=False)]
+    lost = killed - written[-1]
+    print(f"saves at steps {on_disk}, {[round(g, 2) for g in gaps]} s apart; lost {lost:.2f} s")
+    assert len(on_disk) >= 4, on_disk
+    # A vote from 0.8 of every_seconds, seen at most two agreements (a tenth each) later; a
+    # second of slack for a loaded machine's step times. Where the step time jumps six-fold,
+    # the agreements come by the step time agreed before it (known one agreement late): up
+    # to 10 of the new steps later.
+    switch = next(i for i, step in enumerate(on_disk) if step > 100)
+    for i, gap in enumerate(gaps):
+        late = 10 * 0.3 if i == switch else 0.0
+        assert (0.7 * every if i else 0) <= gap <= every + 1.0 + late, (i, gaps)
+    assert lost <= every + 1.0, f"{lost:.2f} s of training lost"
+
+
 CUSTOM_LOOP = REPO / "examples" / "custom_loop" / "experiment.yaml"
 
 

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hpctf.compute.start.launcher_watch import LAUNCHER_PID_ENV
 from hpctf.core.errors import PREEMPTED_EXIT
@@ -90,7 +90,8 @@ def make_gather(strategy: Any) -> Callable[[int], list[int]]:
     from hpctf.compute.compat.tensorflow_internals import fixed_instance_keys
 
     # A fixed signature: traced once, so its keys can be fixed (RSS flat: fixed_instance_keys).
-    @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
+    # No control flow to convert: autograph would only cost the restore its time.
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int64)], autograph=False)
     def gather(value: Any) -> Any:
         with fixed_instance_keys():
             per_replica = strategy.run(lambda: tf.reshape(value, [1]))
@@ -155,37 +156,63 @@ class PreemptionWatch:
         if self._carried is not None:
             self._carried[0].raise_flag(signum)
 
-    def agree(self, step_seconds: float) -> tuple[int, float]:
+    def agree(self, step_seconds: float, save_vote: bool = False) -> Agreement:
         """A collective: every rank calls it at the same step. Returns the signal any rank got
-        (SIGTERM, a preemption, wins over the walltime warning; 0 for none) and the slowest
-        rank's seconds per step, the same on every rank (with :meth:`carry`: the mean, as
-        of the last step, without a collective)."""
+        (SIGTERM, a preemption, wins over the walltime warning; 0 for none), the slowest
+        rank's seconds per step, and whether any rank voted for a save by time
+        (``save_vote``: this rank's), the same on every rank (with :meth:`carry`: the mean
+        step time and the votes as of the last step, without a collective)."""
         if self._carried is not None:
             flags, replicas = self._carried
-            return flags.agree(step_seconds, replicas)
+            return flags.agree(step_seconds, replicas, save_vote)
         micros = min(max(round(step_seconds * 1e6), 0), _MICROS_MASK)
-        values = self._gather(self._signalled << _SIGNAL_SHIFT | micros)
-        signum = max(value >> _SIGNAL_SHIFT for value in values)
+        vote = _SAVE_BIT if save_vote else 0
+        values = self._gather(vote | self._signalled << _SIGNAL_SHIFT | micros)
+        signum = max((value & ~_SAVE_BIT) >> _SIGNAL_SHIFT for value in values)
         slowest = max(value & _MICROS_MASK for value in values) / 1e6
-        return signum, slowest
+        return Agreement(signum, slowest, any(value & _SAVE_BIT for value in values))
 
 
-# One int64 per rank carries both answers of PreemptionWatch.agree: the signal number above bit
-# 40, the step time in microseconds (up to 12 days) below.
+class Agreement(NamedTuple):
+    """What every rank agreed on at a check: the signal any rank got (0: none), the slowest
+    (or, carried in the steps, the mean) seconds per step, and whether to save this step
+    (``checkpoint.every_seconds``)."""
+
+    signal: int
+    slowest: float
+    save: bool = False
+
+
+# One int64 per rank carries the answers of PreemptionWatch.agree: the vote for a save at bit
+# 56, the signal number above bit 40 (below 64), the step time in microseconds (up to 12 days)
+# below.
+_SAVE_BIT = 1 << 56
 _SIGNAL_SHIFT = 40
 _MICROS_MASK = (1 << _SIGNAL_SHIFT) - 1
 
 
-def check_interval(configured: int, slowest_step: float, warning_seconds: int | None) -> int:
+def check_interval(
+    configured: int,
+    slowest_step: float,
+    warning_seconds: int | None,
+    save_seconds: int | None = None,
+) -> int:
     """Steps until the ranks next agree on a warning: ``train.preemption_check_every_steps``,
     fewer when steps are slow, so that a warning waits at most a quarter of the site's
     ``preemption.warning_seconds`` for the agreement (the rest is for the save and the exit):
     an eighth per interval, as a warning can wait for two of them (the built-in loop carries
-    it in the steps after the call it arrived in: :mod:`hpctf.compute.loop.step_flags`).
+    it in the steps after the call it arrived in: :mod:`hpctf.compute.loop.step_flags`); and
+    at most a tenth of ``checkpoint.every_seconds`` (``save_seconds``), where saves by time
+    are decided (:class:`hpctf.compute.loop.cadence.AgreementClock`).
     Pure, and fed the same values on every rank, so every rank picks the same step."""
-    if not warning_seconds or slowest_step <= 0:
+    if slowest_step <= 0:
         return configured
-    return max(1, min(configured, int(warning_seconds / 8 / slowest_step)))
+    bounds = [configured]
+    if warning_seconds:
+        bounds.append(int(warning_seconds / 8 / slowest_step))
+    if save_seconds:
+        bounds.append(int(save_seconds / 10 / slowest_step))
+    return max(1, min(bounds))
 
 
 def leaving_words(run: RunDir, step: int | None, why: str = "preempted") -> str:

@@ -100,7 +100,9 @@ def open_session(
                 gather=gather,
                 preemption=preemption,
                 watchdog=watchdog,
-                clock=AgreementClock(settings.preemption_check_every_steps, warning_seconds),
+                clock=AgreementClock(
+                    settings.preemption_check_every_steps, warning_seconds, checkpoint.every_seconds
+                ),
                 # After the strategy too: TensorBoard's writer starts TensorFlow's context.
                 records=ChiefRecords(run, spec.is_chief, config),
             )
@@ -154,6 +156,7 @@ class Session:
         self._last_save_seconds: float | None = None  # the last save, for the records
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self._checkpointer: Checkpointer | None = None
+        self._saved_step: int | None = None
         self._records = records
         self._window = (time.perf_counter(), 0)
         startup_clock.mark("session")  # the watchdog, the preemption watch, the records
@@ -205,6 +208,7 @@ class Session:
             log.info("no checkpoint in %s: starting at step 0", self.run.checkpoints)
         self._window = (time.perf_counter(), start)
         self._clock.restart(start)
+        self._saved_step = start
         return start
 
     def step_flags(self) -> StepFlags:
@@ -215,9 +219,15 @@ class Session:
         return flags
 
     @property
-    def checkpoint_every_steps(self) -> int:
-        """checkpoint.every_steps: :meth:`step_done` saves the steps it divides."""
+    def checkpoint_every_steps(self) -> int | None:
+        """checkpoint.every_steps: :meth:`step_done` saves the steps it divides (None: by time
+        only, checkpoint.every_seconds)."""
         return self._checkpoint_settings.every_steps
+
+    @property
+    def last_saved_step(self) -> int | None:
+        """The step this rank last saved (or restored), None before :meth:`track`."""
+        return self._saved_step
 
     @property
     def start_step(self) -> int:
@@ -232,8 +242,12 @@ class Session:
         started = time.perf_counter()
         path = self._checkpointer.save(step)
         self._save_seconds = self._last_save_seconds = time.perf_counter() - started
+        self._saved_step = step
+        self._clock.saved()
         if path is not None:
             log.info("checkpoint %s (%.2f s)", path, self._save_seconds)
+        else:
+            log.info("checkpoint of step %d: the chief's copy (%.2f s)", step, self._save_seconds)
         self.keepalive(f"checkpoint of step {step}")
 
     def wait_for_saves(self) -> None:
@@ -279,7 +293,8 @@ class Session:
         :meth:`next_due`), on every rank: logs progress, checkpoints every
         ``checkpoint.every_steps`` and at the last step, and on a preemption signal to any rank
         saves this step on all ranks and raises :class:`Preempted` (exit status 75), as it does
-        after saving a multiple of ``train.restart_every_steps`` (a planned restart)."""
+        after saving a multiple of ``train.restart_every_steps`` (a planned restart). Saves by
+        time (``checkpoint.every_seconds``) come at an agreement, at one step on every rank."""
         self.keepalive(f"step {step}")
         startup_clock.first_step(step)  # the first call logs where the start's time went
         self.total_steps  # noqa: B018 -- UserError while the last step is unknown
@@ -301,10 +316,15 @@ class Session:
         return self._cadence.next_due(step, self._clock.next)
 
     def _agree(self, step: int, saved: bool) -> None:
-        """The ranks' agreement at ``step``: on a warning to any rank, save (unless ``saved``),
-        record it and raise :class:`Preempted`; at the last step, finish instead."""
-        signum, slowest = self._preemption.agree(self._clock.step_seconds(step))
-        self._clock.agreed(step, slowest)
+        """The ranks' agreement at ``step``: a save by time when any rank voted for one; on a
+        warning to any rank, save (unless ``saved``), record it and raise :class:`Preempted`;
+        at the last step, finish instead."""
+        clock = self._clock
+        signum, slowest, save = self._preemption.agree(clock.step_seconds(step), clock.save_vote())
+        clock.agreed(step, slowest)
+        if save and not saved:
+            self.save(step)
+            saved = True
         late = save_outlasts_warning(self._save_seconds, slowest, self._warning_seconds)
         if late and self.spec.is_chief:
             log.warning("%s", late)

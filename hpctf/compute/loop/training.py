@@ -233,10 +233,6 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         strategy, task, session.global_batch_size, settings.jit_compile, flags
     )
     evaluator = Evaluator(session, task.eval_data, task) if task.eval_data is not None else None
-
-    def evaluate(step: int) -> dict[str, float]:
-        return evaluator.at(step) if evaluator is not None else {}
-
     hooks = TaskCallbacks(
         task.callbacks,
         task.model,
@@ -249,56 +245,78 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
     )
     if hooks:
         hooks.train_begin(start)
-    results: dict[str, float] = {}
     startup_clock.mark("input and step function")
-    evaluated = final = -1  # the step of the last evaluation; the step training ended at
-    every_eval = settings.eval_every_steps
-    step = start
-    while step < total:
-        # The steps up to the next one that calls for anything run in one call; with Keras
-        # callbacks (per-step hooks) one at a time, and the first alone (its time is logged).
-        ahead = 1 if hooks or step == start else session.next_due(step) - step
-        if every_eval:
-            ahead = min(ahead, every_eval - step % every_eval)
-        if hooks:
-            hooks.step_begin(step + 1)
-        flags.push()  # a warning since the last call rides in this one
-        loss = train_step(iterator, ahead)
-        step += ahead
-        if hooks:
-            hooks.step_end(step, loss)  # TerminateOnNaN sees a NaN before hpctf refuses it
-        stopping = bool(hooks) and hooks.stop
-        # Reading the loss on the host waits for the step to finish; do it only when logging,
-        # so the other steps are dispatched back to back.
-        value = None
-        if step % settings.log_every_steps == 0 or step == total or stopping:
-            value = float(loss)
-            if not math.isfinite(value) and not stopping:
-                raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
-        epoch_end = bool(hooks) and (hooks.epoch_ends(step) or step == total or stopping)
-        due = bool(every_eval) and step % (every_eval or 1) == 0
-        if (due and step != total) or (epoch_end and evaluator is not None):
-            results, evaluated = evaluate(step), step
-        if epoch_end:
-            hooks.epoch_end(step, results if evaluated == step else None)
-        session.step_done(step, loss=value)
-        if hooks.stop and step != total:  # model.stop_training: EarlyStopping, TerminateOnNaN
-            if step % session.checkpoint_every_steps:
-                session.save(step)
-            log.info(
-                "training stopped at step %d of %d by a callback (model.stop_training)", step, total
-            )
-            final = step
-            break
-    final = total if final < 0 else final
+    steps = _Steps(session, lambda ahead: train_step(iterator, ahead), flags, hooks, evaluator)
+    final, results, evaluated = steps.run(start)
     if evaluated != final:
-        results = evaluate(final)
+        results = steps.evaluate(final)
     if hooks:
         hooks.train_end({f"val_{name}": value for name, value in results.items()})
     session.keepalive("saving the trained model")
     save_final_model(task.model, session.run, settings, session.spec.is_chief)
     session.finish(final, results)
     exit_later(0)  # bounded from here on every rank
+
+
+@dataclasses.dataclass
+class _Steps:
+    """The built-in loop's steps, from the restored one to the last (or a callback's stop)."""
+
+    session: Session
+    train_step: Callable[[int], Any]  # that many steps in one call; the last one's loss
+    flags: StepFlags
+    hooks: TaskCallbacks
+    evaluator: Evaluator | None
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return self.evaluator.at(step) if self.evaluator is not None else {}
+
+    def run(self, start: int) -> tuple[int, dict[str, float], int]:
+        """Train from ``start``; the step training ended at, the last evaluation's results and
+        the step it was at (-1: none)."""
+        session, hooks, settings = self.session, self.hooks, self.session.settings
+        total, every_eval = session.total_steps, settings.eval_every_steps
+        results: dict[str, float] = {}
+        evaluated = -1
+        step = start
+        while step < total:
+            # The steps up to the next one that calls for anything run in one call; with Keras
+            # callbacks (per-step hooks) one at a time, and the first alone (its time is logged).
+            ahead = 1 if hooks or step == start else session.next_due(step) - step
+            if every_eval:
+                ahead = min(ahead, every_eval - step % every_eval)
+            if hooks:
+                hooks.step_begin(step + 1)
+            self.flags.push()  # a warning since the last call rides in this one
+            loss = self.train_step(ahead)
+            step += ahead
+            if hooks:
+                hooks.step_end(step, loss)  # TerminateOnNaN sees a NaN before hpctf refuses it
+            stopping = bool(hooks) and hooks.stop
+            # Reading the loss on the host waits for the step to finish; do it only when
+            # logging, so the other steps are dispatched back to back.
+            value = None
+            if step % settings.log_every_steps == 0 or step == total or stopping:
+                value = float(loss)
+                if not math.isfinite(value) and not stopping:
+                    raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
+            epoch_end = bool(hooks) and (hooks.epoch_ends(step) or step == total or stopping)
+            due = bool(every_eval) and step % (every_eval or 1) == 0
+            if (due and step != total) or (epoch_end and self.evaluator is not None):
+                results, evaluated = self.evaluate(step), step
+            if epoch_end:
+                hooks.epoch_end(step, results if evaluated == step else None)
+            session.step_done(step, loss=value)
+            if hooks.stop and step != total:  # model.stop_training: EarlyStopping, TerminateOnNaN
+                if session.last_saved_step != step:
+                    session.save(step)
+                log.info(
+                    "training stopped at step %d of %d by a callback (model.stop_training)",
+                    step,
+                    total,
+                )
+                return step, results, evaluated
+        return total, results, evaluated
 
 
 def steps_per_epoch(settings: Train, total: int) -> int:

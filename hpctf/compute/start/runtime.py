@@ -30,6 +30,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.secrets import redact
+from hpctf.core.settings.config import ResolvedConfig
 
 log = logging.getLogger("hpctf.worker")
 
@@ -93,13 +94,8 @@ def startup_checks(spec: ClusterSpec) -> None:
     check_port_free(spec.host, spec.port)
 
 
-def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
-    """Train this task's share of the run; return the process exit code."""
-    startup_clock.mark("python+hpctf")
-    run = RunDir(run_dir.resolve())
-    check_not_a_copy(run)
-    config = run.load_config()
-    spec = cluster_spec(env, config.site.port_range, config.site.hostname_template)
+def _say_who(spec: ClusterSpec, env: Mapping[str, str]) -> None:
+    """The rank log's first lines: this rank, its host and the cluster it joins."""
     log_to_stdout(logging.getLogger("hpctf"), _RankFormatter(spec.task_index))
     # TF's Python logger reports every collective it builds at INFO: keep rank logs readable.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
@@ -113,14 +109,14 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     )
     if spec.is_chief:  # one copy of the list is enough (32,000 entries at 4,000 nodes x 8 GPUs)
         log.info("workers %s", ",".join(spec.workers))
-    # A local launcher's workers end with it (under Slurm, srun and slurmstepd see to it).
-    watch_launcher(env)
-    if run.done.exists():
-        log.info("run already complete (%s exists); nothing to do", run.done)
-        return 0
-    os.environ.update(keras_environment(config.experiment.train))  # before TF is imported
+
+
+def _prepare_node(
+    config: ResolvedConfig, run: RunDir, spec: ClusterSpec, env: Mapping[str, str]
+) -> int | None:
+    """The node's checks (quick or full), the process's environment and path, TensorFlow
+    imported and its GPUs checked; an exit code when a check failed, else None."""
     quick = config.experiment.train.preflight == "quick"
-    startup_clock.mark("config")
     if quick:
         image = config.site.container.image if config.site.container else None
         if (failed := quick_preflight.check_node(run, spec, env, image)) is not None:
@@ -146,7 +142,26 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     elif (failed := quick_preflight.check_tensorflow(run, spec, grant)) is not None:
         return failed
     startup_clock.mark("tensorflow import")
+    return None
 
+
+def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
+    """Train this task's share of the run; return the process exit code."""
+    startup_clock.mark("python+hpctf")
+    run = RunDir(run_dir.resolve())
+    check_not_a_copy(run)
+    config = run.load_config()
+    spec = cluster_spec(env, config.site.port_range, config.site.hostname_template)
+    _say_who(spec, env)
+    # A local launcher's workers end with it (under Slurm, srun and slurmstepd see to it).
+    watch_launcher(env)
+    if run.done.exists():
+        log.info("run already complete (%s exists); nothing to do", run.done)
+        return 0
+    os.environ.update(keras_environment(config.experiment.train))  # before TF is imported
+    startup_clock.mark("config")
+    if (failed := _prepare_node(config, run, spec, env)) is not None:
+        return failed
     if config.experiment.train.script is not None:
         return run_script(config, run, spec)
     # TensorFlow is imported here and nowhere on the login path.

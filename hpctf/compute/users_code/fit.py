@@ -148,7 +148,9 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._running_metrics: list[tuple[Any, Any]] = []
         self._window = (time.perf_counter(), 0)
         self._clock = AgreementClock(
-            self._settings.preemption_check_every_steps, self._warning_seconds
+            self._settings.preemption_check_every_steps,
+            self._warning_seconds,
+            self._checkpoint_settings.every_seconds,
         )
         self._cadence = Cadence(
             self._settings.log_every_steps, self._checkpoint_settings.every_steps, None
@@ -306,6 +308,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._beat(f"step {step}")
         started = time.perf_counter()
         path = self._checkpointer.save(step)
+        self._clock.saved()
         if path is not None:
             log.info("checkpoint %s (%.2f s)", path, time.perf_counter() - started)
         self._beat(f"checkpoint of step {step}")
@@ -313,8 +316,12 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def _check_preemption(self, step: int, saved: bool) -> None:
         if self._preemption is None:
             return
-        signum, slowest = self._preemption.agree(self._clock.step_seconds(step))
-        self._clock.agreed(step, slowest)
+        clock = self._clock
+        signum, slowest, save = self._preemption.agree(clock.step_seconds(step), clock.save_vote())
+        clock.agreed(step, slowest)
+        if save and not saved:  # checkpoint.every_seconds: the same step on every rank
+            self._save(step)
+            saved = True
         if not signum:
             return
         name = signal.Signals(signum).name

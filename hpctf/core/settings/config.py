@@ -246,7 +246,21 @@ class Train(Strict):
 
 
 class Checkpoint(Strict):
-    every_steps: int = Field(100, ge=1, le=MAX_STEPS)
+    # Seconds, not steps, by default: a crash loses the training since the last save, and
+    # only a time bounds that whatever the step time (100 steps of a 1 s step are 100 s).
+    every_seconds: int | None = Field(
+        300,
+        ge=1,
+        le=MAX_SECONDS,
+        description="save at least this often (at one step agreed by every rank): at most "
+        "about this many seconds of training lost to a crash; null: by steps only",
+    )
+    every_steps: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="also save every multiple of this step (whichever of the two comes first)",
+    )
     keep: int = Field(3, ge=1, le=1_000_000)
     asynchronous: bool = Field(
         True,

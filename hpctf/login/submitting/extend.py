@@ -31,6 +31,7 @@ EXTENDABLE_KEYS = (
     "train.log_every_steps",
     "train.eval_every_steps",
     "checkpoint.every_steps",
+    "checkpoint.every_seconds",
     "checkpoint.keep",
 )
 
