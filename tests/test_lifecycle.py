@@ -30,6 +30,7 @@ from hpctf.core.run.journal import (
     STARTED,
     SUBMITTED,
 )
+from hpctf.core.run.rundir import RunDir
 from hpctf.core.run.runstate import starts_of
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.slurm import SlurmError
@@ -40,6 +41,7 @@ from hpctf.login.watching.runs import Run, epoch_seconds
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 from tests.fake_slurm import FakeSlurm, new_run, sacct_line, squeue_line
 from tests.journal_records import write_events
+from tests.webhook_receiver import URL_SECRET, Receiver
 
 # --- fake Slurm commands ---------------------------------------------------------------------
 
@@ -1162,7 +1164,15 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
         cwd=tmp_path,
     ).stdout.strip()
     until(lambda: (slurm.job_info(blocker) or {}).get("JobState") == "RUNNING", "blocker")
-    job, path = real_submit(env, "train.steps=3000", "checkpoint.every_steps=100")
+    # notify: a webhook on loopback (the test cluster's nodes are this machine), every event.
+    receiver = Receiver()
+    job, path = real_submit(
+        env,
+        "train.steps=3000",
+        "checkpoint.every_steps=100",
+        f"notify.webhook={receiver.url}",
+        "notify.on=done,failed,gave_up,budget_exhausted",
+    )
     # Right after sbatch the reason is None until the scheduler has looked at the job.
     until(
         lambda: (status_of(env, path)["slurm"] or {}).get("reason") == "Resources",  # type: ignore[attr-defined]
@@ -1193,6 +1203,13 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", seen["slurm"]["start"])  # type: ignore[index]
     assert seen["state"] == "requeued", seen
     assert wait_for_job(job)["JobState"] == "COMPLETED"
+    # Across the requeue, one message: done, sent by job-end, recorded once; the URL (a
+    # secret) is in no file but secrets.env.
+    receiver.close()
+    assert [m["event"] for m in receiver.got] == ["done"], receiver.got
+    notices = [e for e in RunDir(path).events() if e["event"] == journal.NOTIFIED]
+    assert [(e["notice"], e["start"]) for e in notices] == [("done", 2)], notices
+    assert URL_SECRET not in (path / "config.json").read_text()
     seen = status_of(env, path)
     assert seen["slurm"] == {"state": "COMPLETED", "reason": "", "source": "squeue"}
     assert seen["state"] == "done" and seen["step"] == 3000
