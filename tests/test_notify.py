@@ -146,3 +146,46 @@ def test_the_webhook_is_a_secret_config_json_holds_it_redacted(tmp_path: Path) -
         ResolvedConfig.model_validate_json(frozen), secret_store.read(tmp_path)
     )
     assert back.experiment.notify is not None and back.experiment.notify.webhook == url
+
+
+def test_job_end_requeues_without_a_message_then_tells_done_once_and_a_down_receiver_waits_not(
+    runs_root: Path, fake_sbatch: Path, receiver: Receiver
+) -> None:
+    """Through ``hpctf job-end`` (fake scontrol): the requeue goes out with no message; the
+    end that finishes the run sends ``done`` once, a second job-end nothing; the same with
+    the receiver down: exit 0 at once, one warning line."""
+    from click.testing import CliRunner
+
+    from hpctf.cli import cli
+    from tests.conftest import DIGITS
+    from tests.fake_slurm import fake_command
+
+    fake_command(fake_sbatch.parent / "fakebin", "scontrol", ":")
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]"}
+    for url in (receiver.url, "http://127.0.0.1:9/down"):  # port 9 (discard): nobody listens
+        sets = ["--set", f"notify.webhook={url}", "--set", "notify.on=done,failed"]
+        submitted = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm", *sets])
+        assert submitted.exit_code == 0, submitted.output
+        run_dir = max(runs_root.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+        assert url not in (run_dir / "config.json").read_text()
+        cli_runner = CliRunner()
+        assert cli_runner.invoke(cli, ["job-start", str(run_dir)], env=env).exit_code == 0
+        requeue = cli_runner.invoke(cli, ["job-end", str(run_dir), "--exit-code", "75"], env=env)
+        assert requeue.exit_code == 0 and "requeued" in requeue.output, requeue.output
+        assert len(receiver.got) == (0 if url == receiver.url else 1)  # the requeue: none
+        assert cli_runner.invoke(cli, ["job-start", str(run_dir)], env=env).exit_code == 0
+        (run_dir / "DONE").write_text('{"step": 300}')
+        began = time.monotonic()
+        for _ in range(2):  # a retried job-end
+            done = cli_runner.invoke(cli, ["job-end", str(run_dir), "--exit-code", "0"], env=env)
+            assert done.exit_code == 0, done.output
+        took = time.monotonic() - began
+        if url == receiver.url:
+            assert [m["event"] for m in receiver.got] == ["done"]
+            assert "warning" not in done.output
+        else:
+            assert took < 5.0, took
+            warnings = [line for line in done.stderr.splitlines() if "notify" in line]
+            assert warnings == [
+                "hpctf: warning: notify: done not sent to 127.0.0.1: [Errno 111] Connection refused"
+            ], done.stderr
