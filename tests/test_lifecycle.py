@@ -1243,6 +1243,7 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
         "gpu_hours": 0.0,  # the digits run asks for no GPU
         "starts": 2,
     }, (seen["hours"], out)
+    print(f"run hours: {seen['hours']}; sacct's sum {node_hours:.6f} node-h")
 
 
 def test_job_record_final() -> None:
