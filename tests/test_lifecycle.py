@@ -30,6 +30,7 @@ from hpctf.core.run.journal import (
     STARTED,
     SUBMITTED,
 )
+from hpctf.core.run.rundir import RunDir
 from hpctf.core.run.runstate import starts_of
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.slurm import SlurmError
@@ -40,6 +41,7 @@ from hpctf.login.watching.runs import Run, epoch_seconds
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 from tests.fake_slurm import FakeSlurm, new_run, sacct_line, squeue_line
 from tests.journal_records import write_events
+from tests.webhook_receiver import URL_SECRET, Receiver
 
 # --- fake Slurm commands ---------------------------------------------------------------------
 
@@ -614,15 +616,19 @@ def test_runs_lists_newest_first_without_asking_slurm(
     result = CliRunner().invoke(cli, ["runs"])
     assert result.exit_code == 0, result.output
     header, *rows = result.output.splitlines()
-    assert header.split() == ["RUN", "CREATED", "SITE", "STATE", "LAST", "STEP"]
+    assert header.split() == ["RUN", "CREATED", "SITE", "STATE", "LAST", "STEP", "NODE-H", "GPU-H"]
     assert [row.split()[0] for row in rows] == [second.name, first.name]
-    assert rows[0].split()[2:] == ["local-slurm", "queued", "-"]
-    assert rows[1].split()[2:] == ["local-slurm", "running", "120"]
+    # The fake cluster keeps no accounting: no hours, said in one word.
+    assert rows[0].split()[2:] == ["local-slurm", "queued", "-", "unaccounted", "-"]
+    assert rows[1].split()[2:] == ["local-slurm", "running", "120", "unaccounted", "-"]
     document = json.loads(CliRunner().invoke(cli, ["runs", "--json"]).stdout)
     assert document["root"] == str(runs_root)
     assert [r["run"] for r in document["runs"]] == [second.name, first.name]
-    assert set(document["runs"][0]) == {"run", "path", "created", "site", "state", "last_step"}
-    assert not fake_slurm.calls("squeue") and not fake_slurm.calls("sacct")
+    keys = {"run", "path", "created", "site", "state", "last_step", "hours"}
+    assert set(document["runs"][0]) == keys and document["runs"][0]["hours"] == "unaccounted"
+    # One sacct call for the hours of every run (two commands: two calls), no squeue.
+    assert not fake_slurm.calls("squeue")
+    assert len(fake_slurm.calls("sacct")) == 2 and "--duplicates" in fake_slurm.calls("sacct")[0]
 
 
 @pytest.mark.parametrize("command", [["status"], ["runs"], ["logs", "--rank", "0"]])
@@ -1158,7 +1164,15 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
         cwd=tmp_path,
     ).stdout.strip()
     until(lambda: (slurm.job_info(blocker) or {}).get("JobState") == "RUNNING", "blocker")
-    job, path = real_submit(env, "train.steps=3000", "checkpoint.every_steps=100")
+    # notify: a webhook on loopback (the test cluster's nodes are this machine), every event.
+    receiver = Receiver()
+    job, path = real_submit(
+        env,
+        "train.steps=3000",
+        "checkpoint.every_steps=100",
+        f"notify.webhook={receiver.url}",
+        "notify.on=done,failed,gave_up,budget_exhausted",
+    )
     # Right after sbatch the reason is None until the scheduler has looked at the job.
     until(
         lambda: (status_of(env, path)["slurm"] or {}).get("reason") == "Resources",  # type: ignore[attr-defined]
@@ -1189,6 +1203,13 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", seen["slurm"]["start"])  # type: ignore[index]
     assert seen["state"] == "requeued", seen
     assert wait_for_job(job)["JobState"] == "COMPLETED"
+    # Across the requeue, one message: done, sent by job-end, recorded once; the URL (a
+    # secret) is in no file but secrets.env.
+    receiver.close()
+    assert [m["event"] for m in receiver.got] == ["done"], receiver.got
+    notices = [e for e in RunDir(path).events() if e["event"] == journal.NOTIFIED]
+    assert [(e["notice"], e["start"]) for e in notices] == [("done", 2)], notices
+    assert URL_SECRET not in (path / "config.json").read_text()
     seen = status_of(env, path)
     assert seen["slurm"] == {"state": "COMPLETED", "reason": "", "source": "squeue"}
     assert seen["state"] == "done" and seen["step"] == 3000
@@ -1196,17 +1217,33 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
     reasons = [s["reason"] for s in seen["starts"]]  # type: ignore[attr-defined,index]
     assert reasons in (["node_fail", "done"], ["preempted", "done"]), reasons
     calls.unlink()
-    status_of(env, path)
-    assert [line.split()[0] for line in calls.read_text().splitlines()] == ["squeue"]
-    if accounting():  # sacct -D keeps every run of the job: the requeued one, then the last
-        out = subprocess.run(
-            ["sacct", "-D", "-X", "-n", "-P", f"-j{job}", "--format=JobIDRaw,State"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        assert out.splitlines() == [f"{job}|REQUEUED", f"{job}|COMPLETED"], out
+    seen = status_of(env, path)
+    # squeue for the state; one sacct for the hours (which asks every start: --duplicates).
+    said = calls.read_text().splitlines()
+    assert [line.split()[0] for line in said] == ["squeue", "sacct"], said
+    assert "--duplicates" in said[1] and f"--jobs={job}" in said[1], said
+    if not accounting():
+        assert seen["hours"] == "unaccounted", seen
+        return
+    # sacct -D keeps every run of the job: the requeued one, then the last.
+    out = subprocess.run(
+        ["sacct", "-D", "-X", "-n", "-P", f"-j{job}", "--format=JobIDRaw,State,ElapsedRaw,NNodes"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = [line.split("|") for line in out.splitlines()]
+    assert [(f[0], f[1]) for f in lines] == [(job, "REQUEUED"), (job, "COMPLETED")], out
+    # The run's node-hours are what sacct says both starts held, summed here from its text.
+    node_hours = sum(int(f[2]) * int(f[3]) for f in lines) / 3600
+    assert node_hours > 0, out
+    assert seen["hours"] == {
+        "node_hours": round(node_hours, 6),
+        "gpu_hours": 0.0,  # the digits run asks for no GPU
+        "starts": 2,
+    }, (seen["hours"], out)
+    print(f"run hours: {seen['hours']}; sacct's sum {node_hours:.6f} node-h")
 
 
 def test_job_record_final() -> None:

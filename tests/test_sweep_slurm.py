@@ -5,10 +5,12 @@ done. One sweep serves every assertion (a few minutes of TensorFlow on 2 cores o
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,5 +131,31 @@ def test_a_sweep_is_one_throttled_array_whose_tasks_requeue_alone(
         (i, "done", STEPS) for i in range(3)
     ]
     assert all(p["eval"].get("accuracy", 0) > 0.5 for p in document["points"])
+    assert_hours_are_saccts(env, document, runs, [array, *second])
     print(f"sweep test: {took:.0f} s to all DONE; {len(sample.counts)} squeue samples, "
           f"at most {max(sample.counts)} RUNNING")  # fmt: skip
+
+
+def assert_hours_are_saccts(
+    env: dict[str, str], document: dict[str, Any], runs: list[Path], arrays: list[str]
+) -> None:
+    """Each point's node-hours, and the sweep's, are what sacct says every start of its jobs
+    held (the requeued point: two starts; the resubmitted one: a job in each array), summed
+    here from sacct's own text."""
+    if os.environ.get("HPCTF_SLURM_ACCOUNTING", "0") != "1":
+        assert document["hours"] == "unaccounted"
+        return
+    out = subprocess.run(
+        ["sacct", "-D", "-X", "-n", "-P", f"-j{','.join(arrays)}",
+         "--format=JobID,ElapsedRaw,NNodes"],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    lines = [line.split("|") for line in out.splitlines()]
+    for run, point in zip(runs, document["points"], strict=True):
+        jobs = {str(e["job_id"]) for e in RunDir(run).events() if e.get("job_id")}
+        held = sum(int(f[1]) * int(f[2]) for f in lines if f[0] in jobs) / 3600
+        assert held > 0 and point["hours"]["node_hours"] == pytest.approx(held, abs=1e-6), out
+    total = sum(int(f[1]) * int(f[2]) for f in lines) / 3600
+    assert document["hours"]["node_hours"] == pytest.approx(total, abs=1e-6), out
+    assert document["points"][0]["hours"]["starts"] == 2  # preempted, requeued, done
+    print(f"sweep hours: {document['hours']}; sacct's sum {total:.6f} node-h")

@@ -26,6 +26,7 @@ from hpctf.core.run.ends import (
     saved_on_warning,
     since_last_start,
 )
+from hpctf.core.run.notifications import notify_end
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.run.runstate import Budgets, after_end, before_start, run_state
@@ -94,6 +95,7 @@ def job_start(run_dir: Path) -> None:
     )
     if decision.gave_up:
         journal.record_gave_up(run, job_id, decision.why)
+        notify_end(run, config, job_id)
         raise _GaveUp(f"hpctf: not starting job {job_id}: {decision.why}")
 
 
@@ -240,8 +242,10 @@ def job_end(run_dir: Path, exit_code: int) -> None:
             # Slurm ends this job itself and may have requeued it: the trap gave it a start
             # time past KillWait; this shell ends now, so sooner will do.
             release(run, job_id, slurm.RELEASE_AFTER_S)
+        notify_end(run, config, job_id)  # no requeue follows: done, failed (notify:)
     elif decision.gave_up:
         journal.record_gave_up(run, job_id, decision.why)
+        notify_end(run, config, job_id)
         message = f"hpctf: job {job_id} not requeued: {decision.why}"
         if "hpctf resubmit" not in decision.why:  # a full disk's line already says it
             message += f"; after a fix, resume with hpctf resubmit {run.path}"

@@ -66,20 +66,30 @@ class Run:
 
     def status(self) -> dict[str, Any]:
         """The document ``hpctf status RUN --json`` prints for this run (its ``runs[0]``):
-        state and why, job, Slurm's word, step, loss, evaluations, each start."""
+        state and why, job, Slurm's word, step, loss, evaluations, each start, and the
+        node- and GPU-hours it cost (``hours``: one sacct call; "unaccounted" without
+        Slurm's accounting)."""
+        return self._document(hours=True)
+
+    def _document(self, hours: bool) -> dict[str, Any]:
+        from hpctf.core.run.hours import hours_json
+        from hpctf.login.watching.hours_view import hours_of
         from hpctf.login.watching.run_report import run_document
         from hpctf.login.watching.runs import Run as RunRecord
         from hpctf.login.watching.slurm_view import job_states
 
         record = RunRecord.read(self.path)
         view = job_states([record], all_jobs=True)
-        return run_document(record, view, time.time(), full=True)
+        document = run_document(record, view, time.time(), full=True)
+        if hours:
+            document["hours"] = hours_json(hours_of([record])[record.run.path])
+        return document
 
     @property
     def state(self) -> str:
         """queued, running, requeued, preempted, done, failed, gave_up, cancelled, or (a local
         run whose launcher was stopped by a signal) interrupted."""
-        return str(self.status()["state"])
+        return str(self._document(hours=False)["state"])
 
     def wait(self, timeout: float | None = None, poll: float = 10.0, check: bool = False) -> str:
         """Block until the run ends (done, failed, gave_up, cancelled; preempted with no job
@@ -88,7 +98,7 @@ class Run:
         many seconds; ``check``: raise :class:`RunFailed` unless the run is done."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            document = self.status()
+            document = self._document(hours=False)  # one squeue call a look, no sacct
             state = str(document["state"])
             if _ended(document):
                 if check and state != "done":

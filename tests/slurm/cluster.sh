@@ -284,6 +284,8 @@ accounting_lines() {
         printf '%s\n' AccountingStorageType=accounting_storage/slurmdbd \
             AccountingStorageHost=localhost "AccountingStoragePort=$DBD_PORT" \
             "AccountingStoragePass=$MUNGE_SOCKET"
+        # GPUs in each allocation's TRES (sacct AllocTRES), for hpctf's GPU-hours.
+        echo AccountingStorageTRES=gres/gpu
     else
         echo AccountingStorageType=accounting_storage/none
     fi

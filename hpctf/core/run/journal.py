@@ -56,6 +56,7 @@ RELEASED: Final = "released"  # job-signal, job-end: Slurm's hold on the requeue
 GAVE_UP: Final = "gave_up"  # job-start, job-end: the run's budgets say no
 CANCELLED: Final = "cancelled"  # cancel, a local Ctrl-C: the user stopped the run's jobs
 NOT_STARTED: Final = "not_started"  # job-start: another job owns the run; this one ended at once
+NOTIFIED: Final = "notified"  # job-end, the local launcher: notify: told the owner of an event
 
 EVENTS: Final = frozenset(
     {
@@ -79,6 +80,7 @@ EVENTS: Final = frozenset(
         GAVE_UP,
         CANCELLED,
         NOT_STARTED,
+        NOTIFIED,
     }
 )
 
@@ -324,3 +326,9 @@ def record_gave_up(run: RunDir, job_id: str, why: str) -> None:
 
 def record_cancelled(run: RunDir, jobs: Sequence[str]) -> None:
     run.record(CANCELLED, jobs=[str(job) for job in jobs])
+
+
+def record_notified(run: RunDir, job_id: str, notice: str, start: int, via: str) -> None:
+    """``notify:``'s message of event ``notice`` for the run's ``start``-th start (counted
+    from 1) went out ``via`` a webhook: a retried job-end sends it no second time."""
+    run.record(NOTIFIED, job_id=job_id, notice=notice, start=start, via=via)

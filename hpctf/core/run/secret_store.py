@@ -4,7 +4,8 @@
 value reads ``***``, the tracking URI ``http://alice:***@host``. The values are in
 ``secrets.env`` alone: one ``export NAME='value'`` line per secret ``env:`` entry (which the
 batch script sources) and one unexported ``HPCTF_TRACKING_URI='...'`` line for a tracking URI
-holding a password. :meth:`RunDir.load_config` puts them back (:func:`restore`) for whoever may
+holding a password, and one unexported line per ``notify.webhook`` (:data:`WEBHOOK_VARS`).
+:meth:`RunDir.load_config` puts them back (:func:`restore`) for whoever may
 read ``secrets.env`` -- the run's owner: the worker, ``resubmit``, ``sweep``, ``render -o``;
 anyone else reads the redacted config.
 """
@@ -12,7 +13,9 @@ anyone else reads the redacted config.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hpctf.core.safe_files import write_atomic
 from hpctf.core.secrets import REDACTED, SECRETS_FILE, redact, secret_env, shell_file, uri_passwords
@@ -20,6 +23,10 @@ from hpctf.core.settings.config import ResolvedConfig
 
 # secrets.env's name for the tracking URI: read back by restore(), never exported to the job.
 TRACKING_URI_VAR = "HPCTF_TRACKING_URI"
+# secrets.env's names for the notify: webhooks (a Slack or Teams URL is its own credential),
+# the experiment's and the site's: read back by restore(), never exported to the job.
+WEBHOOK_VARS = {"experiment": "HPCTF_NOTIFY_WEBHOOK", "site": "HPCTF_SITE_NOTIFY_WEBHOOK"}
+UNEXPORTED = frozenset({TRACKING_URI_VAR, *WEBHOOK_VARS.values()})
 
 
 def split(config: ResolvedConfig) -> tuple[ResolvedConfig, dict[str, str]]:
@@ -39,7 +46,25 @@ def split(config: ResolvedConfig) -> tuple[ResolvedConfig, dict[str, str]]:
         )
         experiment = experiment.model_copy(update={"tracking": tracking})
     site = config.site.model_copy(update={"env": _redacted(site_env)})
+    experiment, site = _webhooks_swapped(experiment, site, lambda where, url: REDACTED, secrets)
     return config.model_copy(update={"site": site, "experiment": experiment}), secrets
+
+
+def _webhooks_swapped(
+    experiment: Any, site: Any, new: Callable[[str, str], str], found: dict[str, str] | None
+) -> tuple[Any, Any]:
+    """``experiment`` and ``site`` with each ``notify.webhook`` replaced by ``new(where,
+    url)``; each URL kept in ``found`` (by :data:`WEBHOOK_VARS`' name) when given."""
+    parts = {"experiment": experiment, "site": site}
+    for where, part in parts.items():
+        notify = part.notify
+        if notify is None or not notify.webhook:
+            continue
+        if found is not None:
+            found[WEBHOOK_VARS[where]] = notify.webhook
+        swapped = notify.model_copy(update={"webhook": new(where, notify.webhook)})
+        parts[where] = part.model_copy(update={"notify": swapped})
+    return parts["experiment"], parts["site"]
 
 
 def restore(config: ResolvedConfig, secrets: dict[str, str]) -> ResolvedConfig:
@@ -59,15 +84,18 @@ def restore(config: ResolvedConfig, secrets: dict[str, str]) -> ResolvedConfig:
         )
         experiment = experiment.model_copy(update={"tracking": tracking})
     site = config.site.model_copy(update={"env": back(config.site.env)})
+    experiment, site = _webhooks_swapped(
+        experiment, site, lambda where, url: secrets.get(WEBHOOK_VARS[where], url), None
+    )
     return config.model_copy(update={"site": site, "experiment": experiment})
 
 
 def text(secrets: dict[str, str]) -> str:
     """``secrets.env``'s text for ``secrets`` (:func:`split`'s)."""
-    exported = {k: v for k, v in secrets.items() if k != TRACKING_URI_VAR}
+    exported = {k: v for k, v in secrets.items() if k not in UNEXPORTED}
     out = shell_file(exported)
-    if TRACKING_URI_VAR in secrets:
-        out += f"{TRACKING_URI_VAR}={shlex.quote(secrets[TRACKING_URI_VAR])}\n"
+    for name in sorted(UNEXPORTED & set(secrets)):
+        out += f"{name}={shlex.quote(secrets[name])}\n"
     return out
 
 

@@ -215,3 +215,35 @@ def max_array_size(env: Mapping[str, str] | None = None) -> int:
         if key.strip() == "MaxArraySize" and value.strip().isdigit():
             return int(value.strip())
     raise SlurmError(["scontrol", "show", "config"], 0, "", "no MaxArraySize in its output")
+
+
+# sacct_usage's fields (hpctf.core.run.hours.USAGE_FIELDS reads them, in this order), and how
+# many ids one call names: Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN).
+USAGE_FIELDS = ("JobID", "State", "ElapsedRaw", "NNodes", "AllocTRES")
+USAGE_IDS_PER_CALL = 5000
+
+
+def sacct_usage(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
+    """What the accounting database says each start of ``job_ids`` held and for how long:
+    sacct's own text (``--allocations --duplicates --parsable2``, :data:`USAGE_FIELDS`), for
+    :func:`hpctf.core.run.hours.parse_usage`. One call for every job (a call per
+    :data:`USAGE_IDS_PER_CALL` ids); the tasks of a job array are asked by the array's id, once.
+    None when the cluster keeps no accounting. Raises SlurmError when slurmdbd cannot answer."""
+    asked = sorted({job_id.split("_")[0] for job_id in checked_job_ids(job_ids)}, key=int)
+    texts = []
+    for first in range(0, len(asked), USAGE_IDS_PER_CALL):
+        chunk = asked[first : first + USAGE_IDS_PER_CALL]
+        argv = [
+            "sacct",
+            f"--jobs={','.join(chunk)}",
+            "--allocations",
+            "--duplicates",
+            "--noheader",
+            "--parsable2",
+            f"--format={','.join(USAGE_FIELDS)}",
+        ]
+        try:
+            texts.append(query(argv, env=env))
+        except SlurmNoAccounting:
+            return None
+    return "".join(texts)

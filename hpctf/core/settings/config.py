@@ -21,6 +21,7 @@ from pydantic import (
 from hpctf.core.scheduler.hostnames import check_hostname_template
 from hpctf.core.scheduler.launcher import allows_containers
 from hpctf.core.settings.container import Container
+from hpctf.core.settings.notify import Notify
 from hpctf.core.settings.sbatch_options import normalize_sbatch_option
 from hpctf.core.settings.tracking import Tracking
 from hpctf.core.settings.values import (
@@ -282,6 +283,9 @@ class Experiment(Strict):
         default_factory=Checkpoint, description="when the workers save, and how many are kept"
     )
     tracking: Tracking = Field(default_factory=Tracking)
+    notify: Notify | None = Field(
+        None, description="email and/or webhook on done, failed, gave_up, budget_exhausted"
+    )
     env: dict[str, EnvValue] = Field(
         default_factory=dict, description="exported after the site's env; values are literal"
     )
@@ -403,6 +407,9 @@ class Site(Strict):
     )
     doctor: Doctor = Field(default_factory=Doctor, description="thresholds for hpctf doctor")
     sweep: Sweep = Field(default_factory=Sweep, description="how hpctf sweep submits job arrays")
+    notify: Notify | None = Field(
+        None, description="every run's notify: unless its experiment has one"
+    )
     container: Container | None = Field(
         None, description="run the workers in a container: runtime, image, mounts, env, python"
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.scheduler.launcher import launcher_for
+from hpctf.core.settings.notify import mail_types, notify_of
 
 KeyPath = tuple[str, ...]
 Config = Any  # a hpctf.core.settings.config.ResolvedConfig
@@ -73,7 +74,16 @@ def _exclusive(config: Config, run_dir: Path) -> Any:
 
 
 def _mail_type(config: Config, run_dir: Path) -> Any:
-    return ",".join(config.experiment.resources.mail_type) or ABSENT
+    """resources.mail_type, and the types ``notify: {email}`` stands for (its events)."""
+    given = list(config.experiment.resources.mail_type)
+    given += [kind for kind in mail_types(notify_of(config)) if kind not in given]
+    return ",".join(given) or ABSENT
+
+
+def _mail_user(config: Config, run_dir: Path) -> Any:
+    """resources.mail_user, else ``notify: {email}``."""
+    notify = notify_of(config)
+    return config.experiment.resources.mail_user or (notify and notify.email) or ABSENT
 
 
 def _dependency(config: Config, run_dir: Path) -> Any:
@@ -184,7 +194,7 @@ OPTIONS: tuple[Option, ...] = (
         "mail-user",
         ("resources", "mail_user"),
         "set resources.mail_user",
-        value=_resource("mail_user"),
+        value=_mail_user,
     ),
     Option(
         "dependency",

@@ -23,6 +23,7 @@ import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
+from hpctf.core.run.hours import hours_json, hours_text, summed
 from hpctf.core.run.jobs import open_jobs as open_jobs_of
 from hpctf.core.run.rundir import RunDir, runs_root
 from hpctf.core.safe_files import write_atomic
@@ -41,6 +42,7 @@ from hpctf.login.sweeps.plan import (
     chunks,
 )
 from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
+from hpctf.login.watching.hours_view import hours_of
 from hpctf.login.watching.slurm_view import job_states, slurm_records
 
 # A stand-in run directory: every point's script, rendered for it, must be the same script.
@@ -213,16 +215,26 @@ def sweep_status(
     runs = record.runs()
     view = job_states(runs, all_jobs=False)
     documents = point_documents(record, runs, view, time.time())
+    hours = hours_of(runs)
+    for run, document in zip(runs, documents, strict=True):
+        document["hours"] = hours_json(hours[run.run.path])
+    total = summed(hours.values())
     if sort:
         documents = [dict(d) for d in rank(documents, sort, top=top)]
     elif top:
         raise UserError("--top K needs --sort METRIC, e.g. --sort eval.accuracy --top 3")
     if as_json:
         notes = [view.problem] if view.problem else []
-        document = {"sweep": str(record.path), "points": documents, "notes": notes}
+        document = {
+            "sweep": str(record.path),
+            "points": documents,
+            "hours": hours_json(total),
+            "notes": notes,
+        }
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo(status_text(record, documents), nl=False)
+        click.echo(f"hours: {hours_text(total)} over {len(runs)} point(s)")
 
 
 def sweep_cancel(path: Path) -> None:

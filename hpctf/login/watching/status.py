@@ -1,6 +1,7 @@
 """``hpctf status`` and ``hpctf runs``: one run in full, many as a table, ``--json`` for
-scripts. At most one squeue and one sacct call per command (:mod:`hpctf.login.watching.slurm_view`);
-``runs`` asks Slurm nothing.
+scripts. At most one squeue and one sacct call per command for the jobs' states
+(:mod:`hpctf.login.watching.slurm_view`); ``status RUN`` and ``runs`` make one sacct call
+more, for the hours (:mod:`hpctf.login.watching.hours_view`), the one Slurm call of ``runs``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.printable import printable as _printable
+from hpctf.core.run.hours import hours_json, hours_text, summed
 from hpctf.core.secrets import redact
 from hpctf.login.sweeps.commands import sweep_status
 from hpctf.login.sweeps.sweep_dir import (
@@ -26,6 +28,7 @@ from hpctf.login.sweeps.sweep_dir import (
     summary,
     sweep_document,
 )
+from hpctf.login.watching.hours_view import hours_of
 from hpctf.login.watching.run_report import describe_run, format_table, run_document, status_table
 from hpctf.login.watching.runs import (
     ACTIVE_RUN_STATES,
@@ -137,6 +140,9 @@ def status(
     view = job_states(runs, all_jobs=single)
     now = time.time()
     documents = [run_document(run, view, now, full=single) for run in runs]
+    if single:  # one sacct call more; the table of many runs keeps to one of each
+        hours = hours_of(runs)
+        documents[0]["hours"] = hours_json(hours[runs[0].run.path])
     if as_json:
         notes = [view.problem] if view.problem else []
         click.echo(
@@ -144,6 +150,7 @@ def status(
         )
     elif single:
         click.echo(for_terminal(describe_run(runs[0], documents[0])), nl=False)
+        click.echo(f"hours: {hours_text(hours[runs[0].run.path])}")
     elif documents or sweeps:
         click.echo(for_terminal(status_table(documents, sweeps)), nl=False)
 
@@ -153,12 +160,17 @@ def status(
 @_root_option
 @_where_site_option
 def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
-    """List the runs under the runs root, newest first: name, created, site, state, last step.
+    """List the runs under the runs root, newest first: name, created, site, state, last step,
+    node-hours and GPU-hours (a sweep: summed over its points; "unaccounted" without Slurm's
+    accounting).
 
-    From the run directories alone (no Slurm call): the state is hpctf's, from each journal.
+    The state is hpctf's, from each journal; one sacct call for the hours of every Slurm run.
     """
     where = runs_root_for(root, site_name, os.environ)
     found = find_runs(where)
+    sweep_records = find_sweeps(where)
+    sweep_points = [record.runs() for record in sweep_records]
+    hours = hours_of([*found, *(run for points in sweep_points for run in points)])
     documents: list[dict[str, Any]] = []
     for run in found:
         records = metric_records(run.run.metrics, METRICS_TAIL_BYTES)
@@ -170,11 +182,13 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
                 "site": run.config.site.name,
                 "state": run.state.state,
                 "last_step": max((int(r["step"]) for r in records), default=None),
+                "hours": hours_json(hours[run.run.path]),
             }
         )
     sweeps = []
-    for record in find_sweeps(where):
-        points = [{"state": run.state.state} for run in record.runs()]
+    for record, point_runs in zip(sweep_records, sweep_points, strict=True):
+        points = [{"state": run.state.state} for run in point_runs]
+        sweep_hours = summed(hours[run.run.path] for run in point_runs)
         sweeps.append(
             {
                 "sweep": record.path.name,
@@ -183,6 +197,7 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
                 "site": record.data.get("site"),
                 "points": len(points),
                 "states": summary(points),
+                "hours": hours_json(sweep_hours),
             }
         )
     if as_json:
@@ -194,21 +209,40 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
         click.echo(f"no runs under {where}", err=True)
         return
     rows = [
-        (d["run"], d["created"], d["site"], d["state"], str(d["last_step"] or "-"))
+        (
+            d["run"],
+            d["created"],
+            d["site"],
+            d["state"],
+            str(d["last_step"] or "-"),
+            *hours_cells(d["hours"]),
+        )
         for d in documents
     ]
     if rows:
-        click.echo(
-            for_terminal(format_table(("RUN", "CREATED", "SITE", "STATE", "LAST STEP"), rows)),
-            nl=False,
-        )
+        header = ("RUN", "CREATED", "SITE", "STATE", "LAST STEP", "NODE-H", "GPU-H")
+        click.echo(for_terminal(format_table(header, rows)), nl=False)
     if sweeps:
         sweep_rows = [
-            (str(s["sweep"]), str(s["created"]), str(s["site"]), str(s["states"])) for s in sweeps
+            (
+                str(s["sweep"]),
+                str(s["created"]),
+                str(s["site"]),
+                str(s["states"]),
+                *hours_cells(s["hours"]),  # type: ignore[arg-type]
+            )
+            for s in sweeps
         ]
-        click.echo(
-            for_terminal(format_table(("SWEEP", "CREATED", "SITE", "POINTS"), sweep_rows)), nl=False
-        )
+        sweep_header = ("SWEEP", "CREATED", "SITE", "POINTS", "NODE-H", "GPU-H")
+        click.echo(for_terminal(format_table(sweep_header, sweep_rows)), nl=False)
+
+
+def hours_cells(hours: dict[str, Any] | str) -> tuple[str, str]:
+    """A table's NODE-H and GPU-H cells: two decimals, or the one word of a run without
+    accounting."""
+    if isinstance(hours, str):
+        return hours, "-"
+    return f"{hours['node_hours']:.2f}", f"{hours['gpu_hours']:.2f}"
 
 
 COMMANDS = (status, runs)

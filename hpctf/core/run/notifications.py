@@ -1,0 +1,111 @@
+"""``notify:``'s webhook: one message per event a run's owner asked for (done, failed,
+gave_up, budget_exhausted), sent by whoever ends a start (``hpctf job-end``, ``job-start``
+when the budgets say no, the local launcher), after the end is recorded and only when no
+requeue follows.
+
+Once per event: each message sent is recorded in the run's journal (``notified``, with the
+start it is about), and a retried job-end finds it there. Never in the way: a receiver that
+is down, slow or refuses costs at most :data:`TIMEOUT_S` and one warning line on stderr, and
+nothing is recorded (a later job-end of the same start tries again). The URL is a secret
+(:mod:`hpctf.core.run.secret_store`): no line names more of it than its host.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+from hpctf.core.printable import printable
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.run.runstate import run_state
+from hpctf.core.settings.config import ResolvedConfig
+from hpctf.core.settings.notify import notify_of
+
+# Seconds one message may take: a batch shell that ends a job waits no longer.
+TIMEOUT_S = 5.0
+
+# The run's states after an end that its owner may want to hear of (runstate's words).
+_FINAL = {"done": "done", "failed": "failed", "gave_up": "gave_up"}
+# Words of runstate's why for a run that gave up because a requeue budget is spent
+# (hpctf.core.run.runstate.after_end and before_start).
+_BUDGET_WORDS = ("requeues used of", "over the budget of")
+
+Post = Callable[[str, bytes, float], None]
+
+
+def event_of(state: str, why: str) -> str | None:
+    """The notify event for a run in ``state`` (``why``: runstate's reason), or None."""
+    event = _FINAL.get(state)
+    if event == "gave_up" and any(words in why for words in _BUDGET_WORDS):
+        return "budget_exhausted"
+    return event
+
+
+def wanted(event: str, on: Sequence[str]) -> bool:
+    """Whether ``event`` is one the owner picked: ``gave_up`` covers ``budget_exhausted``."""
+    return event in on or (event == "budget_exhausted" and "gave_up" in on)
+
+
+def message(run_name: str, run_dir: str, event: str, why: str) -> dict[str, Any]:
+    """The JSON a webhook gets: ``text`` for Slack, Teams and Mattermost, and the fields."""
+    said = f"hpctf: run {run_name} {event.replace('_', ' ')}" + (f": {why}" if why else "")
+    return {"text": said, "run": run_name, "run_dir": run_dir, "event": event, "why": why}
+
+
+def post_json(url: str, body: bytes, timeout: float) -> None:
+    """POST ``body`` (JSON) to ``url``; raise OSError (URLError, HTTPError, a timeout) when it
+    does not answer 2xx within ``timeout`` seconds."""
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        response.read(1024)
+
+
+def notify_end(
+    run: RunDir,
+    config: ResolvedConfig,
+    job_id: str,
+    post: Post = post_json,
+    err: IO[str] | None = None,
+    timeout: float = TIMEOUT_S,
+) -> str | None:
+    """Tell the run's owner how the start that just ended left the run, when ``notify:`` has
+    a webhook and asked for that event and no message for it and this start went out before;
+    return the event sent, else None."""
+    notify = notify_of(config)
+    if notify is None or not notify.webhook:
+        return None
+    events = run.events()
+    state = run_state(events)
+    event = event_of(state.state, state.why)
+    if event is None or not wanted(event, notify.on):
+        return None
+    start = len(state.starts)
+    if any(_is_notice(e, event, start) for e in events):
+        return None
+    body = json.dumps(message(run.path.name, str(run.path), event, state.why)).encode()
+    try:
+        post(notify.webhook, body, timeout)
+    except (OSError, ValueError) as exc:  # URLError and timeouts are OSErrors
+        host = urlsplit(notify.webhook).hostname or "?"
+        why = getattr(exc, "reason", None) or exc.__class__.__name__
+        line = f"hpctf: warning: notify: {event} not sent to {host}: {why}"
+        print(printable(line, keep_lines=False), file=err or sys.stderr)
+        return None
+    journal.record_notified(run, job_id, event, start, "webhook")
+    return event
+
+
+def _is_notice(entry: Mapping[str, Any], event: str, start: int) -> bool:
+    return (
+        entry.get("event") == journal.NOTIFIED
+        and entry.get("notice") == event
+        and entry.get("start") == start
+    )
