@@ -11,7 +11,7 @@ from typing import Any
 
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import Budgets
+from hpctf.core.run.history.runstate import Budgets
 
 BUDGETS = Budgets(preemption=2, failure=2)
 

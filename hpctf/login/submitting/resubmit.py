@@ -14,10 +14,9 @@ import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, ownership, snapshot
-from hpctf.core.run.jobs import jobs_of
+from hpctf.core.run.history import read_history
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir, with_snapshot
-from hpctf.core.run.runstate import run_state
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES
@@ -46,7 +45,8 @@ def resubmit_run(
     it was."""
     run = RunDir.open(run_dir)
     check_not_a_copy(run)  # a copy's script would start the original
-    run.check_journal()  # which jobs may still run must come from a whole journal
+    history = read_history(run)
+    history.require_whole()  # which jobs may still run must come from a whole journal
     config = run.load_config()
     if overrides:
         if from_scratch:
@@ -63,7 +63,7 @@ def resubmit_run(
     launcher.check_exclude(exclude, run.path)
     if launcher.slurm:
         # Two jobs on one run directory would write the same checkpoints.
-        for job in jobs_of(run.events()):
+        for job in history.jobs:
             if job.ended:
                 continue
             info = slurm.job_info(job.job_id)
@@ -73,7 +73,7 @@ def resubmit_run(
                     f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
                     f"stop it with: hpctf cancel {run.path}"
                 )
-    elif local_launcher(run) is None:
+    elif local_launcher(run, history) is None:
         # A killed local launcher's workers save and end on their own (launcher_watch): wait
         # for them rather than start a second set beside them. A live launcher: refused below.
         wait_for_old_workers(run)
@@ -89,15 +89,17 @@ def resubmit_run(
         )
         raise UserError(f"{owner.describe()} owns {run.path}; wait for it, or {stop}")
     try:
+        failed = () if retry_failed_nodes else history.failed_nodes
         status = _start_again(
-            run, config, exclude, retry_failed_nodes, update_code, from_scratch, overrides, caller
+            run, config, exclude, failed, update_code, from_scratch, overrides, caller
         )
     except BaseException:
         ownership.give_up(run.path, claim)
         raise
     if launcher.slurm:
-        submitted = [e for e in run.events() if e.get("event") == journal.SUBMITTED]
-        ownership.hand_over(run.path, claim, str(submitted[-1]["job_id"]))
+        # The job start_run has just submitted (a record this process wrote since).
+        submitted = read_history(run).submissions
+        ownership.hand_over(run.path, claim, str(submitted[-1].job_id))
     return status
 
 
@@ -105,14 +107,15 @@ def _start_again(
     run: RunDir,
     config: ResolvedConfig,
     exclude: str | None,
-    retry_failed_nodes: bool,
+    failed: Sequence[str],
     update_code: bool,
     from_scratch: bool,
     overrides: Sequence[str],
     caller: Caller = CLI,
 ) -> int:
     """What a resubmit changes, once it owns the run: the extension, the checkpoints set aside,
-    the code updated, the nodes left out; then the start."""
+    the code updated, the nodes left out (``failed``: those that failed under the run, unless
+    --retry-failed-nodes); then the start."""
     launcher = launcher_for(config.site)
     if overrides:
         config = extend_run(run, config, overrides)
@@ -127,7 +130,6 @@ def _start_again(
         journal.record_code_updated(run, sources)
         for source in snapshot.read(run.path):
             click.echo(f"code: {source.describe()}")
-    failed = [] if retry_failed_nodes else run_state(run.events()).failed_nodes
     if (leave_out := launcher.leave_out(exclude, failed)) != exclude:
         click.echo(
             f"note: leaving out {','.join(failed)}, which failed under earlier jobs of the run "

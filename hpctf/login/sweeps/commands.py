@@ -23,13 +23,13 @@ import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
-from hpctf.core.run.jobs import open_jobs as open_jobs_of
 from hpctf.core.run.rundir import RunDir, runs_root
 from hpctf.core.safe_files import write_atomic
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
 from hpctf.core.settings.config import ResolvedConfig
+from hpctf.login.reading.slurm_view import job_states, slurm_records
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.resolving.readings import Readings
 from hpctf.login.submitting.launch import CLI, Caller, start_run
@@ -40,7 +40,6 @@ from hpctf.login.sweeps.plan import (
     chunks,
 )
 from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
-from hpctf.login.watching.slurm_view import job_states, slurm_records
 
 # A stand-in run directory: every point's script, rendered for it, must be the same script.
 _SAME_SCRIPT = Path("/hpctf-sweep-point")
@@ -232,7 +231,7 @@ def sweep_cancel(path: Path) -> None:
     if not is_slurm(record.data.get("scheduler")):
         raise UserError(f"{record.path} runs on a local site: stop its launcher (Ctrl-C) instead")
     runs = record.runs()
-    open_jobs = {run.run.path: open_jobs_of(run.events) for run in runs}
+    open_jobs = {run.run.path: run.history.open_jobs for run in runs}
     every = [job for jobs in open_jobs.values() for job in jobs]
     if not every:
         click.echo(f"nothing to cancel: no point of {record.path} has an open job")

@@ -24,9 +24,9 @@ from typing import Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.safe_files import write_atomic
-from hpctf.login.watching.run_report import format_table, run_document
-from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records
-from hpctf.login.watching.slurm_view import SlurmView, slurm_text
+from hpctf.login.reading.run_report import format_table, run_document
+from hpctf.login.reading.runs import METRICS_TAIL_BYTES, Run, metric_records
+from hpctf.login.reading.slurm_view import SlurmView, slurm_text
 
 SWEEP_FILE = "sweep.json"
 

@@ -8,9 +8,9 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.run import journal
-from hpctf.core.run.jobs import open_jobs as open_jobs_of
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.scheduler import slurm
+from hpctf.login.reading.runs import Run
 from hpctf.login.submitting.local_control import (
     CANCEL_WAIT_S,
     cancel_local,
@@ -18,7 +18,6 @@ from hpctf.login.submitting.local_control import (
 )
 from hpctf.login.sweeps.commands import sweep_cancel
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
-from hpctf.login.watching.runs import Run
 
 
 @click.command()
@@ -51,11 +50,11 @@ def cancel_run(run_dir: Path) -> list[str]:
     record it; the jobs cancelled (none when none was open)."""
     run = Run.read(run_dir)
     check_not_a_copy(run.run)  # a copy's journal names the original's jobs
-    run.run.check_journal()  # which jobs are open must come from a whole journal
+    run.history.require_whole()  # which jobs are open: from a whole journal
     if not run.slurm:
         stopped = cancel_local(run.run)
         return [] if stopped is None else [stopped[0]]
-    open_jobs = open_jobs_of(run.events)
+    open_jobs = run.history.open_jobs
     if open_jobs:
         slurm.cancel(open_jobs)  # scancel of a job that has just ended succeeds too
         journal.record_cancelled(run.run, open_jobs)
@@ -65,8 +64,8 @@ def cancel_run(run_dir: Path) -> list[str]:
 def _cancel_local(run: Run) -> None:
     """A local run: its launcher stopped as by Ctrl-C, waited for, and the saved step said."""
     check_not_a_copy(run.run)
-    run.run.check_journal()
-    if local_launcher(run.run) is not None:
+    run.history.require_whole()
+    if local_launcher(run.run, run.history) is not None:
         click.echo(f"cancelling {run.run.path}: the workers save at the next agreed step and stop")
     stopped = cancel_local(run.run)
     if stopped is None:

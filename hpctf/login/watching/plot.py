@@ -13,9 +13,9 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import write_atomic
-from hpctf.login.watching.run_report import with_slurm_queue
-from hpctf.login.watching.runs import Run, metric_records
-from hpctf.login.watching.slurm_view import job_states, slurm_state
+from hpctf.login.reading.run_report import with_slurm_queue
+from hpctf.login.reading.runs import Run, metric_records
+from hpctf.login.reading.slurm_view import job_states, slurm_state
 
 RESTART_LABELS = {
     "preempted": "preempted",

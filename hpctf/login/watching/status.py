@@ -1,5 +1,5 @@
 """``hpctf status`` and ``hpctf runs``: one run in full, many as a table, ``--json`` for
-scripts. At most one squeue and one sacct call per command (:mod:`hpctf.login.watching.slurm_view`);
+scripts. At most one squeue and one sacct call per command (:mod:`hpctf.login.reading.slurm_view`);
 ``runs`` asks Slurm nothing.
 """
 
@@ -18,16 +18,8 @@ import click
 from hpctf.core.errors import UserError
 from hpctf.core.printable import printable as _printable
 from hpctf.core.secrets import redact
-from hpctf.login.sweeps.commands import sweep_status
-from hpctf.login.sweeps.sweep_dir import (
-    SweepDir,
-    find_sweeps,
-    is_sweep_dir,
-    summary,
-    sweep_document,
-)
-from hpctf.login.watching.run_report import describe_run, format_table, run_document, status_table
-from hpctf.login.watching.runs import (
+from hpctf.login.reading.run_report import describe_run, format_table, run_document, status_table
+from hpctf.login.reading.runs import (
     ACTIVE_RUN_STATES,
     METRICS_TAIL_BYTES,
     Run,
@@ -36,8 +28,16 @@ from hpctf.login.watching.runs import (
     metric_records,
     runs_root_for,
 )
-from hpctf.login.watching.slurm_view import (
+from hpctf.login.reading.slurm_view import (
     job_states,
+)
+from hpctf.login.sweeps.commands import sweep_status
+from hpctf.login.sweeps.sweep_dir import (
+    SweepDir,
+    find_sweeps,
+    is_sweep_dir,
+    summary,
+    sweep_document,
 )
 
 # Runs `hpctf status` shows without RUN arguments: those still queued or running, and those

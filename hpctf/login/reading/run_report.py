@@ -11,20 +11,24 @@ from typing import Any
 
 from hpctf.core.errors import exit_text as exit_words
 from hpctf.core.errors import one_line
-from hpctf.core.run import journal, ownership, snapshot
-from hpctf.core.run.ends import FAILURE_REASONS, PLANNED_RESTART, PREEMPTION_REASONS
-from hpctf.core.run.jobs import jobs_of
-from hpctf.core.run.runstate import RunState, Start, starts_of
+from hpctf.core.run import ownership, snapshot
+from hpctf.core.run.history import (
+    FAILURE_REASONS,
+    PLANNED_RESTART,
+    PREEMPTION_REASONS,
+    RunState,
+    Start,
+)
 from hpctf.core.scheduler import slurm
-from hpctf.login.watching.progress import code_text, duration, progress, sparkline
-from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records
-from hpctf.login.watching.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
+from hpctf.login.reading.progress import code_text, duration, progress, sparkline
+from hpctf.login.reading.runs import METRICS_TAIL_BYTES, Run, metric_records
+from hpctf.login.reading.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
 
 
 def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
     """The run's state as every command shows it (status, plot): the journal's
-    (:func:`hpctf.core.run.runstate.run_state`) with what Slurm's queue adds, the one place it is
-    applied. ``current`` is :func:`slurm_state` of the run's job.
+    (:attr:`hpctf.core.run.history.RunHistory.state`) with what Slurm's queue adds, the one
+    place it is applied. ``current`` is :func:`slurm_state` of the run's job.
 
     Slurm requeues a job itself after a node failure, a preemption or ``scontrol requeue``: the
     journal says the start failed, or (its batch shell killed first) is still running, while
@@ -80,7 +84,8 @@ def local_launcher_gone(run: Run) -> ownership.Claim | None:
 
 def _last_end(run: Run) -> str:
     """How the last start ended, also when its batch shell was killed before it could say."""
-    return str(starts_of(run.events, close_last=True)[-1].reason)
+    last = run.history.closed_last_start()
+    return str(last.reason if last is not None else None)
 
 
 def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> dict[str, Any]:
@@ -126,13 +131,9 @@ def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> d
         ],
         "jobs": [],
         # `resubmit --set train.steps=N` (hpctf.login.submitting.extend): when, and what.
-        "extended": [
-            {"time": e.get("time"), "changes": e.get("changes") or {}}
-            for e in run.events
-            if e.get("event") == journal.EXTENDED
-        ],
+        "extended": [{"time": e.time, "changes": e.changes} for e in run.history.extensions],
     }
-    for job in jobs_of(run.events):
+    for job in run.history.jobs:
         document["jobs"].append(
             {
                 "job": job.job_id,

@@ -10,19 +10,17 @@ looks in every runs root at once (:func:`every_runs_root`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.printable import printable
-from hpctf.core.run import journal
+from hpctf.core.run.history import RunHistory, RunState, read_history
 from hpctf.core.run.metrics_history import metric_records as metric_records
 from hpctf.core.run.rundir import RunDir, run_dirs_under
-from hpctf.core.run.runstate import RunState, run_state
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import ResolvedConfig
 
@@ -74,22 +72,28 @@ def every_runs_root(env: Mapping[str, str]) -> list[Path]:
 
 @dataclass
 class Run:
-    """One run directory, read once: its config, journal and the state derived from it."""
+    """One run directory, read once: its config and its history (the journal, typed, and the
+    state derived from it)."""
 
     run: RunDir
     config: ResolvedConfig
-    events: list[dict[str, Any]]
-    state: RunState
-    # One line per journal entry left out as damaged (RunDir.read_journal).
-    damaged: list[str] = field(default_factory=list)
+    history: RunHistory
 
     @classmethod
     def read(cls, path: Path) -> Run:
         """The run at ``path``, or a UserError saying it is not one."""
         run = RunDir(path.resolve())
         config = run.load_config()
-        events, damaged = run.read_journal()
-        return cls(run, config, events, run_state(events), damaged)
+        return cls(run, config, read_history(run))
+
+    @property
+    def state(self) -> RunState:
+        return self.history.state
+
+    @property
+    def damaged(self) -> tuple[str, ...]:
+        """One line per journal entry left out as damaged (RunDir.read_journal)."""
+        return self.history.damaged
 
     @property
     def name(self) -> str:
@@ -103,16 +107,17 @@ class Run:
     @property
     def job(self) -> str | None:
         """The run's current job: the last one submitted or started."""
-        return self.state.jobs[-1] if self.state.jobs else None
+        return self.history.job
 
     @property
     def created(self) -> str:
-        first = next((e for e in self.events if e.get("event") == journal.CREATED), None)
-        return str(first["time"]) if first else iso_time(self.run.config_file.stat().st_mtime)
+        first = self.history.created
+        return first.time if first else iso_time(self.run.config_file.stat().st_mtime)
 
     @property
     def last_event_time(self) -> float:
-        return epoch_seconds(self.events[-1]["time"]) if self.events else 0.0
+        last = self.history.last_time
+        return 0.0 if last is None else epoch_seconds(last)
 
 
 def iso_time(epoch: float) -> str:

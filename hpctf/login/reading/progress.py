@@ -10,14 +10,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpctf.core.run.runstate import Start
-from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, epoch_seconds, metric_records
+from hpctf.core.run.history import Start
+from hpctf.login.reading.runs import METRICS_TAIL_BYTES, Run, epoch_seconds, metric_records
 
 
 def elapsed_seconds(starts: Sequence[Start], running: bool, now: float) -> float:
-    """Time spent in ``starts`` (:func:`hpctf.core.run.runstate.starts_of`), over all of them: each
-    from its start to its ``ended`` record (a start killed without one: to its last record; the
-    running one: to ``now``)."""
+    """Time spent in ``starts`` (:attr:`hpctf.core.run.history.RunHistory.starts`), over all
+    of them: each from its start to its ``ended`` record (a start killed without one: to its
+    last record; the running one: to ``now``)."""
     total = 0.0
     for number, start in enumerate(starts, 1):
         begin = epoch_seconds(start.started_at)

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.run.jobs import cancelled_by_user
 from hpctf.core.scheduler.slurm import SlurmFailure
 from hpctf.core.scheduler.slurm_queries import JobRecord, sacct_jobs, squeue_jobs
-from hpctf.login.watching.runs import ACTIVE_RUN_STATES, Run
+from hpctf.login.reading.runs import ACTIVE_RUN_STATES, Run
 
 # Slurm's states of a job back in the queue after a requeue.
 REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
@@ -91,7 +90,7 @@ def slurm_state(run: Run, job_id: str | None, view: SlurmView) -> dict[str, str]
     requeued = job_id == run.job and run.state.state in ACTIVE_RUN_STATES  # not over yet
     if starts and starts[-1].reason is not None and not requeued:
         return {"state": "ENDED", "reason": starts[-1].reason, "source": "journal"}
-    if cancelled_by_user(run.events, job_id):
+    if run.history.cancelled_by_user(job_id):
         return {"state": "ENDED", "reason": "cancelled", "source": "journal"}
     reason = "gone from Slurm" if view.answered else "Slurm did not answer"
     return {"state": "UNKNOWN", "reason": reason, "source": "journal"}
