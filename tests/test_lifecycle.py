@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from hpctf.cli import cli
 from hpctf.core.run import journal
+from hpctf.core.run.history.runstate import starts_of
 from hpctf.core.run.journal import (
     CANCELLED,
     ENDED,
@@ -30,14 +31,13 @@ from hpctf.core.run.journal import (
     STARTED,
     SUBMITTED,
 )
-from hpctf.core.run.history.runstate import starts_of
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.slurm import SlurmError
 from hpctf.core.scheduler.slurm_queries import JobRecord
 from hpctf.login.reading import progress
-from hpctf.login.watching import plot
 from hpctf.login.reading.run_report import TABLE_COLUMNS
 from hpctf.login.reading.runs import Run, epoch_seconds
+from hpctf.login.watching import plot
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 from tests.fake_slurm import FakeSlurm, new_run, sacct_line, squeue_line
 from tests.journal_records import write_events

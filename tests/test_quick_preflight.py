@@ -248,7 +248,9 @@ def test_the_workers_hpctf_is_compared_with_the_one_that_started_the_job(tmp_pat
         "the two share the run's journal",
     )
     assert f"pip install hpctf=={__version__}" in older.fix
-    assert version_check(RunHistory.of(events), "8", "0.0.1", image).status == "skip"  # another job's start
+    assert (
+        version_check(RunHistory.of(events), "8", "0.0.1", image).status == "skip"
+    )  # another job's start
     # The chief runs it with the node checks; other ranks do not read the journal for it.
     spec = spec_of(run)
     assert spec.is_chief
