@@ -239,18 +239,17 @@ def test_the_workers_hpctf_is_compared_with_the_one_that_started_the_job(tmp_pat
     journal.record_started(run, "7", None, "USR2")  # what the host's job-start writes
     events = run.events()
     assert events[-1]["hpctf"] == __version__
-    assert version_check(RunHistory.of(events), "7", __version__, None).status == "ok"
+    history = RunHistory.of(events)
+    assert version_check(history, "7", __version__, None).status == "ok"
     image = "/shared/hpctf-old.sqsh"
-    older = version_check(RunHistory.of(events), "7", "0.0.1", image)
+    older = version_check(history, "7", "0.0.1", image)
     assert (older.status, older.detail) == (
         "warn",
         f"hpctf 0.0.1 in container image {image} but {__version__} on the host (job-start): "
         "the two share the run's journal",
     )
     assert f"pip install hpctf=={__version__}" in older.fix
-    assert (
-        version_check(RunHistory.of(events), "8", "0.0.1", image).status == "skip"
-    )  # another job's start
+    assert version_check(history, "8", "0.0.1", image).status == "skip"  # another job's start
     # The chief runs it with the node checks; other ranks do not read the journal for it.
     spec = spec_of(run)
     assert spec.is_chief
