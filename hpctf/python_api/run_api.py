@@ -67,13 +67,13 @@ class Run:
     def status(self) -> dict[str, Any]:
         """The document ``hpctf status RUN --json`` prints for this run (its ``runs[0]``):
         state and why, job, Slurm's word, step, loss, evaluations, each start."""
-        from hpctf.login.reading.run_report import run_document
+        from hpctf.login.reading.run_report import full_document
         from hpctf.login.reading.runs import Run as RunRecord
         from hpctf.login.reading.slurm_view import job_states
 
         record = RunRecord.read(self.path)
-        view = job_states([record], all_jobs=True)
-        return run_document(record, view, time.time(), full=True)
+        view = job_states([record.facts], all_jobs=True)
+        return full_document(record, view, time.time())
 
     @property
     def state(self) -> str:
@@ -203,4 +203,4 @@ def runs(root: str | os.PathLike[str] | None = None, site: str | None = None) ->
     from hpctf.login.reading.runs import find_runs, runs_root_for
 
     where = runs_root_for(None if root is None else Path(root), site, os.environ)
-    return [Run(record.run.path) for record in find_runs(where)]
+    return [Run(record.path) for record in find_runs(where)]

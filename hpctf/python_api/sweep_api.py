@@ -51,7 +51,7 @@ class Sweep:
         from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents
 
         record = SweepDir.read(self.path)
-        records = record.runs()
+        records = record.facts(every_point=True)
         return point_documents(record, records, job_states(records, all_jobs=False), time.time())
 
     def wait(self, timeout: float | None = None, poll: float = 10.0) -> dict[int, str]:

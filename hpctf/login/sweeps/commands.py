@@ -210,7 +210,7 @@ def sweep_status(
     from hpctf.login.sweeps.ranking import rank
 
     record = SweepDir.read(path)
-    runs = record.runs()
+    runs = record.facts(every_point=True)
     view = job_states(runs, all_jobs=False)
     documents = point_documents(record, runs, view, time.time())
     if sort:

@@ -161,7 +161,8 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
             next_check = min(next_check, time.monotonic() + (3 if stopped else 30))
         over = state in FINAL_RUN_STATES - {"failed"}
         # A local launcher gone from this host recorded no end (SIGKILL, a full disk): over.
-        over = over or local_launcher_gone(current) is not None
+        launcher = local_launcher_gone(current.run.path, current.slurm, state)
+        over = over or launcher is not None
         if not over and time.monotonic() >= next_check:
             # The journal cannot always tell: a failed start may be requeued by Slurm itself
             # (a node failure), and a job killed hard never records its end.

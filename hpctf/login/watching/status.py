@@ -5,11 +5,9 @@ scripts. At most one squeue and one sacct call per command (:mod:`hpctf.login.re
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +15,20 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.printable import printable as _printable
+from hpctf.core.run.listing import RunFacts
 from hpctf.core.secrets import redact
-from hpctf.login.reading.run_report import describe_run, format_table, run_document, status_table
+from hpctf.login.reading.run_report import (
+    describe_run,
+    format_table,
+    full_document,
+    run_document,
+    status_table,
+)
 from hpctf.login.reading.runs import (
     ACTIVE_RUN_STATES,
-    METRICS_TAIL_BYTES,
     Run,
     every_runs_root,
     find_runs,
-    metric_records,
     runs_root_for,
 )
 from hpctf.login.reading.slurm_view import (
@@ -33,7 +36,6 @@ from hpctf.login.reading.slurm_view import (
 )
 from hpctf.login.sweeps.commands import sweep_status
 from hpctf.login.sweeps.sweep_dir import (
-    SweepDir,
     find_sweeps,
     is_sweep_dir,
     summary,
@@ -62,27 +64,26 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="One JSON do
 
 
 def _selected_runs(
-    run_dirs: Sequence[Path], root: Path | None, site_name: str | None, every: bool
-) -> tuple[list[Run], list[dict[str, Any]]]:
-    """The runs to show, and the sweeps (one document each). Without RUN arguments, --root
-    or --site: every runs root hpctf knows of, $HPCTF_RUNS_ROOT's and each site's."""
-    if run_dirs:
-        return [Run.read(path) for path in run_dirs], []
+    root: Path | None, site_name: str | None, every: bool
+) -> tuple[list[RunFacts], list[dict[str, Any]]]:
+    """The runs to show without RUN arguments, and the sweeps (one document each): with
+    --root or --site, under that runs root; else under every runs root hpctf knows of,
+    $HPCTF_RUNS_ROOT's and each site's."""
     if root is not None or site_name:
         roots = [runs_root_for(root, site_name, os.environ)]
     else:
         roots = every_runs_root(os.environ)
     cutoff = time.time() - RECENT_DAYS * 86400
 
-    def shown(run: Run) -> bool:
+    def shown(run: RunFacts) -> bool:
         return every or run.state.state in ACTIVE_RUN_STATES or run.last_event_time >= cutoff
 
-    found: dict[Path, Run] = {}
+    found: dict[str, RunFacts] = {}
     sweeps = []
     for where in roots:
-        found.update((run.run.path, run) for run in find_runs(where) if shown(run))
+        found.update((run.path, run) for run in find_runs(where) if shown(run))
         for sweep in find_sweeps(where):
-            points = _readable_points(sweep)
+            points = sweep.facts()
             if every or any(shown(point) for point in points):
                 sweeps.append(sweep_document(sweep, points))
     runs = sorted(found.values(), key=lambda r: r.created, reverse=True)
@@ -90,14 +91,6 @@ def _selected_runs(
         places = ", ".join(str(where) for where in roots)
         click.echo(f"no {'' if every else 'recent '}runs under {places}", err=True)
     return runs, sweeps
-
-
-def _readable_points(sweep: SweepDir) -> list[Run]:
-    points = []
-    for point in sweep.points:
-        with contextlib.suppress(UserError, KeyError, TypeError):
-            points.append(Run.read(Path(point["run_dir"])))
-    return points
 
 
 def for_terminal(text: str) -> str:
@@ -132,18 +125,26 @@ def status(
         return
     if sort or top:
         raise UserError("--sort and --top rank the points of one sweep: hpctf status SWEEP_DIR")
-    runs, sweeps = _selected_runs(run_dirs, root, site_name, every)
     single = len(run_dirs) == 1
+    read = [Run.read(path) for path in run_dirs]
+    sweeps: list[dict[str, Any]] = []
+    if read:
+        runs = [run.facts for run in read]
+    else:
+        runs, sweeps = _selected_runs(root, site_name, every)
     view = job_states(runs, all_jobs=single)
     now = time.time()
-    documents = [run_document(run, view, now, full=single) for run in runs]
+    if single:
+        documents = [full_document(read[0], view, now)]
+    else:
+        documents = [run_document(run, view, now) for run in runs]
     if as_json:
         notes = [view.problem] if view.problem else []
         click.echo(
             redact(json.dumps({"runs": documents, "sweeps": sweeps, "notes": notes}, indent=2))
         )
     elif single:
-        click.echo(for_terminal(describe_run(runs[0], documents[0])), nl=False)
+        click.echo(for_terminal(describe_run(read[0], documents[0])), nl=False)
     elif documents or sweeps:
         click.echo(for_terminal(status_table(documents, sweeps)), nl=False)
 
@@ -161,20 +162,19 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
     found = find_runs(where)
     documents: list[dict[str, Any]] = []
     for run in found:
-        records = metric_records(run.run.metrics, METRICS_TAIL_BYTES)
         documents.append(
             {
                 "run": run.name,
-                "path": str(run.run.path),
+                "path": run.path,
                 "created": run.created,
-                "site": run.config.site.name,
+                "site": run.site,
                 "state": run.state.state,
-                "last_step": max((int(r["step"]) for r in records), default=None),
+                "last_step": run.last_logged_step,
             }
         )
     sweeps = []
     for record in find_sweeps(where):
-        points = [{"state": run.state.state} for run in record.runs()]
+        points = [{"state": run.state.state} for run in record.facts()]
         sweeps.append(
             {
                 "sweep": record.path.name,

@@ -20,6 +20,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.run import journal
 from hpctf.core.run.history import ends
 from hpctf.core.run.history.events import (
+    Cancelled,
     Created,
     Event,
     Extended,
@@ -93,6 +94,12 @@ class RunHistory:
 
     def cancelled_by_user(self, job_id: str) -> bool:
         return cancelled_by_user(self.events, job_id)
+
+    @property
+    def cancelled_jobs(self) -> tuple[str, ...]:
+        """Every job the user cancelled (hpctf cancel, a local Ctrl-C), each once."""
+        jobs = (job for e in self.events if isinstance(e, Cancelled) for job in e.jobs)
+        return tuple(dict.fromkeys(jobs))
 
     def closed_last_start(self) -> Start | None:
         """The last start, closed as its next start will close it when it recorded no end
