@@ -105,7 +105,7 @@ def templates(root: Path, metrics: Path | None) -> dict[str, RunDir]:
 
 def copy_by_links(template: Path, to: Path) -> None:
     """``to``: a copy of the run directory ``template``, each file a hard link."""
-    for folder, dirs, files in os.walk(template):
+    for folder, _dirs, files in os.walk(template):
         target = to / os.path.relpath(folder, template)
         target.mkdir(exist_ok=True)
         for name in files:

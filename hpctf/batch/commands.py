@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProblem, UserError
-from hpctf.core.run import journal, ownership
+from hpctf.core.run import journal, ownership, run_index
 from hpctf.core.run.history import (
     PLANNED_RESTART,
     Budgets,
@@ -84,16 +84,20 @@ def job_start(run_dir: Path) -> None:
     if not decision.go and not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ends at once: {decision.why}")
         sys.exit(NOT_STARTING_EXIT)
-    journal.record_started(
-        run,
-        job_id,
-        nodes=nodes,
-        walltime_signal=config.site.preemption.signal,
-        slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
-        restart_count=restart,
+    history = history.plus(
+        journal.record_started(
+            run,
+            job_id,
+            nodes=nodes,
+            walltime_signal=config.site.preemption.signal,
+            slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
+            restart_count=restart,
+        )
     )
     if decision.gave_up:
-        journal.record_gave_up(run, job_id, decision.why)
+        history = history.plus(journal.record_gave_up(run, job_id, decision.why))
+    run_index.note(run, config, history)  # the runs root's listing: this run's new row
+    if decision.gave_up:
         raise _GaveUp(f"hpctf: not starting job {job_id}: {decision.why}")
 
 
@@ -218,6 +222,17 @@ def job_end(run_dir: Path, exit_code: int) -> None:
     reason, history = record_end(
         run, read_history(run), job_id, exit_code, config.site.preemption.signal
     )
+    try:
+        _after_end(run, config, history, job_id, reason)
+    finally:
+        run_index.note(run, config, history)  # the runs root's listing: this run's new row
+
+
+def _after_end(
+    run: RunDir, config: ResolvedConfig, history: RunHistory, job_id: str, reason: str
+) -> None:
+    """Requeue the job that ended (``history``: the run's, with its ``ended`` record) when the
+    run's budgets allow, or record that the run gave up."""
     state = history.state
     signalled = state.last is not None and state.last.signalled
     decision = after_end(state, budgets(config))

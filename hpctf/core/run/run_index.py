@@ -37,8 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.run.listing import RunFacts, read_facts
+from hpctf.core.run.history import RunHistory, read_history
+from hpctf.core.run.listing import RunFacts, facts_of, read_facts
+from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import write_atomic
+from hpctf.core.settings.config import ResolvedConfig
 
 INDEX_DIR = ".hpctf-index"
 INDEX_FILE = "runs.json"
@@ -209,18 +212,25 @@ class Index:
                 pending.unlink()
 
 
-def note(path: Path) -> None:
-    """A command changed the run at ``path``: write its row to its runs root's pending rows
-    (the run directory's parent), so the next listing need not read it again. Never fails the
-    command: an index is a cache."""
+def note(run: RunDir, config: ResolvedConfig, history: RunHistory) -> None:
+    """A command changed ``run``: write its row to its runs root's pending rows (the run
+    directory's parent), so the next listing need not read it again. ``history`` is the run's
+    as the command knows it after its writes; when the journal holds more entries than that
+    (another writer, or records the command did not add to it) it is read again here. Never
+    fails the command: an index is a cache."""
+    path = str(run.path)
     try:
-        made = make_row(path)
-        if made is None:
+        key = key_of(path)
+        entries = entries_of(path)
+        if key is None:
             return
-        row = made[0]
-        folder = path.parent / INDEX_DIR / PENDING_DIR
+        if entries[0] != len(history.events) + len(history.damaged):
+            history = read_history(run)
+        facts = facts_of(run, config, history)
+        folder = run.path.parent / INDEX_DIR / PENDING_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        name = hashlib.sha1(str(path).encode(), usedforsecurity=False).hexdigest()
-        write_atomic(folder / f"{name}.json", json.dumps({"path": str(path), **row.to_json()}))
+        name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()
+        row = Row(key, entries, False, facts.to_json())
+        write_atomic(folder / f"{name}.json", json.dumps({"path": path, **row.to_json()}))
     except (OSError, UserError, EnvironmentProblem):
         return

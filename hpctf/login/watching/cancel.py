@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.run import journal
+from hpctf.core.run import journal, run_index
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.scheduler import slurm
 from hpctf.login.reading.runs import Run
@@ -57,7 +57,8 @@ def cancel_run(run_dir: Path) -> list[str]:
     open_jobs = run.history.open_jobs
     if open_jobs:
         slurm.cancel(open_jobs)  # scancel of a job that has just ended succeeds too
-        journal.record_cancelled(run.run, open_jobs)
+        cancelled = run.history.plus(journal.record_cancelled(run.run, open_jobs))
+        run_index.note(run.run, run.config, cancelled)
     return open_jobs
 
 
