@@ -261,21 +261,7 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     if evaluation := document.get("eval"):
         shown = ", ".join(f"{k} {_number(v)}" for k, v in sorted(evaluation["eval"].items()))
         lines.append(f"eval: step {evaluation['step']}: {shown}")
-    for job in document["jobs"]:
-        state = job["slurm"]
-        if job["ended"] and (state is None or state["source"] == "journal" or _final(state)):
-            text = "ENDED"
-        elif state is None:
-            text = "PENDING/RUNNING"
-        elif state["state"] == "UNKNOWN":
-            text = f"UNKNOWN ({state['reason']})"
-        else:
-            text = slurm_text(state)
-        exit_text = f" {exit_words(job['exit_code'])}" if job["exit_code"] is not None else ""
-        lines.append(
-            f"job {job['job']}: {text}{exit_text} starts {job['starts']} "
-            f"nodes {job['nodes'] or '-'}"
-        )
+    lines.extend(_job_line(job) for job in document["jobs"])
     jobs = {job["job"]: job["slurm"] for job in document["jobs"]}
     for number, start in enumerate(run.state.starts, 1):
         lines.append(
@@ -286,6 +272,21 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     done = run.run.done.read_text().strip() if run.run.done.exists() else "no"
     lines.append(f"done: {done}")
     return "\n".join(lines) + "\n"
+
+
+def _job_line(job: Mapping[str, Any]) -> str:
+    """One job of the single-run view: Slurm's word (or the journal's), exit, starts, nodes."""
+    state = job["slurm"]
+    if job["ended"] and (state is None or state["source"] == "journal" or _final(state)):
+        text = "ENDED"
+    elif state is None:
+        text = "PENDING/RUNNING"
+    elif state["state"] == "UNKNOWN":
+        text = f"UNKNOWN ({state['reason']})"
+    else:
+        text = slurm_text(state)
+    exit_text = f" {exit_words(job['exit_code'])}" if job["exit_code"] is not None else ""
+    return f"job {job['job']}: {text}{exit_text} starts {job['starts']} nodes {job['nodes'] or '-'}"
 
 
 def script_text(script: str, document: Mapping[str, Any], checkpoint_step: int) -> str:

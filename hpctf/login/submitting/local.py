@@ -21,7 +21,7 @@ from typing import IO
 
 from hpctf.core.errors import PREEMPTED_EXIT, UserError, shell_status
 from hpctf.core.run import journal, ownership
-from hpctf.core.run.history import read_history, record_end
+from hpctf.core.run.history import record_end_read
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import open_append
 from hpctf.core.settings.config import ResolvedConfig
@@ -205,9 +205,7 @@ def launch(
             proc.wait()
         stop.restore()
     status = shell_status(status or next((p.returncode for p in procs if p.returncode), 0))
-    reason, _ = record_end(
-        run, read_history(run), str(job_id), status, config.site.preemption.signal
-    )
+    reason = record_end_read(run, str(job_id), status, config.site.preemption.signal)
     if interrupt and stop.first == signal.SIGINT:
         raise Interrupted(reason)
     return CANCELLED_EXIT if reason == "cancelled" else status

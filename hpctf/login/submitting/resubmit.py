@@ -14,7 +14,7 @@ import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, ownership, snapshot
-from hpctf.core.run.history import read_history
+from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir, with_snapshot
 from hpctf.core.scheduler import slurm
@@ -62,17 +62,7 @@ def resubmit_run(
     launcher = launcher_for(config.site)
     launcher.check_exclude(exclude, run.path)
     if launcher.slurm:
-        # Two jobs on one run directory would write the same checkpoints.
-        for job in history.jobs:
-            if job.ended:
-                continue
-            info = slurm.job_info(job.job_id)
-            state = info.get("JobState", "") if info else ""
-            if state and state not in FINAL_STATES:
-                raise UserError(
-                    f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
-                    f"stop it with: hpctf cancel {run.path}"
-                )
+        _refuse_a_running_job(run, history)
     elif local_launcher(run, history) is None:
         # A killed local launcher's workers save and end on their own (launcher_watch): wait
         # for them rather than start a second set beside them. A live launcher: refused below.
@@ -101,6 +91,21 @@ def resubmit_run(
         submitted = read_history(run).submissions
         ownership.hand_over(run.path, claim, str(submitted[-1].job_id))
     return status
+
+
+def _refuse_a_running_job(run: RunDir, history: RunHistory) -> None:
+    """A UserError when a job of the run is still in Slurm: two jobs on one run directory
+    would write the same checkpoints."""
+    for job in history.jobs:
+        if job.ended:
+            continue
+        info = slurm.job_info(job.job_id)
+        state = info.get("JobState", "") if info else ""
+        if state and state not in FINAL_STATES:
+            raise UserError(
+                f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
+                f"stop it with: hpctf cancel {run.path}"
+            )
 
 
 def _start_again(

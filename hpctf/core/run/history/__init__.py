@@ -14,7 +14,13 @@ from hpctf.core.run.history.ends import (
     reason_from_slurm,
 )
 from hpctf.core.run.history.jobs import Job
-from hpctf.core.run.history.run_history import RunHistory, made_in, read_history, record_end
+from hpctf.core.run.history.run_history import (
+    RunHistory,
+    made_in,
+    read_history,
+    record_end,
+    record_end_read,
+)
 from hpctf.core.run.history.runstate import (
     Budgets,
     Decision,
@@ -42,4 +48,5 @@ __all__ = [
     "read_history",
     "reason_from_slurm",
     "record_end",
+    "record_end_read",
 ]

@@ -199,6 +199,12 @@ def made_in(run: RunDir) -> Path | None:
     return Path(where) if isinstance(where, str) and where else None
 
 
+def record_end_read(run: RunDir, job_id: str, exit_code: int, walltime_signal: str) -> str:
+    """:func:`record_end` for a command that has not read the run's journal yet (the local
+    launcher, a chief whose launcher is gone): read once here; returns the reason."""
+    return record_end(run, read_history(run), job_id, exit_code, walltime_signal)[0]
+
+
 def record_end(
     run: RunDir, history: RunHistory, job_id: str, exit_code: int, walltime_signal: str
 ) -> tuple[str, RunHistory]:
