@@ -5,7 +5,6 @@ better whole: a long function is read in pieces anyway."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from tests.conftest import REPO
 
