@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -60,7 +61,7 @@ class RunFacts:
 
     @property
     def name(self) -> str:
-        return Path(self.path).name
+        return os.path.basename(self.path)
 
     @property
     def job(self) -> str | None:

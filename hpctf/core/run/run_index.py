@@ -9,9 +9,9 @@ Layout::
       pending/<hash>.json one row, written by a command that has just changed that run
 
 A row is ``{"key": ..., "entries": [count, newest], "settled": bool, "facts": {...}}``. The
-index is a cache, never the truth: a row is used only while its key, the ``stat`` of the run
-directory, its ``journal/`` and ``config.json`` and its ``metrics.jsonl``, is what it was when
-the row was made; any write to the run changes one of them, and the row is made again from the
+index is a cache, never the truth: a row is used only while its key, the ``stat`` of the run's
+``journal/`` and ``metrics.jsonl`` (:func:`key_of`), is what it was when the row was made;
+every change of what a listing shows writes one of them, and the row is made again from the
 run directory. A row made within :data:`SETTLE_NS` of the newest of those times (a write in the
 same tick of a coarse file clock would not show) is checked against the journal's listing too,
 until a listing shows it settled.
@@ -54,24 +54,21 @@ MAX_INDEX_BYTES = 1 << 30
 
 
 def key_of(path: str) -> list[int] | None:
-    """The ``stat`` key of the run directory at ``path`` (None: not a run directory): the
-    times of the directory (DONE, a new file), its journal (a new entry) and config.json (a
-    resubmit's new config), and the size and time of metrics.jsonl."""
+    """The ``stat`` key of the run directory at ``path`` (None: no run directory there): the
+    time of its journal (every change of the run's state, and of its config or code, is a new
+    entry; DONE comes with the ``ended`` entry) and the size and time of metrics.jsonl (the
+    steps logged). Two ``stat`` calls: a listing of 10,000 runs makes 20,000."""
     try:
-        run = os.stat(path)
-        config = os.stat(f"{path}/config.json")
+        journal = os.stat(f"{path}/journal").st_mtime_ns
+    except FileNotFoundError:
+        journal = -1  # a run directory whose journal is gone still lists (a state, why)
     except OSError:
         return None
     try:
-        journal = os.stat(f"{path}/journal").st_mtime_ns
-    except OSError:
-        journal = -1
-    try:
         metrics = os.stat(f"{path}/metrics.jsonl")
-        sizes = [metrics.st_size, metrics.st_mtime_ns]
+        return [journal, metrics.st_size, metrics.st_mtime_ns]
     except OSError:
-        sizes = [-1, 0]
-    return [run.st_mtime_ns, journal, config.st_mtime_ns, config.st_size, *sizes]
+        return [journal, -1, 0]
 
 
 def entries_of(path: str) -> list[Any]:
@@ -85,7 +82,7 @@ def entries_of(path: str) -> list[Any]:
 
 def settled(key: list[int]) -> bool:
     """Whether every time in ``key`` is far enough in the past to tell any later write."""
-    return time.time_ns() - max(key[0], key[1], key[2], key[5]) > SETTLE_NS
+    return time.time_ns() - max(key[0], key[2]) > SETTLE_NS
 
 
 @dataclass
@@ -105,7 +102,7 @@ def make_row(path: Path) -> tuple[Row, RunFacts] | None:
     makes the key stale, never the facts); None when it is not a run directory. A UserError or
     EnvironmentProblem when it is one that cannot be read."""
     key = key_of(str(path))
-    if key is None:
+    if key is None or not os.path.isfile(f"{path}/config.json"):
         return None
     entries = entries_of(str(path))
     facts = read_facts(path)
@@ -164,11 +161,6 @@ class Index:
         name = str(path)
         key = key_of(name)
         row = self.rows.get(name)
-        if key is None:
-            if row is not None:
-                del self.rows[name]
-                self.changed = True
-            return None
         if row is not None and row.key == key and self._current(path, row):
             try:
                 return RunFacts.from_json(row.facts)
@@ -176,6 +168,8 @@ class Index:
                 pass  # a row of another shape: made again
         made = make_row(path)
         if made is None:
+            if self.rows.pop(name, None) is not None:
+                self.changed = True
             return None
         self.rows[name], facts = made
         self.changed = True

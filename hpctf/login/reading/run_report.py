@@ -44,7 +44,8 @@ def with_slurm_queue(run: RunFacts, current: Mapping[str, str] | None) -> RunSta
     killed) was ``interrupted``: nothing preempts or requeues it (a Ctrl-C or ``hpctf cancel``
     is ``cancelled``)."""
     state = run.state
-    gone = local_launcher_gone(Path(run.path), run.slurm, run.state.state)
+    running = not run.slurm and run.state.state == "running"
+    gone = local_launcher_gone(Path(run.path), False, "running") if running else None
     if gone is not None:
         state = replace(
             state,

@@ -16,6 +16,7 @@ that takes a RUN_DIR works on it. Its jobs are recorded as ``<array>_<task>``
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,7 +90,8 @@ class SweepDir:
         that cannot), or with ``every_point`` each point in order (a UserError for the first
         that is no run)."""
         index = Index(self.path)
-        paths = [Path(point["run_dir"]).resolve() for point in self.points]
+        # sweep.json names each point by its absolute path: no resolving (a stat per part).
+        paths = [Path(os.path.abspath(point["run_dir"])) for point in self.points]
         if not every_point:
             runs = listed(index, paths)
         else:
