@@ -174,8 +174,9 @@ def run_dirs_under(root: Path) -> list[Path]:
     return [child for child in children if (child / "config.json").is_file()]
 
 
-class RunDirTaken(UserError):
-    """Another submit took the planned run directory first (two submits in one second)."""
+class RunDirTaken(EnvironmentProblem):
+    """Another submit took the planned run directory first (two submits in one second): no
+    mistake of the user's (exit 3)."""
 
 
 def plan_run_dir(config: ResolvedConfig) -> RunDir:

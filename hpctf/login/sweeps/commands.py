@@ -32,7 +32,8 @@ from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.reading.slurm_view import job_states, slurm_records
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.resolving.readings import Readings
-from hpctf.login.submitting.launch import CLI, Caller, start_run
+from hpctf.login.submitting.launchers import CLI, Caller, slurm_jobs
+from hpctf.login.submitting.pipeline import start
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
@@ -117,7 +118,7 @@ def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
         return config.site.sweep.max_array_size, f"site {config.site.name}: sweep.max_array_size"
     try:
         return slurm_queries.max_array_size(), "the cluster's MaxArraySize"
-    except (SlurmFailure, UserError) as exc:
+    except SlurmFailure as exc:
         if not dry_run:
             raise
         return SLURM_DEFAULT_MAX_ARRAY_SIZE, f"Slurm's default MaxArraySize (not asked: {exc})"
@@ -164,9 +165,7 @@ def submit_arrays(
             f"afterany:{ids[-1]}" if ids else "",
         ]
         extra = [f"--dependency={','.join(d for d in dependency if d)}"] if ids else []
-        job_id, dropped = slurm.sbatch(path, os.environ, extra)
-        if dropped and not ids:
-            click.echo(f"note: left out {', '.join(dropped)} from your shell", err=True)
+        job_id = slurm_jobs(config.site).submit_script(path, extra, quiet=bool(ids))
         for task, index in enumerate(chunk_indices):
             journal.record_submitted(
                 RunDir(run_dirs[index]), f"{job_id}_{task}", array_job_id=job_id, array_task_id=task
@@ -193,7 +192,7 @@ def _run_locally(sweep: SweepDir, indices: Sequence[int], caller: Caller = CLI) 
         point = sweep.points[index]
         run = RunDir.open(Path(point["run_dir"]))
         click.echo(f"point {index}: {' '.join(f'{k}={v}' for k, v in point['values'].items())}")
-        status = start_run(run, run.load_config(), caller=caller)
+        status = start(run, run.load_config(), caller=caller)
         if status == 130:
             return status
         first_failure = first_failure or status

@@ -13,11 +13,11 @@ from typing import Any
 
 import click
 
-from hpctf.core.run.rundir import RunDir, create_run_dir
+from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.settings.config import ResolvedConfig
-from hpctf.login.submitting.launch import CLI, Caller, warn_if_writable_by_others
-from hpctf.login.submitting.render import render
+from hpctf.login.submitting.launchers import CLI, Caller
+from hpctf.login.submitting.pipeline import create_run, warn_if_writable_by_others
 from hpctf.login.sweeps import commands  # the array's parts (looked up at each call)
 from hpctf.login.sweeps.plan import (
     DEFAULT_MAX_POINTS,
@@ -68,7 +68,7 @@ def start_sweep(
     })  # fmt: skip
     for config, path in zip(configs, run_dirs, strict=True):
         # One copy of the code for every point: the later points hard-link the first's files.
-        create_run_dir(RunDir(path), config, render(config, path), RunDir(run_dirs[0]))
+        create_run(config, path, share_code_with=RunDir(run_dirs[0]))
     record.write()
     click.echo(f"sweep directory: {sweep_path}")
     if not slurm_site:

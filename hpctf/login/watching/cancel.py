@@ -9,8 +9,8 @@ import click
 from hpctf.core.errors import UserError
 from hpctf.core.run import journal, run_index
 from hpctf.core.run.run_identity import check_not_a_copy
-from hpctf.core.scheduler import slurm
 from hpctf.login.reading.runs import Run
+from hpctf.login.submitting.launchers import job_launcher
 from hpctf.login.submitting.local_control import (
     CANCEL_WAIT_S,
     cancel_local,
@@ -51,12 +51,11 @@ def cancel_run(run_dir: Path) -> list[str]:
     run = Run.read(run_dir)
     check_not_a_copy(run.run)  # a copy's journal names the original's jobs
     run.history.require_whole()  # which jobs are open: from a whole journal
+    launcher = job_launcher(run.config.site)
     if not run.slurm:
-        stopped = cancel_local(run.run)
-        return [] if stopped is None else [stopped[0]]
-    open_jobs = run.history.open_jobs
+        return launcher.cancel(run.run, [])  # its launcher records the cancel
+    open_jobs = launcher.cancel(run.run, run.history.open_jobs)
     if open_jobs:
-        slurm.cancel(open_jobs)  # scancel of a job that has just ended succeeds too
         cancelled = run.history.plus(journal.record_cancelled(run.run, open_jobs))
         run_index.note(run.run, run.config, cancelled)
     return open_jobs
