@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from hpctf.core.errors import UserError
+from hpctf.core.errors import DamagedRecord
 from hpctf.core.run import journal
 from hpctf.core.run.history import ends
 from hpctf.core.run.history.events import (
@@ -148,11 +148,11 @@ class RunHistory:
         ]
 
     def require_whole(self) -> None:
-        """A UserError naming the first damaged journal entry, for commands that act on the
+        """A DamagedRecord naming the first damaged journal entry, for commands that act on the
         run's jobs (cancel, resubmit): acting on a partial view could miss a running job."""
         if self.damaged:
             more = f" (and {len(self.damaged) - 1} more)" if len(self.damaged) > 1 else ""
-            raise UserError(
+            raise DamagedRecord(
                 f"damaged journal entry {self.damaged[0]}{more}: hpctf did not write it; move "
                 "it out of the journal directory and run the command again"
             )
