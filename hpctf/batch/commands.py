@@ -225,17 +225,16 @@ def job_end(run_dir: Path, exit_code: int) -> None:
     reason, history = record_end(
         run, read_history(run), job_id, exit_code, config.site.preemption.signal
     )
-    try:
-        _after_end(run, config, history, job_id, reason)
-    finally:
-        run_index.note(run, config, history)  # the runs root's listing: this run's new row
+    # The runs root's listing: this run's new row, from the history this command knows.
+    run_index.note(run, config, _after_end(run, config, history, job_id, reason))
 
 
 def _after_end(
     run: RunDir, config: ResolvedConfig, history: RunHistory, job_id: str, reason: str
-) -> None:
+) -> RunHistory:
     """Requeue the job that ended (``history``: the run's, with its ``ended`` record) when the
-    run's budgets allow, or record that the run gave up."""
+    run's budgets allow, or record that the run gave up; returns ``history`` with the
+    ``requeued`` record. A run that gave up has its row noted here, before _GaveUp."""
     state = history.state
     signalled = state.last is not None and state.last.signalled
     decision = after_end(state, budgets(config))
@@ -253,8 +252,8 @@ def _after_end(
                 click.echo(f"hpctf: job {job_id} was requeued by Slurm already")
                 note_failed_nodes(run, job_id, "TERM", history)
                 release(run, job_id, slurm.RELEASE_AFTER_S)
-                return
-            journal.record_requeued(run, job_id, decision.why)
+                return history
+            history = history.plus(journal.record_requeued(run, job_id, decision.why))
             exclude_failed_nodes(run, history, job_id)  # a requeue adds no failed node
             click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
             # Last: the batch shell ends right after this (it ignores SIGTERM by now).
@@ -268,11 +267,12 @@ def _after_end(
             # time past KillWait; this shell ends now, so sooner will do.
             release(run, job_id, slurm.RELEASE_AFTER_S)
     elif decision.gave_up:
-        journal.record_gave_up(run, job_id, decision.why)
+        run_index.note(run, config, history.plus(journal.record_gave_up(run, job_id, decision.why)))
         message = f"hpctf: job {job_id} not requeued: {decision.why}"
         if "hpctf resubmit" not in decision.why:  # a full disk's line already says it
             message += f"; after a fix, resume with hpctf resubmit {run.path}"
         raise _GaveUp(message)
+    return history
 
 
 COMMANDS = (job_start, job_signal, job_end)
