@@ -23,9 +23,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
-SECTIONS = ("login", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak")
+SECTIONS = (
+    "login", "listing", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak",
+)  # fmt: skip
 # Run order: login's `hpctf status` reads a finished run, and runtime leaves one behind.
-ORDER = ("resolver", "runtime", "login", "sweep", "preemption", "first_step", "stall", "soak")
+ORDER = (
+    "resolver", "runtime", "login", "listing", "sweep", "preemption", "first_step", "stall", "soak",
+)  # fmt: skip
 GPU_SECTIONS = ("gpu_runtime", "gpu_stall")
 # Run beside the others with --tiny; first_step in the first lane, which was the shorter one:
 # 116 s against 122 s (+ first_step's 33 s) at load average 7.
@@ -43,6 +47,10 @@ class Sizes:
     login_runs: int
     login_warmup: int  # untimed runs of each command first (page cache, .pyc files)
     sweep_rounds: int  # alternated pairs: the 2,500-point sweep plan and one render
+    listing_runs: int  # run directories under the runs root `hpctf status` and `runs` list
+    listing_points: int  # points of the sweep `hpctf status SWEEP` shows
+    listing_rounds: int  # timed runs of each listing command (after the one that indexes)
+    listing_cold: bool  # drop the page cache before each `status SWEEP` (root; a full run only)
     resolver_nodes: tuple[int, ...]
     resolver_repeat: int
     runtime_steps: int
@@ -77,6 +85,10 @@ FULL = Sizes(
     login_runs=15,
     login_warmup=1,
     sweep_rounds=5,
+    listing_runs=10_000,
+    listing_points=1_000,
+    listing_rounds=3,
+    listing_cold=True,
     resolver_nodes=(10, 1000, 4000, 10000),
     resolver_repeat=50,
     runtime_steps=2000,
@@ -115,6 +127,10 @@ TINY = replace(
     login_runs=1,
     login_warmup=0,
     sweep_rounds=1,
+    listing_runs=200,
+    listing_points=20,
+    listing_rounds=1,
+    listing_cold=False,
     resolver_nodes=(10, 4000),
     resolver_repeat=1,
     runtime_steps=200,

@@ -25,6 +25,10 @@ and noisy: absolute numbers move, ratios much less):
   stall       seconds the loop waits for each checkpoint save against the time of a step,
               for the digits model and a ~100 MB Dense stack (benchmarks/bench_entries.py);
               the Dense stack saved asynchronously against synchronously (goal: <= 0.1)
+  listing     `hpctf status` and `hpctf runs` over 10,000 run directories (benchmarks/
+              many_runs.py: hpctf's writers) and `hpctf status SWEEP` of a 1,000-point
+              sweep from a cold page cache, whole processes (goal: <= 2 s and <= 300 MB;
+              <= 1 s for the sweep)
   sweep       a 2,500-point `hpctf sweep --dry-run` against one `hpctf render`, whole
               processes, alternated (goal: <= 1 s of CPU)
   soak        one job of 100,000 steps (--tiny: 1,000) of the smallest step, 2 workers:
@@ -58,6 +62,7 @@ from typing import Any
 
 from bench_first_step import FirstStepBench
 from bench_gpu import GpuBench
+from bench_listing import ListingBench
 from bench_login import LoginBench
 from bench_preemption import PreemptionBench
 from bench_resolver import ResolverBench
@@ -81,6 +86,7 @@ from report import gpus_here, machine, resolver_table, table
 
 class Bench(
     LoginBench,
+    ListingBench,
     SweepBench,
     ResolverBench,
     RuntimeBench,

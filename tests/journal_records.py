@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.run import journal
+from hpctf.core.run.history.runstate import Budgets
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import Budgets
 
 BUDGETS = Budgets(preemption=2, failure=2)
 

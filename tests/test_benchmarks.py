@@ -23,7 +23,9 @@ import pytest
 from tests.conftest import REPO
 
 RUN = REPO / "benchmarks" / "run.py"
-SECTIONS = {"login", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak"}
+SECTIONS = {
+    "login", "listing", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak",
+}  # fmt: skip
 PHASES = ["worker_up", "tensorflow_imported", "strategy", "restored", "first_step"]
 
 
@@ -68,6 +70,7 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
     table = results["table"]
     assert [row["section"] for row in table] == [
         *["login"] * 3,
+        *["listing"] * 3,
         "sweep",
         "resolver",
         *["runtime"] * 2,  # against the tutorial's loop, and a loop of 10 steps per call
@@ -251,6 +254,21 @@ def check_sweep(tiny: tuple[dict[str, Any], str]) -> None:
     assert all(c <= w * 1.5 + 0.05 for c, w in zip(cpu, wall, strict=True))
 
 
+def check_listing(tiny: tuple[dict[str, Any], str]) -> None:
+    results = tiny[0]
+    listing, sizes = results["sections"]["listing"], results["sizes"]
+    assert (listing["runs"], listing["points"]) == (sizes["listing_runs"], sizes["listing_points"])
+    for name in ("status", "runs", "sweep_status"):
+        found = listing[name]
+        assert len(found["samples"]) == sizes["listing_rounds"]
+        assert positive(found["wall_s"], found["cpu_s"], found["rss_mb"])
+        assert found["met"] == (
+            found["wall_s"] <= (1.0 if name == "sweep_status" else 2.0) and found["rss_mb"] <= 300
+        )
+    assert listing["sweep_cold"] is False  # a tiny run leaves the page cache alone
+    assert positive(*listing["first_status"].values())
+
+
 def check_soak(tiny: tuple[dict[str, Any], str]) -> None:
     results = tiny[0]
     soak, sizes = results["sections"]["soak"], results["sizes"]
@@ -277,6 +295,7 @@ CHECKS = [
     check_first_step,
     check_stall,
     check_sweep,
+    check_listing,
     check_soak,
 ]
 
@@ -299,7 +318,7 @@ def test_tiny_run_of_every_section(tiny: tuple[dict[str, Any], str]) -> None:
     ("args", "message"),
     [
         (["--gpu"], "--gpu needs NVIDIA GPUs, and this machine has none"),
-        (["--only", "nonsense"], "unknown section(s) nonsense; choose from login, sweep, resolver"),
+        (["--only", "nonsense"], "unknown section(s) nonsense; choose from login, listing, sweep"),
     ],
     ids=["gpu-without-gpus", "unknown-section"],
 )

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from hpctf.core.run import journal
+from hpctf.core.run.history.runstate import run_state
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import run_state
 
 HPCTF = Path(journal.__file__).resolve().parents[1]
 NAMES = journal.EVENTS | set(journal.OLD_NAMES)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import hpctf.keras
-from hpctf.login.watching.run_report import script_text
+from hpctf.login.reading.run_report import script_text
 
 
 def test_hpctf_keras_imports_no_tensorflow() -> None:

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from hpctf.cli import cli
 from hpctf.core.run import journal
+from hpctf.core.run.history.runstate import starts_of
 from hpctf.core.run.journal import (
     CANCELLED,
     ENDED,
@@ -31,13 +32,13 @@ from hpctf.core.run.journal import (
     SUBMITTED,
 )
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import starts_of
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.slurm import SlurmError
 from hpctf.core.scheduler.slurm_queries import JobRecord
-from hpctf.login.watching import plot, progress
-from hpctf.login.watching.run_report import TABLE_COLUMNS
-from hpctf.login.watching.runs import Run, epoch_seconds
+from hpctf.login.reading import progress
+from hpctf.login.reading.run_report import TABLE_COLUMNS
+from hpctf.login.reading.runs import Run, epoch_seconds
+from hpctf.login.watching import plot
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 from tests.fake_slurm import FakeSlurm, new_run, sacct_line, squeue_line
 from tests.journal_records import write_events

@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from hpctf.cli import cli
 from hpctf.core.errors import NOT_STARTING_EXIT
 from hpctf.core.run import journal, ownership
+from hpctf.core.run.history.runstate import run_state
 from hpctf.core.run.ownership import Claim, claim_of
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import run_state
 from tests.conftest import DIGITS
 from tests.fake_slurm import fake_command
 

@@ -17,8 +17,8 @@ import hpctf
 from hpctf.cli import cli
 from hpctf.core.errors import UserError
 from hpctf.core.run import journal
+from hpctf.core.run.history.runstate import run_state
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import run_state
 from hpctf.login.sweeps.ranking import rank
 from tests.conftest import DIGITS, REPO, write
 from tests.fake_slurm import FakeSlurm, squeue_line

@@ -29,6 +29,7 @@ from hpctf.compute.start.quick_preflight import (
 )
 from hpctf.core.errors import NODE_CHECK_EXIT
 from hpctf.core.run import journal
+from hpctf.core.run.history import RunHistory, read_history, record_end
 from hpctf.core.run.rundir import RunDir
 from hpctf.login.submitting.local import task_environment
 from tests.conftest import DIGITS, HPCTF, write
@@ -172,11 +173,11 @@ def test_job_end_records_the_nodes_that_failed_a_check(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     journal.record_started(run, "41", None, "USR2")
     journal.record_node_check_failed(run, "41", "node2", 1, "port", "d", "f")
-    assert run.record_end("41", 143, "USR2") == "failed"
+    assert record_end(run, read_history(run), "41", 143, "USR2")[0] == "failed"
     (ended,) = events(run, journal.ENDED)
     assert ended["node_checks_failed"] == [{"node": "node2", "rank": 1, "check": "port"}]
     journal.record_started(run, "41", None, "USR2")
-    run.record_end("41", 0, "USR2")
+    record_end(run, read_history(run), "41", 0, "USR2")
     assert "node_checks_failed" not in events(run, journal.ENDED)[-1]
     assert json.loads(run.config_file.read_text())["experiment"]["train"]["preflight"] == "quick"
 
@@ -238,16 +239,17 @@ def test_the_workers_hpctf_is_compared_with_the_one_that_started_the_job(tmp_pat
     journal.record_started(run, "7", None, "USR2")  # what the host's job-start writes
     events = run.events()
     assert events[-1]["hpctf"] == __version__
-    assert version_check(events, "7", __version__, None).status == "ok"
+    history = RunHistory.of(events)
+    assert version_check(history, "7", __version__, None).status == "ok"
     image = "/shared/hpctf-old.sqsh"
-    older = version_check(events, "7", "0.0.1", image)
+    older = version_check(history, "7", "0.0.1", image)
     assert (older.status, older.detail) == (
         "warn",
         f"hpctf 0.0.1 in container image {image} but {__version__} on the host (job-start): "
         "the two share the run's journal",
     )
     assert f"pip install hpctf=={__version__}" in older.fix
-    assert version_check(events, "8", "0.0.1", image).status == "skip"  # another job's start
+    assert version_check(history, "8", "0.0.1", image).status == "skip"  # another job's start
     # The chief runs it with the node checks; other ranks do not read the journal for it.
     spec = spec_of(run)
     assert spec.is_chief

@@ -9,9 +9,10 @@ import pytest
 
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
 from hpctf.core.run import journal
-from hpctf.core.run.ends import REASONS, end_of_start, end_reason
-from hpctf.core.run.jobs import jobs_of, open_jobs
-from hpctf.core.run.runstate import after_end, before_start, run_state, starts_of
+from hpctf.core.run.history import RunHistory
+from hpctf.core.run.history.ends import REASONS, end_of_start, end_reason
+from hpctf.core.run.history.events import typed
+from hpctf.core.run.history.runstate import after_end, before_start, run_state, starts_of
 from tests.journal_records import BUDGETS, SUBMITTED, ended, requeued, started
 
 
@@ -145,7 +146,7 @@ RESTART = {"event": journal.SAVED_FOR_RESTART, "job_id": "7", "step": 100}
 def test_end_of_start(
     since: list[dict[str, Any]], code: int | None, done: bool, walltime: str, reason: str
 ) -> None:
-    assert end_of_start(since, code, done, walltime) == reason
+    assert end_of_start(typed(since), code, done, walltime) == reason
 
 
 def test_a_killed_start_is_closed_with_its_own_walltime_signal() -> None:
@@ -180,11 +181,11 @@ def test_starts_carry_their_times_and_the_jobs_fold_from_them() -> None:
     )
     assert (second.ended_at, second.last_at[-8:-6], second.signalled) == (None, "06", True)
     assert third.refused and not second.refused
-    assert [(j.job_id, j.starts, j.ended) for j in jobs_of(events)] == [
+    assert [(j.job_id, j.starts, j.ended) for j in RunHistory.of(events).jobs] == [
         ("7", 2, False),
         ("8", 1, False),
     ]
-    assert open_jobs([*events, CANCELLED]) == ["8"]
+    assert RunHistory.of([*events, CANCELLED]).open_jobs == ["8"]
     assert starts_of(events[:6], close_last=True)[-1].reason == "node_fail"
 
 

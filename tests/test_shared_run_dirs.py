@@ -423,7 +423,7 @@ def test_control_characters_from_a_journal_reach_no_terminal(
     for output in outputs:
         assert "\x1b" not in output and "\r" not in output and "\u202e" not in output, output
     assert "\\x1b[31m" in outputs[0]
-    from hpctf.core.run.runstate import Start
+    from hpctf.core.run.history.runstate import Start
     from hpctf.login.watching.logs import separator
 
     header = separator(1, Start(job_id="1", step=0, started_at=HOSTILE_TIME), 0)
@@ -542,7 +542,7 @@ def test_a_dead_writers_temp_checkpoint_directories_go_and_checkpoints_stay(
 
 def test_a_death_by_signal_reads_as_its_name_and_128_plus_n() -> None:
     from hpctf.core.errors import exit_text, shell_status
-    from hpctf.core.run.runstate import run_state
+    from hpctf.core.run.history.runstate import run_state
     from tests.journal_records import ended, started
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

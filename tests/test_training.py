@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from hpctf.core.errors import STALLED_EXIT
+from hpctf.core.run.history.runstate import run_state
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import run_state
 from hpctf.login.submitting.local import task_environment
 from tests.conftest import (
     DIGITS,

@@ -18,8 +18,8 @@ import pytest
 from hpctf.compute.users_code import user_code
 from hpctf.compute.users_code.user_code import UserCodeError, call, region, whose
 from hpctf.core.run import journal
-from hpctf.core.run.runstate import after_end, before_start, run_state
-from hpctf.login.watching.run_report import _end
+from hpctf.core.run.history.runstate import after_end, before_start, run_state
+from hpctf.login.reading.run_report import _end
 from tests.journal_records import BUDGETS, SUBMITTED, ended, started
 
 SEQ = """\

@@ -4,7 +4,7 @@
 once the run has given up or Slurm restarted it past its failure budget; ``job-signal`` is the
 batch shell's SIGTERM trap; ``job-end`` records why the start ended (done, preempted, timeout,
 stalled, failed, node_fail, cancelled) and requeues the job when the run's budgets allow
-(:mod:`hpctf.core.run.runstate` decides, from the journal alone).
+(:mod:`hpctf.core.run.history` decides, from the journal alone, read once per command).
 """
 
 from __future__ import annotations
@@ -18,18 +18,20 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProblem
-from hpctf.core.run import journal, ownership
-from hpctf.core.run.ends import (
+from hpctf.core.run import journal, ownership, run_index
+from hpctf.core.run.history import (
     PLANNED_RESTART,
+    Budgets,
+    RunHistory,
+    after_end,
+    before_start,
+    read_history,
     reason_from_slurm,
-    saved_for_restart,
-    saved_on_warning,
-    since_last_start,
+    record_end,
 )
 from hpctf.core.run.notifications import notify_end
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import Budgets, after_end, before_start, run_state
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.settings.config import ResolvedConfig
 
@@ -80,53 +82,60 @@ def job_start(run_dir: Path) -> None:
         click.echo(f"hpctf: job {job_id} ends at once: {owner.describe()} owns {run.path}{hint}")
         sys.exit(NOT_STARTING_EXIT)
     config = run.load_config()
-    close_unended(run, job_id, config.site.preemption.signal)
-    decision = before_start(run_state(run.events()), budgets(config))
+    history = close_unended(run, read_history(run), job_id, config.site.preemption.signal)
+    decision = before_start(history.state, budgets(config))
     if not decision.go and not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ends at once: {decision.why}")
         sys.exit(NOT_STARTING_EXIT)
-    journal.record_started(
-        run,
-        job_id,
-        nodes=nodes,
-        walltime_signal=config.site.preemption.signal,
-        slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
-        restart_count=restart,
+    history = history.plus(
+        journal.record_started(
+            run,
+            job_id,
+            nodes=nodes,
+            walltime_signal=config.site.preemption.signal,
+            slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
+            restart_count=restart,
+        )
     )
     if decision.gave_up:
-        journal.record_gave_up(run, job_id, decision.why)
+        history = history.plus(journal.record_gave_up(run, job_id, decision.why))
         notify_end(run, config, job_id)
+    run_index.note(run, config, history)  # the runs root's listing: this run's new row
+    if decision.gave_up:
         raise _GaveUp(f"hpctf: not starting job {job_id}: {decision.why}")
 
 
-def close_unended(run: RunDir, job_id: str, walltime_signal: str) -> None:
+def close_unended(
+    run: RunDir, history: RunHistory, job_id: str, walltime_signal: str
+) -> RunHistory:
     """The run's last start recorded no end (its batch shell died with its node, or was
     killed hard): record one now from what Slurm's accounting says of that start, its job's
     earlier run when this is the same job started again. Without an answer the journal's own
-    reading stands (:func:`hpctf.core.run.runstate.starts_of`)."""
-    events = run.events()
-    last = run_state(events).last
+    reading stands (:func:`hpctf.core.run.history.runstate.starts_of`). Returns ``history``
+    with the record written, if any."""
+    last = history.last_start
     if last is None or last.reason is not None:
-        return
+        return history
     try:
         runs = slurm_queries.sacct_runs(last.job_id)
     except slurm.SlurmFailure as exc:  # slurmdbd down; no sacct on the node
         click.echo(f"hpctf: how job {last.job_id}'s start ended is not known: {exc}", err=True)
-        return
+        return history
     if last.job_id == job_id:
         runs = runs[:-1]  # the newest run is this very start
     if not runs or (not runs[-1].final and runs[-1].state != "REQUEUED"):
-        return
+        return history
     ended = runs[-1]
-    saved = saved_on_warning(since_last_start(events))
-    signal_saved = None if saved is None else str(saved.get("signal") or "TERM")
+    saved = history.saved_on_warning
+    signal_saved = None if saved is None else saved.signal or "TERM"
     reason = reason_from_slurm(ended.state, signal_saved, run.done.exists(), walltime_signal)
-    if reason != "cancelled" and saved_for_restart(since_last_start(events)) is not None:
+    if reason != "cancelled" and history.saved_for_restart is not None:
         reason = PLANNED_RESTART  # the ranks saved for a planned restart: no failure
     code = ended.exit_code.partition(":")[0]
     exit_code = int(code) if code.isdigit() else None
-    journal.record_ended_by_slurm(run, last.job_id, exit_code, reason, ended.state)
+    entry = journal.record_ended_by_slurm(run, last.job_id, exit_code, reason, ended.state)
     click.echo(f"hpctf: job {last.job_id}'s start ended {reason} (Slurm: {ended.state})")
+    return history.plus(entry)
 
 
 def _now() -> str:
@@ -155,9 +164,12 @@ def job_signal(run_dir: Path, name: str) -> None:
     release(run, job_id, after)
 
 
-def note_failed_nodes(run: RunDir, job_id: str, name: str) -> None:
+def note_failed_nodes(
+    run: RunDir, job_id: str, name: str, history: RunHistory | None = None
+) -> None:
     """Record the job's nodes that Slurm says are down or drained, and keep the job off them
-    when Slurm requeued it (:func:`exclude_failed_nodes`)."""
+    when Slurm requeued it (:func:`exclude_failed_nodes`). ``history``: the run's, when this
+    command has read it (else it is read once, if a node failed)."""
     nodes = os.environ.get("SLURM_JOB_NODELIST")
     if not nodes:
         return
@@ -167,8 +179,9 @@ def note_failed_nodes(run: RunDir, job_id: str, name: str) -> None:
         click.echo(f"hpctf: cannot tell whether a node of job {job_id} failed: {exc}", err=True)
         return
     if failed:
-        journal.record_nodes_down(run, job_id, failed, name)
-        exclude_failed_nodes(run, job_id)
+        entry = journal.record_nodes_down(run, job_id, failed, name)
+        known = read_history(run) if history is None else history.plus(entry)
+        exclude_failed_nodes(run, known, job_id)
 
 
 def release(run: RunDir, job_id: str, after_s: int) -> None:
@@ -185,11 +198,12 @@ def release(run: RunDir, job_id: str, after_s: int) -> None:
     journal.record_released(run, job_id, after_s)
 
 
-def exclude_failed_nodes(run: RunDir, job_id: str) -> None:
+def exclude_failed_nodes(run: RunDir, history: RunHistory, job_id: str) -> None:
     """Keep job ``job_id``, pending again after a requeue, off every node that failed under the
-    run (its ExcNodeList); record it. A job that is not pending (it ended for good) is left as
-    it is, with a line on stderr: ``hpctf resubmit`` leaves those nodes out as well."""
-    nodes = run_state(run.events()).failed_nodes
+    run (its ExcNodeList, from ``history``, the run's); record it. A job that is not pending
+    (it ended for good) is left as it is, with a line on stderr: ``hpctf resubmit`` leaves
+    those nodes out as well."""
+    nodes = history.failed_nodes
     if not nodes:
         return
     try:
@@ -210,8 +224,20 @@ def job_end(run_dir: Path, exit_code: int) -> None:
     run = RunDir.open(run_dir)
     config = run.load_config()
     job_id = _job_id("job-end")
-    reason = run.record_end(job_id, exit_code, config.site.preemption.signal)
-    state = run_state(run.events())
+    reason, history = record_end(
+        run, read_history(run), job_id, exit_code, config.site.preemption.signal
+    )
+    # The runs root's listing: this run's new row, from the history this command knows.
+    run_index.note(run, config, _after_end(run, config, history, job_id, reason))
+
+
+def _after_end(
+    run: RunDir, config: ResolvedConfig, history: RunHistory, job_id: str, reason: str
+) -> RunHistory:
+    """Requeue the job that ended (``history``: the run's, with its ``ended`` record) when the
+    run's budgets allow, or record that the run gave up; returns ``history`` with the
+    ``requeued`` record. A run that gave up has its row noted here, before _GaveUp."""
+    state = history.state
     signalled = state.last is not None and state.last.signalled
     decision = after_end(state, budgets(config))
     if decision.go:
@@ -226,11 +252,11 @@ def job_end(run_dir: Path, exit_code: int) -> None:
                 # Slurm requeued it itself after srun ended (a lost node, a preemption): its
                 # SIGTERM came while this shell ignored it, so do what the trap would have.
                 click.echo(f"hpctf: job {job_id} was requeued by Slurm already")
-                note_failed_nodes(run, job_id, "TERM")
+                note_failed_nodes(run, job_id, "TERM", history)
                 release(run, job_id, slurm.RELEASE_AFTER_S)
-                return
-            journal.record_requeued(run, job_id, decision.why)
-            exclude_failed_nodes(run, job_id)
+                return history
+            history = history.plus(journal.record_requeued(run, job_id, decision.why))
+            exclude_failed_nodes(run, history, job_id)  # a requeue adds no failed node
             click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
             # Last: the batch shell ends right after this (it ignores SIGTERM by now).
             release(run, job_id, slurm.RELEASE_AFTER_S)
@@ -244,12 +270,13 @@ def job_end(run_dir: Path, exit_code: int) -> None:
             release(run, job_id, slurm.RELEASE_AFTER_S)
         notify_end(run, config, job_id)  # no requeue follows: done, failed (notify:)
     elif decision.gave_up:
-        journal.record_gave_up(run, job_id, decision.why)
+        run_index.note(run, config, history.plus(journal.record_gave_up(run, job_id, decision.why)))
         notify_end(run, config, job_id)
         message = f"hpctf: job {job_id} not requeued: {decision.why}"
         if "hpctf resubmit" not in decision.why:  # a full disk's line already says it
             message += f"; after a fix, resume with hpctf resubmit {run.path}"
         raise _GaveUp(message)
+    return history
 
 
 COMMANDS = (job_start, job_signal, job_end)

@@ -52,7 +52,7 @@ class Run:
     every method reads the directory (and asks Slurm) afresh."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        from hpctf.login.watching.runs import Run as RunRecord
+        from hpctf.login.reading.runs import Run as RunRecord
 
         self.path = Path(path).resolve()
         RunRecord.read(self.path)  # a UserError now, when it is not a run directory
@@ -73,16 +73,16 @@ class Run:
 
     def _document(self, hours: bool) -> dict[str, Any]:
         from hpctf.core.run.hours import hours_json
-        from hpctf.login.watching.hours_view import hours_of
-        from hpctf.login.watching.run_report import run_document
-        from hpctf.login.watching.runs import Run as RunRecord
-        from hpctf.login.watching.slurm_view import job_states
+        from hpctf.login.reading.hours_view import hours_of
+        from hpctf.login.reading.run_report import full_document
+        from hpctf.login.reading.runs import Run as RunRecord
+        from hpctf.login.reading.slurm_view import job_states
 
         record = RunRecord.read(self.path)
-        view = job_states([record], all_jobs=True)
-        document = run_document(record, view, time.time(), full=True)
+        view = job_states([record.facts], all_jobs=True)
+        document = full_document(record, view, time.time())
         if hours:
-            document["hours"] = hours_json(hours_of([record])[record.run.path])
+            document["hours"] = hours_json(hours_of([record.facts])[record.facts.path])
         return document
 
     @property
@@ -112,8 +112,8 @@ class Run:
     def logs(self, rank: int = 0, job: str | None = None) -> str:
         """One rank's log across every start (``hpctf logs RUN --rank N [--job ID]``), with
         the separator line where each start begins."""
+        from hpctf.login.reading.runs import Run as RunRecord
         from hpctf.login.watching.logs import LogReader
-        from hpctf.login.watching.runs import Run as RunRecord
 
         record = RunRecord.read(self.path)
         if job is not None and job not in record.state.jobs:
@@ -121,7 +121,7 @@ class Run:
         if not record.run.rank_log(rank).exists():
             ranks = sorted(p.stem.split("-")[1] for p in record.run.logs.glob("rank-*.log"))
             raise UserError(f"{self.path}: no log of rank {rank} (yet); ranks: {ranks or 'none'}")
-        return "".join(LogReader(record.run, rank, job).read(record.events, final=True))
+        return "".join(LogReader(record.run, rank, job).read(record.history, final=True))
 
     def metrics(self, frame: bool | None = None) -> Any:
         """One row per logged step of the run's metrics.jsonl, its training values (loss,
@@ -212,7 +212,7 @@ def run(path: str | os.PathLike[str]) -> Run:
 def runs(root: str | os.PathLike[str] | None = None, site: str | None = None) -> list[Run]:
     """The runs under a runs root, newest first, as ``hpctf runs [--root DIR] [--site NAME]``
     finds them (default: $HPCTF_RUNS_ROOT, else the site's runs_root)."""
-    from hpctf.login.watching.runs import find_runs, runs_root_for
+    from hpctf.login.reading.runs import find_runs, runs_root_for
 
     where = runs_root_for(None if root is None else Path(root), site, os.environ)
-    return [Run(record.run.path) for record in find_runs(where)]
+    return [Run(record.path) for record in find_runs(where)]

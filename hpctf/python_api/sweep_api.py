@@ -47,11 +47,11 @@ class Sweep:
     def status(self) -> list[dict[str, Any]]:
         """One document per point, as ``hpctf status SWEEP --json`` prints them: index,
         values, run_dir, job, slurm, state, why, step, loss, eval (last), best_eval."""
+        from hpctf.login.reading.slurm_view import job_states
         from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents
-        from hpctf.login.watching.slurm_view import job_states
 
         record = SweepDir.read(self.path)
-        records = record.runs()
+        records = record.facts(every_point=True)
         return point_documents(record, records, job_states(records, all_jobs=False), time.time())
 
     def wait(self, timeout: float | None = None, poll: float = 10.0) -> dict[int, str]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hpctf.compute.start.launcher_watch import LAUNCHER_PID_ENV
 from hpctf.core.errors import PREEMPTED_EXIT
-from hpctf.core.run.ends import local_stop
+from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.rundir import RunDir
 
 if TYPE_CHECKING:  # imports TensorFlow; this module is imported before it
@@ -215,11 +215,15 @@ def check_interval(
     return max(1, min(bounds))
 
 
-def leaving_words(run: RunDir, step: int | None, why: str = "preempted") -> str:
+def leaving_words(
+    run: RunDir, step: int | None, why: str = "preempted", history: RunHistory | None = None
+) -> str:
     """What a rank logs as it leaves with exit 75 after saving ``step`` (None: a script's own
     save): a local run's stop (Ctrl-C, ``hpctf cancel``, a signal to its launcher) is no
-    preemption and nothing requeues it (:func:`hpctf.core.run.ends.local_stop`)."""
+    preemption and nothing requeues it (:meth:`hpctf.core.run.history.RunHistory.local_stop`;
+    ``history``: the run's, when the caller has read it, else it is read here)."""
     saved = f"saved step {step}" if step is not None else "saved"
     if os.environ.get(LAUNCHER_PID_ENV):
-        return f"{local_stop(run.events())}: {saved}; exiting 75 (hpctf resubmit resumes it)"
+        stop = (history or read_history(run)).local_stop()
+        return f"{stop}: {saved}; exiting 75 (hpctf resubmit resumes it)"
     return f"{why}: {saved}; exiting 75 for a requeue"

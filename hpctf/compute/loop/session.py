@@ -56,7 +56,7 @@ from hpctf.compute.start.launcher_watch import LAUNCHER_PID_ENV
 from hpctf.compute.start.leaving import exit_later
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal
-from hpctf.core.run.ends import local_stop
+from hpctf.core.run.history import read_history
 from hpctf.core.run.rundir import RunDir, write_atomic
 from hpctf.core.settings.config import Checkpoint, ResolvedConfig, Train
 
@@ -345,7 +345,7 @@ class Session:
         )
 
     def _leave_for_requeue(
-        self, step: int, why: str, record: Callable[[RunDir, str, int], None]
+        self, step: int, why: str, record: Callable[[RunDir, str, int], object]
     ) -> NoReturn:
         """Every rank has saved ``step``: the chief records it (``record``), all exit 75."""
         self.wait_for_saves()  # the step on disk before the record says so
@@ -357,7 +357,7 @@ class Session:
         # caller's close() is the barrier.
         if os.environ.get(LAUNCHER_PID_ENV):  # a local launcher's warning: nothing requeues
             log.warning("%s: saved step %d; exiting %d (hpctf resubmit resumes it)",
-                        local_stop(self.run.events()), step, PREEMPTED_EXIT)  # fmt: skip
+                        read_history(self.run).local_stop(), step, PREEMPTED_EXIT)  # fmt: skip
         else:
             log.warning("%s: saved step %d; exiting %d for a requeue", why, step, PREEMPTED_EXIT)
         exit_later(PREEMPTED_EXIT)  # whatever the unwinding tears down (leaving.py)

@@ -45,6 +45,7 @@ from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.compute.start.gpus import Grant
 from hpctf.core.errors import NODE_CHECK_EXIT
 from hpctf.core.run import journal
+from hpctf.core.run.history import read_history
 from hpctf.core.run.rundir import RunDir
 
 log = logging.getLogger("hpctf.worker")
@@ -120,7 +121,8 @@ def check_node(
     The chief also compares its hpctf with the host's (:mod:`hpctf.compute.doctor.versions`)."""
     checks = before_tensorflow(spec, env, image=image)
     if spec.is_chief:
-        checks.append(version_check(run.events(), spec.journal_job, __version__, image))
+        history = read_history(run)
+        checks.append(version_check(history, spec.journal_job, __version__, image))
     return judge(run, spec, checks)
 
 

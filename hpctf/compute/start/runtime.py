@@ -27,6 +27,7 @@ from hpctf.compute.start.launcher_watch import launcher_ended, watch_launcher
 from hpctf.compute.start.worker_tmp import use_own_tmp
 from hpctf.compute.users_code.script import keras_environment, run_script
 from hpctf.core.errors import UserError
+from hpctf.core.run.history import record_end_read
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.secrets import redact
@@ -170,6 +171,6 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     startup_clock.mark("keras and hpctf loop import")
     status = training.train(config, run, spec)
     if spec.is_chief and launcher_ended():  # nobody else is left to say how the start ended
-        reason = run.record_end(spec.journal_job, status, config.site.preemption.signal)
+        reason = record_end_read(run, spec.journal_job, status, config.site.preemption.signal)
         log.warning("the launcher is gone: recorded the end of this start (%s)", reason)
     return status

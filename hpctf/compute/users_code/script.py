@@ -22,7 +22,7 @@ HPCTF_NUM_WORKERS       how many tasks the job runs the script on
 HPCTF_IS_CHIEF          1 on rank 0, which alone should write outputs; else 0
 ======================= ===================================================================
 
-Its exit feeds the requeue decision (:mod:`hpctf.core.run.runstate`): 0 is done (the chief writes
+Its exit feeds the requeue decision (:mod:`hpctf.core.run.history`): 0 is done (the chief writes
 DONE), 75 saved and preempted (the chief records ``preempted``, so the job is requeued), any
 other status failed; a status hpctf gives a meaning of its own (2, 3, 69, 70, 124) becomes 1.
 No stall watchdog runs for a plain script (it reports no steps, so it could not tell a long
@@ -57,7 +57,7 @@ from hpctf.core.errors import (
     UserError,
 )
 from hpctf.core.run import journal
-from hpctf.core.run.ends import saved_on_warning, since_last_start
+from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.rundir import RunDir, write_atomic
 from hpctf.core.settings.config import ResolvedConfig, Train
 
@@ -164,20 +164,22 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
             write_atomic(run.done, json.dumps({"step": step, "script": settings.script}) + "\n")
         log.info("script finished%s", f": {run.done}" if spec.is_chief else "")
     elif status == PREEMPTED_EXIT:
-        _record_preempted(run, spec)
-        log.warning("script exited %d: %s", status, leaving_words(run, None))
+        history = _record_preempted(run, spec)
+        log.warning("script exited %d: %s", status, leaving_words(run, None, history=history))
     else:
         log.error("script exited %d", status)
     return status
 
 
-def _record_preempted(run: RunDir, spec: ClusterSpec) -> None:
-    """On the chief, the ``saved_on_warning`` record the batch script requeues on, unless the script
-    (through ``hpctf.keras.callbacks()``) made it already."""
+def _record_preempted(run: RunDir, spec: ClusterSpec) -> RunHistory | None:
+    """On the chief, the ``saved_on_warning`` record the batch script requeues on, unless the
+    script (through ``hpctf.keras.callbacks()``) made it already. Returns the run's history
+    as the chief read it, with that record (None on the other ranks: they read none)."""
     if not spec.is_chief:
-        return
-    if saved_on_warning(since_last_start(run.events())) is not None:
-        return
+        return None
+    history = read_history(run)
+    if history.saved_on_warning is not None:
+        return history
     received = early_signal()
     name = signal.Signals(received).name.removeprefix("SIG") if received else "TERM"
-    journal.record_saved_on_warning(run, spec.journal_job, None, name)
+    return history.plus(journal.record_saved_on_warning(run, spec.journal_job, None, name))

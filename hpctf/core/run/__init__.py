@@ -1,5 +1,6 @@
 """The run directory and what is known of a run from it alone: the directory (:mod:`.rundir`),
-its journal's schema and writers (:mod:`.journal`), the one interpreter of the journal
-(:mod:`.runstate`, pure) and its jobs (:mod:`.jobs`), who owns the run (:mod:`.ownership`),
+its journal's schema and writers (:mod:`.journal`), the one reader and interpreter of the
+journal (:mod:`.history`: typed events, the run's state and jobs), who owns the run
+(:mod:`.ownership`),
 whether it is the directory it was made as (:mod:`.run_identity`), its read-only code copy
 (:mod:`.snapshot`) and its checkpoints as files on disk (:mod:`.checkpoint_files`)."""

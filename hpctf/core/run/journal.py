@@ -6,7 +6,8 @@ anywhere else in hpctf (a test greps for them). The journal itself is stored by
 :meth:`hpctf.core.run.rundir.RunDir.record` (one file per event, written atomically) and read by
 :meth:`hpctf.core.run.rundir.RunDir.read_journal`, which hands every entry to :func:`upgraded`, so
 run directories written by an older hpctf read as new ones; what the events mean for a run is
-decided in :mod:`hpctf.core.run.runstate`.
+decided in :mod:`hpctf.core.run.history`, the one reader of the journal for hpctf's
+commands (typed events, a run's state and jobs).
 
 Fields named ``step`` are checkpoint steps: the step a start resumes from (``started``), the
 newest checkpoint when a start ended (``ended``), the agreed step the ranks saved on a warning
@@ -30,7 +31,7 @@ class RunDir(Protocol):
     @property
     def path(self) -> Path: ...
 
-    def record(self, event: str, **fields: Any) -> None: ...
+    def record(self, event: str, **fields: Any) -> dict[str, Any]: ...
 
     def checkpoint_step(self) -> int: ...
 
@@ -172,12 +173,13 @@ def job_handle(env: Mapping[str, str]) -> str | None:
     return env.get("SLURM_JOB_ID") or None
 
 
-# The writers, one per event: the fields each event carries, named and typed.
+# The writers, one per event: the fields each event carries, named and typed. Each returns
+# the entry it wrote (a command reading on extends its history with it).
 
 
-def record_created(run: RunDir, experiment: str, site: str) -> None:
+def record_created(run: RunDir, experiment: str, site: str) -> dict[str, Any]:
     # run_dir: hpctf.core.run.run_identity refuses a copy of the run directory by it.
-    run.record(CREATED, experiment=experiment, site=site, run_dir=str(run.path))
+    return run.record(CREATED, experiment=experiment, site=site, run_dir=str(run.path))
 
 
 def record_submitted(
@@ -186,23 +188,23 @@ def record_submitted(
     exclude: str | None = None,
     array_job_id: str | None = None,
     array_task_id: int | None = None,
-) -> None:
+) -> dict[str, Any]:
     fields: dict[str, Any] = {"exclude": exclude} if exclude else {}
     if array_job_id is not None:
         fields.update(array_job_id=array_job_id, array_task_id=array_task_id)
-    run.record(SUBMITTED, job_id=job_id, **fields)
+    return run.record(SUBMITTED, job_id=job_id, **fields)
 
 
-def record_code_updated(run: RunDir, sources: Sequence[str]) -> None:
-    run.record(CODE_UPDATED, sources=list(sources))
+def record_code_updated(run: RunDir, sources: Sequence[str]) -> dict[str, Any]:
+    return run.record(CODE_UPDATED, sources=list(sources))
 
 
-def record_extended(run: RunDir, changes: Mapping[str, Any], previous_done: Any) -> None:
-    run.record(EXTENDED, changes=dict(changes), previous_done=previous_done)
+def record_extended(run: RunDir, changes: Mapping[str, Any], previous_done: Any) -> dict[str, Any]:
+    return run.record(EXTENDED, changes=dict(changes), previous_done=previous_done)
 
 
-def record_checkpoints_discarded(run: RunDir, moved_to: str) -> None:
-    run.record(CHECKPOINTS_DISCARDED, moved_to=moved_to)
+def record_checkpoints_discarded(run: RunDir, moved_to: str) -> dict[str, Any]:
+    return run.record(CHECKPOINTS_DISCARDED, moved_to=moved_to)
 
 
 def record_started(
@@ -212,7 +214,7 @@ def record_started(
     walltime_signal: str,
     slurm_job_id: str | None = None,
     restart_count: int | None = None,
-) -> None:
+) -> dict[str, Any]:
     """A job (or a local launch) starts, from the run's newest checkpoint step; the site's
     walltime signal is kept with it, so a start killed before it could record its end is told
     a timeout from a preemption by the journal alone."""
@@ -220,7 +222,7 @@ def record_started(
     if restart_count is not None:
         fields["restart_count"] = restart_count
 
-    run.record(
+    return run.record(
         STARTED,
         job_id=job_id,
         step=run.checkpoint_step(),
@@ -231,44 +233,50 @@ def record_started(
     )
 
 
-def record_signalled(run: RunDir, job_id: str, signal: str) -> None:
-    run.record(SIGNALLED, job_id=job_id, signal=signal)
+def record_signalled(run: RunDir, job_id: str, signal: str) -> dict[str, Any]:
+    return run.record(SIGNALLED, job_id=job_id, signal=signal)
 
 
-def record_nodes_down(run: RunDir, job_id: str, nodes: Sequence[str], signal: str) -> None:
-    run.record(NODES_DOWN, job_id=job_id, nodes=list(nodes), signal=signal)
+def record_nodes_down(
+    run: RunDir, job_id: str, nodes: Sequence[str], signal: str
+) -> dict[str, Any]:
+    return run.record(NODES_DOWN, job_id=job_id, nodes=list(nodes), signal=signal)
 
 
-def record_excluded(run: RunDir, job_id: str, nodes: Sequence[str]) -> None:
-    run.record(EXCLUDED, job_id=job_id, nodes=list(nodes))
+def record_excluded(run: RunDir, job_id: str, nodes: Sequence[str]) -> dict[str, Any]:
+    return run.record(EXCLUDED, job_id=job_id, nodes=list(nodes))
 
 
-def record_saved_on_warning(run: RunDir, job_id: str, step: int | None, signal: str) -> None:
+def record_saved_on_warning(
+    run: RunDir, job_id: str, step: int | None, signal: str
+) -> dict[str, Any]:
     """The chief: every rank saved agreed step ``step`` (None: a ``train.script`` that exited
     for a requeue) after warning ``signal`` (as the site names it: USR2, TERM)."""
-    run.record(SAVED_ON_WARNING, job_id=job_id, step=step, signal=signal)
+    return run.record(SAVED_ON_WARNING, job_id=job_id, step=step, signal=signal)
 
 
-def record_saved_for_restart(run: RunDir, job_id: str, step: int) -> None:
+def record_saved_for_restart(run: RunDir, job_id: str, step: int) -> dict[str, Any]:
     """The chief: every rank saved ``step``, a multiple of ``train.restart_every_steps``, and
     the job ends for a requeue (exit 75)."""
-    run.record(SAVED_FOR_RESTART, job_id=job_id, step=step)
+    return run.record(SAVED_FOR_RESTART, job_id=job_id, step=step)
 
 
-def record_environment_failed(run: RunDir, job_id: str, why: str) -> None:
-    run.record(ENVIRONMENT_FAILED, job_id=job_id, why=why)
+def record_environment_failed(run: RunDir, job_id: str, why: str) -> dict[str, Any]:
+    return run.record(ENVIRONMENT_FAILED, job_id=job_id, why=why)
 
 
 def record_user_code_failed(
     run: RunDir, job_id: str, node: str, rank: int, error: str, at: str | None, line: str
-) -> None:
-    run.record(USER_CODE_FAILED, job_id=job_id, node=node, rank=rank, error=error, at=at, line=line)
+) -> dict[str, Any]:
+    return run.record(
+        USER_CODE_FAILED, job_id=job_id, node=node, rank=rank, error=error, at=at, line=line
+    )
 
 
 def record_node_check_failed(
     run: RunDir, job_id: str, node: str, rank: int, check: str, detail: str, fix: str
-) -> None:
-    run.record(
+) -> dict[str, Any]:
+    return run.record(
         NODE_CHECK_FAILED, job_id=job_id, node=node, rank=rank, check=check, detail=detail, fix=fix
     )
 
@@ -279,10 +287,10 @@ def record_ended(
     exit_code: int,
     reason: str,
     node_checks_failed: Sequence[Mapping[str, Any]] = (),
-) -> None:
+) -> dict[str, Any]:
     """A start ended with ``exit_code`` for ``reason``, at the run's newest checkpoint step."""
     extra = {"node_checks_failed": list(node_checks_failed)} if node_checks_failed else {}
-    run.record(
+    return run.record(
         ENDED,
         job_id=job_id,
         exit_code=exit_code,
@@ -294,10 +302,10 @@ def record_ended(
 
 def record_ended_by_slurm(
     run: RunDir, job_id: str, exit_code: int | None, reason: str, slurm_state: str
-) -> None:
+) -> dict[str, Any]:
     """A start whose batch shell died without recording its end, closed at the next start from
     what Slurm's accounting says of its job (``source: sacct``)."""
-    run.record(
+    return run.record(
         ENDED,
         job_id=job_id,
         exit_code=exit_code,
@@ -308,27 +316,27 @@ def record_ended_by_slurm(
     )
 
 
-def record_released(run: RunDir, job_id: str, after_s: float) -> None:
-    run.record(RELEASED, job_id=job_id, after_s=after_s)
+def record_released(run: RunDir, job_id: str, after_s: float) -> dict[str, Any]:
+    return run.record(RELEASED, job_id=job_id, after_s=after_s)
 
 
-def record_not_started(run: RunDir, job_id: str, owner: str) -> None:
-    run.record(NOT_STARTED, job_id=job_id, owner=owner)
+def record_not_started(run: RunDir, job_id: str, owner: str) -> dict[str, Any]:
+    return run.record(NOT_STARTED, job_id=job_id, owner=owner)
 
 
-def record_requeued(run: RunDir, job_id: str, why: str) -> None:
-    run.record(REQUEUED, job_id=job_id, why=why)
+def record_requeued(run: RunDir, job_id: str, why: str) -> dict[str, Any]:
+    return run.record(REQUEUED, job_id=job_id, why=why)
 
 
-def record_gave_up(run: RunDir, job_id: str, why: str) -> None:
-    run.record(GAVE_UP, job_id=job_id, why=why)
+def record_gave_up(run: RunDir, job_id: str, why: str) -> dict[str, Any]:
+    return run.record(GAVE_UP, job_id=job_id, why=why)
 
 
-def record_cancelled(run: RunDir, jobs: Sequence[str]) -> None:
-    run.record(CANCELLED, jobs=[str(job) for job in jobs])
+def record_cancelled(run: RunDir, jobs: Sequence[str]) -> dict[str, Any]:
+    return run.record(CANCELLED, jobs=[str(job) for job in jobs])
 
 
-def record_notified(run: RunDir, job_id: str, notice: str, start: int, via: str) -> None:
+def record_notified(run: RunDir, job_id: str, notice: str, start: int, via: str) -> dict[str, Any]:
     """``notify:``'s message of event ``notice`` for the run's ``start``-th start (counted
     from 1) went out ``via`` a webhook: a retried job-end sends it no second time."""
-    run.record(NOTIFIED, job_id=job_id, notice=notice, start=start, via=via)
+    return run.record(NOTIFIED, job_id=job_id, notice=notice, start=start, via=via)

@@ -16,14 +16,14 @@ import json
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 from urllib.parse import urlsplit
 
 from hpctf.core.printable import printable
 from hpctf.core.run import journal
+from hpctf.core.run.history import read_history
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import run_state
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.core.settings.notify import notify_of
 
@@ -33,7 +33,7 @@ TIMEOUT_S = 5.0
 # The run's states after an end that its owner may want to hear of (runstate's words).
 _FINAL = {"done": "done", "failed": "failed", "gave_up": "gave_up"}
 # Words of runstate's why for a run that gave up because a requeue budget is spent
-# (hpctf.core.run.runstate.after_end and before_start).
+# (hpctf.core.run.history.runstate.after_end and before_start).
 _BUDGET_WORDS = ("requeues used of", "over the budget of")
 
 Post = Callable[[str, bytes, float], None]
@@ -82,13 +82,13 @@ def notify_end(
     notify = notify_of(config)
     if notify is None or not notify.webhook:
         return None
-    events = run.events()
-    state = run_state(events)
+    history = read_history(run)
+    state = history.state
     event = event_of(state.state, state.why)
     if event is None or not wanted(event, notify.on):
         return None
     start = len(state.starts)
-    if any(_is_notice(e, event, start) for e in events):
+    if history.notified(event, start):
         return None
     body = json.dumps(message(run.path.name, str(run.path), event, state.why)).encode()
     try:
@@ -101,11 +101,3 @@ def notify_end(
         return None
     journal.record_notified(run, job_id, event, start, "webhook")
     return event
-
-
-def _is_notice(entry: Mapping[str, Any], event: str, start: int) -> bool:
-    return (
-        entry.get("event") == journal.NOTIFIED
-        and entry.get("notice") == event
-        and entry.get("start") == start
-    )

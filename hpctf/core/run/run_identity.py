@@ -14,27 +14,11 @@ other run's history as its own; a new run from the experiment is one command.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hpctf.core.errors import UserError
-from hpctf.core.run import journal
+from hpctf.core.run.history import made_in
 from hpctf.core.run.rundir import RunDir
-
-
-def made_in(run: RunDir) -> Path | None:
-    """The directory the run's journal says it was created in (None for runs made before this
-    was recorded, or without a readable ``created`` record). Reads that one record only: every
-    worker of a job asks, and a journal on a parallel filesystem may hold hundreds."""
-    try:
-        first = min(run.journal.glob(journal.files_of(journal.CREATED)), default=None)
-        entry = json.loads(first.read_bytes().decode("utf-8")) if first else None
-    except (OSError, ValueError):
-        return None
-    if journal.problem(entry) is not None or not isinstance(entry, dict):
-        return None
-    where = entry.get("run_dir")
-    return Path(where) if isinstance(where, str) and where else None
 
 
 def check_not_a_copy(run: RunDir) -> None:

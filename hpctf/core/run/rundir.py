@@ -28,9 +28,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hpctf.core.errors import DamagedRecord, EnvironmentProblem, UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, secret_store, snapshot
-from hpctf.core.run.ends import end_of_start, failed_node_checks, since_last_start
 from hpctf.core.safe_files import NotARegularFile, read_bounded, safe_dir, umask
 from hpctf.core.safe_files import write_atomic as write_atomic  # its old home
 from hpctf.core.secrets import secret_env, uri_passwords
@@ -113,9 +112,9 @@ class RunDir:
         # config.json holds the secrets redacted; secrets.env (0600, the owner's) the values.
         return secret_store.restore(frozen, secret_store.read(self.path))
 
-    def record(self, event: str, **fields: Any) -> None:
-        """Append one event to the journal (atomic, safe from several writers at once); its
-        writers are :mod:`hpctf.core.run.journal`'s ``record_*`` functions."""
+    def record(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Append one event to the journal (atomic, safe from several writers at once) and
+        return it; its writers are :mod:`hpctf.core.run.journal`'s ``record_*`` functions."""
         safe_dir(self.journal)
         stamp = journal.next_stamp(os.listdir(self.journal), time.time_ns())
         entry = {
@@ -124,19 +123,12 @@ class RunDir:
             **fields,
         }
         write_atomic(self.journal / journal.file_name(stamp, os.getpid(), event), json.dumps(entry))
-
-    def record_end(self, job_id: str, exit_code: int, walltime_signal: str) -> str:
-        """A start ended with ``exit_code``: record why (:func:`hpctf.core.run.runstate.
-        end_of_start`), the checkpoint step reached and the nodes that failed a quick check;
-        returns the reason."""
-        since_start = since_last_start(self.events())
-        reason = end_of_start(since_start, exit_code, self.done.exists(), walltime_signal)
-        journal.record_ended(self, job_id, exit_code, reason, failed_node_checks(since_start))
-        return reason
+        return entry
 
     def events(self) -> list[dict[str, Any]]:
-        """All journal events, oldest first; damaged entries are left out
-        (:meth:`read_journal` says which)."""
+        """All journal entries as read, oldest first; damaged entries are left out
+        (:meth:`read_journal` says which). hpctf reads them through
+        :func:`hpctf.core.run.history.read_history`, once per command."""
         return self.read_journal()[0]
 
     def read_journal(self) -> tuple[list[dict[str, Any]], list[str]]:
@@ -165,17 +157,6 @@ class RunDir:
             else:
                 damaged.append(f"{file}: {problem}")
         return events, damaged
-
-    def check_journal(self) -> None:
-        """A DamagedRecord naming the first damaged journal entry, for commands that act on the
-        run's jobs (cancel, resubmit): acting on a partial view could miss a running job."""
-        damaged = self.read_journal()[1]
-        if damaged:
-            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
-            raise DamagedRecord(
-                f"damaged journal entry {damaged[0]}{more}: hpctf did not write it; move it out "
-                "of the journal directory and run the command again"
-            )
 
 
 def runs_root(config: ResolvedConfig) -> Path:

@@ -4,7 +4,7 @@ saves, how many checkpoints it keeps).
 
 The run's frozen config.json is rewritten with the new values, a done run's DONE file is
 taken away (its content kept in the journal), and the change is recorded in the journal as an
-``extended`` record (:mod:`hpctf.core.run.runstate` then counts the run done only once a start
+``extended`` record (:mod:`hpctf.core.run.history` then counts the run done only once a start
 after it is), so ``hpctf status`` shows it. The next start resumes from the latest checkpoint
 as any resubmit does.
 """

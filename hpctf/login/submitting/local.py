@@ -22,6 +22,7 @@ from typing import IO
 
 from hpctf.core.errors import PREEMPTED_EXIT, UserError, shell_status
 from hpctf.core.run import journal, ownership
+from hpctf.core.run.history import record_end_read
 from hpctf.core.run.notifications import notify_end
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import open_append
@@ -235,7 +236,7 @@ def launch(
         stop_tasks(procs)
         stop.restore()
     status = shell_status(status or next((p.returncode for p in procs if p.returncode), 0))
-    reason = run.record_end(str(job_id), status, config.site.preemption.signal)
+    reason = record_end_read(run, str(job_id), status, config.site.preemption.signal)
     notify_end(run, config, str(job_id))  # notify: done, failed
     if interrupt and stop.first == signal.SIGINT:
         raise Interrupted(reason)

@@ -23,7 +23,7 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.run import ownership
-from hpctf.core.run.jobs import jobs_of
+from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.rundir import RunDir
 
 # The workers of a killed launcher save and exit within the launcher watch's deadline
@@ -109,10 +109,12 @@ def wait_for_old_workers(
         )
 
 
-def local_launcher(run: RunDir) -> int | None:
+def local_launcher(run: RunDir, history: RunHistory | None = None) -> int | None:
     """The pid of the launcher training ``run`` on this host now, or None (no open start, or
-    its process gone, or not the one that claimed the run)."""
-    jobs = [job.job_id for job in jobs_of(run.events()) if not job.ended]  # cancelled or not
+    its process gone, or not the one that claimed the run). ``history``: the run's, when the
+    caller has read it (else it is read here)."""
+    known = history or read_history(run)
+    jobs = [job.job_id for job in known.jobs if not job.ended]  # cancelled or not
     _, owner = ownership.current(run.path)
     if not jobs or owner is None or not owner.local_launch:
         return None

@@ -14,10 +14,9 @@ import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, ownership, snapshot
-from hpctf.core.run.jobs import jobs_of
+from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir, with_snapshot
-from hpctf.core.run.runstate import run_state
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES
 from hpctf.core.settings.config import ResolvedConfig
@@ -46,22 +45,31 @@ def resubmit_run(
     it was."""
     run = RunDir.open(run_dir)
     check_not_a_copy(run)  # a copy's script would start the original
-    run.check_journal()  # which jobs may still run must come from a whole journal
+    history = read_history(run)
+    history.require_whole()  # which jobs may still run must come from a whole journal
     config = run.load_config()
     _check_request(run, config, exclude, from_scratch, overrides)
     launcher = job_launcher(config.site)
-    _check_not_running(run, launcher)
+    _check_not_running(run, history, launcher)
     claim = _claim(run, launcher.facts.slurm)
     try:
         status = _start_again(
-            run, config, exclude, retry_failed_nodes, update_code, from_scratch, overrides, caller
+            run,
+            config,
+            exclude,
+            () if retry_failed_nodes else history.failed_nodes,
+            update_code,
+            from_scratch,
+            overrides,
+            caller,
         )
     except BaseException:
         ownership.give_up(run.path, claim)
         raise
     if launcher.facts.slurm:
-        submitted = [e for e in run.events() if e.get("event") == journal.SUBMITTED]
-        ownership.hand_over(run.path, claim, str(submitted[-1]["job_id"]))
+        # The job start_run has just submitted (a record this process wrote since).
+        submitted = read_history(run).submissions
+        ownership.hand_over(run.path, claim, str(submitted[-1].job_id))
     return status
 
 
@@ -87,16 +95,16 @@ def _check_request(
     launcher_for(config.site).check_exclude(exclude, run.path)
 
 
-def _check_not_running(run: RunDir, launcher: JobLauncher) -> None:
+def _check_not_running(run: RunDir, history: RunHistory, launcher: JobLauncher) -> None:
     """A UserError while a job of ``run`` may still run: two jobs on one run directory would
     write the same checkpoints. A killed local launcher's workers save and end on their own
     (launcher_watch): waited for rather than a second set started beside them (a live
     launcher is refused by the claim)."""
     if not launcher.facts.slurm:
-        if local_launcher(run) is None:
+        if local_launcher(run, history) is None:
             wait_for_old_workers(run)
         return
-    for job in jobs_of(run.events()):
+    for job in history.jobs:
         if job.ended:
             continue
         info = launcher.describe(job.job_id)
@@ -128,14 +136,15 @@ def _start_again(
     run: RunDir,
     config: ResolvedConfig,
     exclude: str | None,
-    retry_failed_nodes: bool,
+    failed: Sequence[str],
     update_code: bool,
     from_scratch: bool,
     overrides: Sequence[str],
     caller: Caller = CLI,
 ) -> int:
     """What a resubmit changes, once it owns the run: the extension, the checkpoints set aside,
-    the code updated, the nodes left out; then the start."""
+    the code updated, the nodes left out (``failed``: those that failed under the run, unless
+    --retry-failed-nodes); then the start."""
     launcher = launcher_for(config.site)
     if overrides:
         config = extend_run(run, config, overrides)
@@ -150,7 +159,6 @@ def _start_again(
         journal.record_code_updated(run, sources)
         for source in snapshot.read(run.path):
             click.echo(f"code: {source.describe()}")
-    failed = [] if retry_failed_nodes else run_state(run.events()).failed_nodes
     if (leave_out := launcher.leave_out(exclude, failed)) != exclude:
         click.echo(
             f"note: leaving out {','.join(failed)}, which failed under earlier jobs of the run "

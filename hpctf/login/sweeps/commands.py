@@ -24,13 +24,14 @@ import click
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.hours import hours_json, hours_text, summed
-from hpctf.core.run.jobs import open_jobs as open_jobs_of
 from hpctf.core.run.rundir import RunDir, runs_root
 from hpctf.core.safe_files import write_atomic
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
 from hpctf.core.settings.config import ResolvedConfig
+from hpctf.login.reading.hours_view import hours_of
+from hpctf.login.reading.slurm_view import job_states, slurm_records
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.resolving.readings import Readings
 from hpctf.login.submitting.launchers import CLI, Caller, slurm_jobs
@@ -42,8 +43,6 @@ from hpctf.login.sweeps.plan import (
     chunks,
 )
 from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
-from hpctf.login.watching.hours_view import hours_of
-from hpctf.login.watching.slurm_view import job_states, slurm_records
 
 # A stand-in run directory: every point's script, rendered for it, must be the same script.
 _SAME_SCRIPT = Path("/hpctf-sweep-point")
@@ -212,12 +211,12 @@ def sweep_status(
     from hpctf.login.sweeps.ranking import rank
 
     record = SweepDir.read(path)
-    runs = record.runs()
+    runs = record.facts(every_point=True)
     view = job_states(runs, all_jobs=False)
     documents = point_documents(record, runs, view, time.time())
     hours = hours_of(runs)
     for run, document in zip(runs, documents, strict=True):
-        document["hours"] = hours_json(hours[run.run.path])
+        document["hours"] = hours_json(hours[run.path])
     total = summed(hours.values())
     if sort:
         documents = [dict(d) for d in rank(documents, sort, top=top)]
@@ -243,7 +242,7 @@ def sweep_cancel(path: Path) -> None:
     if not is_slurm(record.data.get("scheduler")):
         raise UserError(f"{record.path} runs on a local site: stop its launcher (Ctrl-C) instead")
     runs = record.runs()
-    open_jobs = {run.run.path: open_jobs_of(run.events) for run in runs}
+    open_jobs = {run.run.path: run.history.open_jobs for run in runs}
     every = [job for jobs in open_jobs.values() for job in jobs]
     if not every:
         click.echo(f"nothing to cancel: no point of {record.path} has an open job")

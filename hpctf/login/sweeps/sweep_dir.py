@@ -16,6 +16,7 @@ that takes a RUN_DIR works on it. Its jobs are recorded as ``<array>_<task>``
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run.listing import RunFacts
+from hpctf.core.run.run_index import Index
 from hpctf.core.safe_files import write_atomic
-from hpctf.login.watching.run_report import format_table, run_document
-from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records
-from hpctf.login.watching.slurm_view import SlurmView, slurm_text
+from hpctf.login.reading.run_report import format_table, run_document
+from hpctf.login.reading.runs import Run, listed
+from hpctf.login.reading.slurm_view import SlurmView, slurm_text
 
 SWEEP_FILE = "sweep.json"
 
@@ -78,43 +81,39 @@ class SweepDir:
         return self.path / f"array-{len(self.data.get('arrays', []))}.sbatch"
 
     def runs(self) -> list[Run]:
+        """Every point's run, read in full (for commands that act on them)."""
         return [Run.read(Path(point["run_dir"])) for point in self.points]
 
-
-def eval_results(run: Run) -> tuple[dict[str, float], dict[str, float]]:
-    """The last evaluation's metrics and, per metric, the best one logged (lowest for names
-    with ``loss`` or ``error``, highest for the rest), from metrics.jsonl and DONE."""
-    evals = [
-        r["eval"]
-        for r in metric_records(run.run.metrics, METRICS_TAIL_BYTES)
-        if isinstance(r.get("eval"), dict)
-    ]
-    if run.run.done.exists():
-        try:
-            final = json.loads(run.run.done.read_text(encoding="utf-8")).get("eval")
-        except (OSError, ValueError, AttributeError):
-            final = None
-        if isinstance(final, dict) and final:
-            evals.append(final)
-    numbers = [{k: v for k, v in e.items() if isinstance(v, (int, float))} for e in evals]
-    best: dict[str, float] = {}
-    for entry in numbers:
-        for name, value in entry.items():
-            lower = "loss" in name or "error" in name
-            if name not in best or (value < best[name] if lower else value > best[name]):
-                best[name] = value
-    return (numbers[-1] if numbers else {}), best
+    def facts(self, every_point: bool = False) -> list[RunFacts]:
+        """The points, as a listing shows them, through the sweep directory's own index
+        (:mod:`hpctf.core.run.run_index`): those that can be read (a line on stderr for each
+        that cannot), or with ``every_point`` each point in order (a UserError for the first
+        that is no run)."""
+        index = Index(self.path)
+        # sweep.json names each point by its absolute path: no resolving (a stat per part).
+        paths = [Path(os.path.abspath(point["run_dir"])) for point in self.points]
+        if not every_point:
+            runs = listed(index, paths)
+        else:
+            runs = []
+            for path in paths:
+                facts = index.facts(path)
+                if facts is None:
+                    raise UserError(f"{path}: not a run directory (no config.json)")
+                runs.append(facts)
+        index.save(keep=(r.path for r in runs))
+        return runs
 
 
 def point_documents(
-    sweep: SweepDir, runs: Sequence[Run], view: SlurmView, now: float
+    sweep: SweepDir, runs: Sequence[RunFacts], view: SlurmView, now: float
 ) -> list[dict[str, Any]]:
     """One mapping per point: index, values, run dir, and what ``hpctf status`` says of its
-    run (state, Slurm, step, loss), its last and best evaluation."""
+    run (state, Slurm, step, loss), its last and best evaluation. ``runs``: the points'
+    facts, in the order of the sweep's points."""
     documents = []
     for point, run in zip(sweep.points, runs, strict=True):
         document = run_document(run, view, now)
-        last_eval, best_eval = eval_results(run)
         documents.append(
             {
                 "index": point["index"],
@@ -127,8 +126,8 @@ def point_documents(
                 "step": document["step"],
                 "total_steps": document["total_steps"],
                 "loss": document["loss"],
-                "eval": last_eval,
-                "best_eval": best_eval,
+                "eval": run.last_eval,
+                "best_eval": run.best_eval,
             }
         )
     return documents
@@ -145,7 +144,7 @@ def summary(documents: Sequence[Mapping[str, Any]]) -> str:
     return f"{len(documents)} points: {states}"
 
 
-def sweep_document(sweep: SweepDir, runs: Sequence[Run]) -> dict[str, Any]:
+def sweep_document(sweep: SweepDir, runs: Sequence[RunFacts]) -> dict[str, Any]:
     """A sweep as one row of ``hpctf status``: its points' states counted (from their
     journals; ``runs`` are its points, read)."""
     arrays = sweep.data.get("arrays") or []

@@ -1,4 +1,4 @@
 """Watching runs after submit: ``hpctf status``, ``runs``, ``logs``, ``cancel`` and ``plot``.
-Run directories are found and read by :mod:`.runs`, Slurm is asked about many jobs at once by
-:mod:`.slurm_view`, and a run becomes a document, a table row or lines in :mod:`.run_report`
-(pure), with its step, rate and ETA from :mod:`.progress`."""
+Run directories are found and read, Slurm asked about many jobs at once and a run made a
+document, a table row or lines by :mod:`hpctf.login.reading`, the room below this one and
+:mod:`hpctf.login.sweeps`."""

@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.run import journal
-from hpctf.core.run.jobs import open_jobs as open_jobs_of
+from hpctf.core.run import journal, run_index
 from hpctf.core.run.run_identity import check_not_a_copy
+from hpctf.login.reading.runs import Run
 from hpctf.login.submitting.launchers import job_launcher
 from hpctf.login.submitting.local_control import (
     CANCEL_WAIT_S,
@@ -18,7 +18,6 @@ from hpctf.login.submitting.local_control import (
 )
 from hpctf.login.sweeps.commands import sweep_cancel
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
-from hpctf.login.watching.runs import Run
 
 
 @click.command()
@@ -51,21 +50,22 @@ def cancel_run(run_dir: Path) -> list[str]:
     record it; the jobs cancelled (none when none was open)."""
     run = Run.read(run_dir)
     check_not_a_copy(run.run)  # a copy's journal names the original's jobs
-    run.run.check_journal()  # which jobs are open must come from a whole journal
+    run.history.require_whole()  # which jobs are open: from a whole journal
     launcher = job_launcher(run.config.site)
     if not run.slurm:
         return launcher.cancel(run.run, [])  # its launcher records the cancel
-    open_jobs = launcher.cancel(run.run, open_jobs_of(run.events))
+    open_jobs = launcher.cancel(run.run, run.history.open_jobs)
     if open_jobs:
-        journal.record_cancelled(run.run, open_jobs)
+        cancelled = run.history.plus(journal.record_cancelled(run.run, open_jobs))
+        run_index.note(run.run, run.config, cancelled)
     return open_jobs
 
 
 def _cancel_local(run: Run) -> None:
     """A local run: its launcher stopped as by Ctrl-C, waited for, and the saved step said."""
     check_not_a_copy(run.run)
-    run.run.check_journal()
-    if local_launcher(run.run) is not None:
+    run.history.require_whole()
+    if local_launcher(run.run, run.history) is not None:
         click.echo(f"cancelling {run.run.path}: the workers save at the next agreed step and stop")
     stopped = cancel_local(run.run)
     if stopped is None:

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.printable import printable
+from hpctf.core.run.history import RunHistory, Start
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.run.runstate import Start, starts_of
-from hpctf.login.watching.run_report import local_launcher_gone
-from hpctf.login.watching.runs import FINAL_RUN_STATES, Run
-from hpctf.login.watching.slurm_view import slurm_records
+from hpctf.login.reading.run_report import local_launcher_gone
+from hpctf.login.reading.runs import FINAL_RUN_STATES, Run
+from hpctf.login.reading.slurm_view import slurm_records
 
 # The first line every worker writes at each start (hpctf.compute.start.runtime.run_worker).
 WORKER_HEADER = re.compile(
@@ -26,10 +25,10 @@ WORKER_HEADER = re.compile(
 )
 
 
-def worker_starts(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, Start]]:
+def worker_starts(history: RunHistory) -> list[tuple[int, Start]]:
     """The starts (numbered from 1) that ran the worker: not those that ``job-start`` stopped
-    at once (:attr:`hpctf.core.run.runstate.Start.refused`)."""
-    return [(n, s) for n, s in enumerate(starts_of(events), 1) if not s.refused]
+    at once (:attr:`hpctf.core.run.history.Start.refused`)."""
+    return [(n, s) for n, s in enumerate(history.starts, 1) if not s.refused]
 
 
 def separator(number: int, start: Start, rank: int) -> str:
@@ -57,9 +56,9 @@ class LogReader:
         self.showing = job is None  # before the first start's line: everything, unless --job
         self.pending = b""
 
-    def read(self, events: Sequence[Mapping[str, Any]], final: bool = False) -> Iterator[str]:
+    def read(self, history: RunHistory, final: bool = False) -> Iterator[str]:
         """The text the log gained since the last call, separators included. Call with the
-        journal read BEFORE the log, so every start whose lines are read is already known."""
+        history read BEFORE the log, so every start whose lines are read is already known."""
         try:
             with self.run.rank_log(self.rank).open("rb") as handle:
                 handle.seek(self.position)
@@ -72,7 +71,7 @@ class LogReader:
         self.pending = b"" if final else lines.pop()
         if final and lines and lines[-1] == b"":
             lines.pop()
-        starts = worker_starts(events)
+        starts = worker_starts(history)
         for line in lines:
             if WORKER_HEADER.match(line):
                 self.headers += 1
@@ -91,15 +90,11 @@ class LogReader:
                 yield line.decode("utf-8", errors="replace") + "\n"
 
 
-def batch_output(run: RunDir, events: Sequence[Mapping[str, Any]], job_id: str) -> Path | None:
+def batch_output(run: RunDir, history: RunHistory, job_id: str) -> Path | None:
     """Job ``job_id``'s own output (the batch shell's: job-start's line at each start, srun's
     and job-end's), appended across its starts: ``slurm-<id>.out``, an array task's under its
     own SLURM_JOB_ID. None when there is none."""
-    ids = [job_id] + [
-        str(e["slurm_job_id"])
-        for e in events
-        if e.get("job_id") == job_id and e.get("slurm_job_id") is not None
-    ]
+    ids = [job_id, *history.slurm_job_ids(job_id)]
     for found in ids:
         path = run.logs / f"slurm-{found}.out"
         if re.fullmatch(r"\d+", found) and path.is_file():
@@ -145,9 +140,9 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
         )
     reader = LogReader(run.run, rank, job_id)
     if not follow:
-        for text in reader.read(run.events, final=True):
+        for text in reader.read(run.history, final=True):
             click.echo(text, nl=False)
-        output = batch_output(run.run, run.events, job_id) if job_id is not None else None
+        output = batch_output(run.run, run.history, job_id) if job_id is not None else None
         if output is not None:
             click.echo(f"===== job {job_id}: its own output, every start ({output}) =====")
             click.echo(output.read_text(encoding="utf-8", errors="replace"), nl=False)
@@ -157,7 +152,7 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
     last_state = ""
     while True:
         current = Run.read(run_dir)
-        for text in reader.read(current.events):
+        for text in reader.read(current.history):
             click.echo(text, nl=False)
         state = current.state.state
         stopped = state in ("failed", "preempted")  # the start ended; a requeue may follow
@@ -166,7 +161,8 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
             next_check = min(next_check, time.monotonic() + (3 if stopped else 30))
         over = state in FINAL_RUN_STATES - {"failed"}
         # A local launcher gone from this host recorded no end (SIGKILL, a full disk): over.
-        over = over or local_launcher_gone(current) is not None
+        launcher = local_launcher_gone(current.run.path, current.slurm, state)
+        over = over or launcher is not None
         if not over and time.monotonic() >= next_check:
             # The journal cannot always tell: a failed start may be requeued by Slurm itself
             # (a node failure), and a job killed hard never records its end.
@@ -178,7 +174,7 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
                 over = gone >= 2
             next_check = time.monotonic() + (10 if stopped else 30)
         if over:
-            for text in reader.read(Run.read(run_dir).events, final=True):
+            for text in reader.read(Run.read(run_dir).history, final=True):
                 click.echo(text, nl=False)
             return
         time.sleep(1)

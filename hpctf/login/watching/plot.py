@@ -13,9 +13,9 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import write_atomic
-from hpctf.login.watching.run_report import with_slurm_queue
-from hpctf.login.watching.runs import Run, metric_records
-from hpctf.login.watching.slurm_view import job_states, slurm_state
+from hpctf.login.reading.run_report import with_slurm_queue
+from hpctf.login.reading.runs import Run, metric_records
+from hpctf.login.reading.slurm_view import job_states, slurm_state
 
 RESTART_LABELS = {
     "preempted": "preempted",
@@ -137,7 +137,8 @@ def mark_restarts(axes: Any, run: Run) -> None:
 def title(run: Run) -> str:
     """The plot's title: the run's state as `hpctf status` says it (Slurm's word included, one
     squeue call), and its starts."""
+    facts = run.facts
     state = with_slurm_queue(
-        run, slurm_state(run, run.job, job_states([run], all_jobs=False))
+        facts, slurm_state(facts, run.job, job_states([facts], all_jobs=False))
     ).state
     return f"{run.name}: {state}, {len(run.state.starts)} start(s)"

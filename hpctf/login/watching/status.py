@@ -1,12 +1,11 @@
 """``hpctf status`` and ``hpctf runs``: one run in full, many as a table, ``--json`` for
 scripts. At most one squeue and one sacct call per command for the jobs' states
-(:mod:`hpctf.login.watching.slurm_view`); ``status RUN`` and ``runs`` make one sacct call
-more, for the hours (:mod:`hpctf.login.watching.hours_view`), the one Slurm call of ``runs``.
+(:mod:`hpctf.login.reading.slurm_view`); ``status RUN`` and ``runs`` make one sacct call
+more, for the hours (:mod:`hpctf.login.reading.hours_view`), the one Slurm call of ``runs``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -18,8 +17,27 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.printable import printable as _printable
-from hpctf.core.run.hours import hours_json, hours_text, summed
+from hpctf.core.run.hours import Hours, hours_json, hours_text, summed
+from hpctf.core.run.listing import RunFacts
 from hpctf.core.secrets import redact
+from hpctf.login.reading.hours_view import hours_of
+from hpctf.login.reading.run_report import (
+    describe_run,
+    format_table,
+    full_document,
+    run_document,
+    status_table,
+)
+from hpctf.login.reading.runs import (
+    ACTIVE_RUN_STATES,
+    Run,
+    every_runs_root,
+    find_runs,
+    runs_root_for,
+)
+from hpctf.login.reading.slurm_view import (
+    job_states,
+)
 from hpctf.login.sweeps.commands import sweep_status
 from hpctf.login.sweeps.sweep_dir import (
     SweepDir,
@@ -27,20 +45,6 @@ from hpctf.login.sweeps.sweep_dir import (
     is_sweep_dir,
     summary,
     sweep_document,
-)
-from hpctf.login.watching.hours_view import hours_of
-from hpctf.login.watching.run_report import describe_run, format_table, run_document, status_table
-from hpctf.login.watching.runs import (
-    ACTIVE_RUN_STATES,
-    METRICS_TAIL_BYTES,
-    Run,
-    every_runs_root,
-    find_runs,
-    metric_records,
-    runs_root_for,
-)
-from hpctf.login.watching.slurm_view import (
-    job_states,
 )
 
 # Runs `hpctf status` shows without RUN arguments: those still queued or running, and those
@@ -65,27 +69,26 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="One JSON do
 
 
 def _selected_runs(
-    run_dirs: Sequence[Path], root: Path | None, site_name: str | None, every: bool
-) -> tuple[list[Run], list[dict[str, Any]]]:
-    """The runs to show, and the sweeps (one document each). Without RUN arguments, --root
-    or --site: every runs root hpctf knows of, $HPCTF_RUNS_ROOT's and each site's."""
-    if run_dirs:
-        return [Run.read(path) for path in run_dirs], []
+    root: Path | None, site_name: str | None, every: bool
+) -> tuple[list[RunFacts], list[dict[str, Any]]]:
+    """The runs to show without RUN arguments, and the sweeps (one document each): with
+    --root or --site, under that runs root; else under every runs root hpctf knows of,
+    $HPCTF_RUNS_ROOT's and each site's."""
     if root is not None or site_name:
         roots = [runs_root_for(root, site_name, os.environ)]
     else:
         roots = every_runs_root(os.environ)
     cutoff = time.time() - RECENT_DAYS * 86400
 
-    def shown(run: Run) -> bool:
+    def shown(run: RunFacts) -> bool:
         return every or run.state.state in ACTIVE_RUN_STATES or run.last_event_time >= cutoff
 
-    found: dict[Path, Run] = {}
+    found: dict[str, RunFacts] = {}
     sweeps = []
     for where in roots:
-        found.update((run.run.path, run) for run in find_runs(where) if shown(run))
+        found.update((run.path, run) for run in find_runs(where) if shown(run))
         for sweep in find_sweeps(where):
-            points = _readable_points(sweep)
+            points = sweep.facts()
             if every or any(shown(point) for point in points):
                 sweeps.append(sweep_document(sweep, points))
     runs = sorted(found.values(), key=lambda r: r.created, reverse=True)
@@ -93,14 +96,6 @@ def _selected_runs(
         places = ", ".join(str(where) for where in roots)
         click.echo(f"no {'' if every else 'recent '}runs under {places}", err=True)
     return runs, sweeps
-
-
-def _readable_points(sweep: SweepDir) -> list[Run]:
-    points = []
-    for point in sweep.points:
-        with contextlib.suppress(UserError, KeyError, TypeError):
-            points.append(Run.read(Path(point["run_dir"])))
-    return points
 
 
 def for_terminal(text: str) -> str:
@@ -135,22 +130,29 @@ def status(
         return
     if sort or top:
         raise UserError("--sort and --top rank the points of one sweep: hpctf status SWEEP_DIR")
-    runs, sweeps = _selected_runs(run_dirs, root, site_name, every)
     single = len(run_dirs) == 1
+    read = [Run.read(path) for path in run_dirs]
+    sweeps: list[dict[str, Any]] = []
+    if read:
+        runs = [run.facts for run in read]
+    else:
+        runs, sweeps = _selected_runs(root, site_name, every)
     view = job_states(runs, all_jobs=single)
     now = time.time()
-    documents = [run_document(run, view, now, full=single) for run in runs]
-    if single:  # one sacct call more; the table of many runs keeps to one of each
+    if single:  # one sacct call more for the hours; the table of many keeps to one of each
+        documents = [full_document(read[0], view, now)]
         hours = hours_of(runs)
-        documents[0]["hours"] = hours_json(hours[runs[0].run.path])
+        documents[0]["hours"] = hours_json(hours[runs[0].path])
+    else:
+        documents = [run_document(run, view, now) for run in runs]
     if as_json:
         notes = [view.problem] if view.problem else []
         click.echo(
             redact(json.dumps({"runs": documents, "sweeps": sweeps, "notes": notes}, indent=2))
         )
     elif single:
-        click.echo(for_terminal(describe_run(runs[0], documents[0])), nl=False)
-        click.echo(f"hours: {hours_text(hours[runs[0].run.path])}")
+        click.echo(for_terminal(describe_run(read[0], documents[0])), nl=False)
+        click.echo(f"hours: {hours_text(hours[runs[0].path])}")
     elif documents or sweeps:
         click.echo(for_terminal(status_table(documents, sweeps)), nl=False)
 
@@ -169,45 +171,51 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
     where = runs_root_for(root, site_name, os.environ)
     found = find_runs(where)
     sweep_records = find_sweeps(where)
-    sweep_points = [record.runs() for record in sweep_records]
+    sweep_points = [record.facts() for record in sweep_records]
     hours = hours_of([*found, *(run for points in sweep_points for run in points)])
-    documents: list[dict[str, Any]] = []
-    for run in found:
-        records = metric_records(run.run.metrics, METRICS_TAIL_BYTES)
-        documents.append(
-            {
-                "run": run.name,
-                "path": str(run.run.path),
-                "created": run.created,
-                "site": run.config.site.name,
-                "state": run.state.state,
-                "last_step": max((int(r["step"]) for r in records), default=None),
-                "hours": hours_json(hours[run.run.path]),
-            }
-        )
-    sweeps = []
-    for record, point_runs in zip(sweep_records, sweep_points, strict=True):
-        points = [{"state": run.state.state} for run in point_runs]
-        sweep_hours = summed(hours[run.run.path] for run in point_runs)
-        sweeps.append(
-            {
-                "sweep": record.path.name,
-                "path": str(record.path),
-                "created": record.data.get("created"),
-                "site": record.data.get("site"),
-                "points": len(points),
-                "states": summary(points),
-                "hours": hours_json(sweep_hours),
-            }
-        )
+    documents = [_run_row(run, hours[run.path]) for run in found]
+    sweeps = [
+        _sweep_row(record, points, summed(hours[run.path] for run in points))
+        for record, points in zip(sweep_records, sweep_points, strict=True)
+    ]
     if as_json:
         click.echo(
             redact(json.dumps({"root": str(where), "runs": documents, "sweeps": sweeps}, indent=2))
         )
-        return
-    if not documents and not sweeps:
+    elif not documents and not sweeps:
         click.echo(f"no runs under {where}", err=True)
-        return
+    else:
+        _print_runs(documents, sweeps)
+
+
+def _run_row(run: RunFacts, hours: Hours | None) -> dict[str, Any]:
+    """``hpctf runs``' document of one run."""
+    return {
+        "run": run.name,
+        "path": run.path,
+        "created": run.created,
+        "site": run.site,
+        "state": run.state.state,
+        "last_step": run.last_logged_step,
+        "hours": hours_json(hours),
+    }
+
+
+def _sweep_row(record: SweepDir, points: Sequence[RunFacts], hours: Hours | None) -> dict[str, Any]:
+    """``hpctf runs``' document of one sweep: its points' states and summed hours."""
+    return {
+        "sweep": record.path.name,
+        "path": str(record.path),
+        "created": record.data.get("created"),
+        "site": record.data.get("site"),
+        "points": len(points),
+        "states": summary([{"state": run.state.state} for run in points]),
+        "hours": hours_json(hours),
+    }
+
+
+def _print_runs(documents: list[dict[str, Any]], sweeps: list[dict[str, Any]]) -> None:
+    """``hpctf runs``' two tables: the runs, then the sweeps."""
     rows = [
         (
             d["run"],
@@ -229,7 +237,7 @@ def runs(as_json: bool, root: Path | None, site_name: str | None) -> None:
                 str(s["created"]),
                 str(s["site"]),
                 str(s["states"]),
-                *hours_cells(s["hours"]),  # type: ignore[arg-type]
+                *hours_cells(s["hours"]),
             )
             for s in sweeps
         ]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from hpctf.core.run import snapshot
+from hpctf.core.run.history import read_history
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import safe_dir, write_atomic
 from hpctf.core.secrets import redact
@@ -76,7 +77,7 @@ def run_tags(run: RunDir) -> dict[str, str]:
     commits = [s.git_commit for s in snapshot.read(run.path) if s.git_commit]
     if commits:
         tags["hpctf.git_commit"] = ",".join(commits)
-    jobs = dict.fromkeys(str(e["job_id"]) for e in run.events() if e.get("job_id") is not None)
+    jobs = dict.fromkeys(read_history(run).job_ids)
     if os.environ.get("SLURM_JOB_ID"):
         jobs[os.environ["SLURM_JOB_ID"]] = None
     if jobs:

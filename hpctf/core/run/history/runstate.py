@@ -6,15 +6,17 @@ walltime signal), ``saved_on_warning`` (the chief saved an agreed step after a w
 ``signalled`` (the batch shell got SIGTERM), ``nodes_down`` (nodes of the job that Slurm said
 were down or drained when it was killed), ``ended`` (with its reason, exit code and step),
 ``requeued``, ``gave_up``, ``cancelled``, ``not_started`` (a job that found the run owned by
-another ended at once: no start of the run). This module is the one interpreter of it, with
-:mod:`hpctf.core.run.ends` (how one start ended: :func:`~hpctf.core.run.ends.end_of_start`): every
-start with its times (:func:`starts_of`), the run's state
-(:func:`run_state`); the commands that show a run (status, logs, cancel) derive their views from
-these (:mod:`hpctf.core.run.jobs` folds the starts into jobs). Nothing else is consulted, so
+another ended at once: no start of the run). This package (:mod:`hpctf.core.run.history`) is the
+one interpreter of it: :mod:`.events` types the entries, :mod:`.ends` says how one start ended
+(:func:`~.ends.end_of_start`), this module gives every start with its times
+(:func:`starts_of`) and the run's state (:func:`run_state`), :mod:`.jobs` folds the starts
+into jobs; the commands that show a run (status, logs, cancel) take a
+:class:`~hpctf.core.run.history.RunHistory` and derive their views from it. Nothing else is
+consulted, so
 ``hpctf status`` and the batch script always agree on what happened; the one exception is what
 Slurm's queue adds to the view of ``hpctf status`` (a job that Slurm requeued itself before its
 batch shell could say so), applied in one place:
-:func:`hpctf.login.watching.run_report.with_slurm_queue`.
+:func:`hpctf.login.reading.run_report.with_slurm_queue`.
 
 Ends, by reason:
 
@@ -49,8 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpctf.core.errors import exit_text
-from hpctf.core.run import journal
-from hpctf.core.run.ends import (
+from hpctf.core.run.history.ends import (
     FAILURE_REASONS,
     OLD_WALLTIME_SIGNAL,
     PLANNED_RESTART,
@@ -58,6 +59,22 @@ from hpctf.core.run.ends import (
     end_of_start,
     saved_on_warning,
     since_last_start,
+)
+from hpctf.core.run.history.events import (
+    Cancelled,
+    Ended,
+    EnvironmentFailed,
+    Event,
+    Extended,
+    GaveUp,
+    NodesDown,
+    NotStarted,
+    Requeued,
+    Signalled,
+    Started,
+    Submitted,
+    UserCodeFailed,
+    typed,
 )
 
 
@@ -118,74 +135,74 @@ class RunState:
         return self.starts[-1] if self.starts else None
 
 
-def starts_of(events: Sequence[Mapping[str, Any]], close_last: bool = False) -> list[Start]:
-    """Every start of every job of the run, in order, with how each ended and when.
+def starts_of(events: Sequence[Event | Mapping[str, Any]], close_last: bool = False) -> list[Start]:
+    """Every start of every job of the run, in order, with how each ended and when
+    (``events``: typed, or journal entries, parsed here).
 
     A start whose job was started again without an ``ended`` record had its batch shell killed
-    before it could say so: it is closed by :func:`~hpctf.core.run.ends.end_of_start` with no exit
-    code, at the step
-    the chief recorded when the ranks saved an agreed step. ``close_last``: close the last
-    start so too, when something outside the journal says its job is back in the queue.
+    before it could say so: it is closed by :func:`~.ends.end_of_start` with no exit code, at
+    the step the chief recorded when the ranks saved an agreed step. ``close_last``: close the
+    last start so too, when something outside the journal says its job is back in the queue.
     """
     starts: list[Start] = []
-    since: list[Mapping[str, Any]] = []
+    since: list[Event] = []
     walltime = OLD_WALLTIME_SIGNAL
-
-    def close() -> None:
-        if starts and starts[-1].reason is None:
-            saved = saved_on_warning(since)
-            starts[-1] = replace(
-                starts[-1],
-                reason=end_of_start(since, None, False, walltime),
-                end_step=None if saved is None else saved.get("step"),
-            )
-
-    for event in events:
-        kind = event.get("event")
-        time = str(event.get("time", ""))
-        if kind == journal.STARTED:
-            close()
+    for event in typed(events):
+        if isinstance(event, Started):
+            _close(starts, since, walltime)
             since = []
-            walltime = str(event.get("walltime_signal") or OLD_WALLTIME_SIGNAL)
+            walltime = event.walltime_signal or OLD_WALLTIME_SIGNAL
             starts.append(
                 Start(
-                    job_id=str(event.get("job_id")),
-                    step=int(event.get("step") or 0),
-                    nodes=event.get("nodes"),
-                    started_at=time,
-                    last_at=time,
+                    job_id=str(event.job_id),
+                    step=event.step,
+                    nodes=event.nodes,
+                    started_at=event.time,
+                    last_at=event.time,
                 )
             )
             continue
         since.append(event)
-        if not starts:
-            continue
-        start = starts[-1]
-        start = replace(start, last_at=time)
-        if kind == journal.ENVIRONMENT_FAILED and start.reason is None:
-            start = replace(start, environment=str(event.get("why") or "the environment failed"))
-        elif kind == journal.USER_CODE_FAILED and start.user_code is None:
-            start = replace(
-                start, user_code=str(event.get("line") or "your code raised an exception")
-            )
-        elif kind == journal.ENDED and start.reason is None:
-            start = replace(
-                start,
-                reason=event.get("reason") or "failed",
-                exit_code=event.get("exit_code"),
-                end_step=event.get("step"),
-                ended_at=time,
-            )
-        elif kind == journal.SIGNALLED:
-            start = replace(start, signalled=True)
-        elif kind == journal.GAVE_UP and len(since) == 1 and event.get("job_id") == start.job_id:
-            start = replace(start, refused=True)
-        starts[-1] = start
-        if kind == journal.REQUEUED:
-            _mark_requeued(starts, str(event.get("job_id")))
+        if starts:
+            starts[-1] = _with(replace(starts[-1], last_at=event.time), event, len(since) == 1)
+            if isinstance(event, Requeued):
+                _mark_requeued(starts, str(event.job_id))
     if close_last:
-        close()
+        _close(starts, since, walltime)
     return starts
+
+
+def _close(starts: list[Start], since: Sequence[Event], walltime: str) -> None:
+    """Close the last start if it recorded no end: its batch shell was killed first."""
+    if starts and starts[-1].reason is None:
+        saved = saved_on_warning(since)
+        starts[-1] = replace(
+            starts[-1],
+            reason=end_of_start(since, None, False, walltime),
+            end_step=None if saved is None else saved.step,
+        )
+
+
+def _with(start: Start, event: Event, first: bool) -> Start:
+    """``start`` with what ``event``, recorded during it, says (``first``: the first event
+    after the start)."""
+    if isinstance(event, EnvironmentFailed) and start.reason is None:
+        return replace(start, environment=event.why or "the environment failed")
+    if isinstance(event, UserCodeFailed) and start.user_code is None:
+        return replace(start, user_code=event.line or "your code raised an exception")
+    if isinstance(event, Ended) and start.reason is None:
+        return replace(
+            start,
+            reason=event.reason or "failed",
+            exit_code=event.exit_code,
+            end_step=event.step,
+            ended_at=event.time,
+        )
+    if isinstance(event, Signalled):
+        return replace(start, signalled=True)
+    if isinstance(event, GaveUp) and first and event.job_id == start.job_id:
+        return replace(start, refused=True)
+    return start
 
 
 def _mark_requeued(starts: list[Start], job_id: str) -> None:
@@ -195,8 +212,10 @@ def _mark_requeued(starts: list[Start], job_id: str) -> None:
             return
 
 
-def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
-    """The run's state from its journal alone (pure; table-tested)."""
+def run_state(events: Sequence[Event | Mapping[str, Any]]) -> RunState:
+    """The run's state from its journal alone (pure; table-tested; ``events``: typed, or
+    journal entries, parsed here)."""
+    events = typed(events)
     starts = starts_of(events)
     state, why = _state(events, starts)
     return RunState(
@@ -205,7 +224,7 @@ def run_state(events: Sequence[Mapping[str, Any]]) -> RunState:
         tuple(starts),
         preemption_requeues=sum(1 for s in starts[:-1] if s.reason in PREEMPTION_REASONS),
         failure_requeues=sum(1 for s in starts[:-1] if _spends_failure_budget(s)),
-        jobs=tuple(dict.fromkeys(str(e["job_id"]) for e in events if e.get("job_id") is not None)),
+        jobs=tuple(dict.fromkeys(str(e.job_id) for e in events if e.job_id is not None)),
         failed_nodes=failed_nodes(events),
     )
 
@@ -216,43 +235,50 @@ def _spends_failure_budget(start: Start) -> bool:
     return start.reason in FAILURE_REASONS and start.user_code is None
 
 
-def failed_nodes(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+def failed_nodes(events: Sequence[Event]) -> tuple[str, ...]:
     """Every node a ``nodes_down`` record names, first failure first, each once."""
     nodes: dict[str, None] = {}
     for event in events:
-        if event.get("event") == journal.NODES_DOWN:
-            nodes.update(dict.fromkeys(str(n) for n in event.get("nodes") or ()))
+        if isinstance(event, NodesDown):
+            nodes.update(dict.fromkeys(event.nodes))
     return tuple(nodes)
 
 
-def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tuple[str, str]:
+# The records that may have the last word on a run since its last start.
+_LAST_WORDS = (GaveUp, Cancelled, Submitted, Requeued)
+
+
+def _state(events: Sequence[Event], starts: Sequence[Start]) -> tuple[str, str]:
     if any(start.reason == "done" for start in starts[_starts_before_extension(events) :]):
         return "done", ""
     # The last word since the last start: the budget's, the user's, a new submission, a requeue.
     # A job that found the run owned by another ended at once: its submission says nothing.
-    not_started = {e.get("job_id") for e in events if e.get("event") == journal.NOT_STARTED}
+    not_started = {e.job_id for e in events if isinstance(e, NotStarted)}
     word = next(
         (
             e
             for e in reversed(since_last_start(events))
-            if e.get("event")
-            in (journal.GAVE_UP, journal.CANCELLED, journal.SUBMITTED, journal.REQUEUED)
-            and not (e.get("event") == journal.SUBMITTED and e.get("job_id") in not_started)
+            if isinstance(e, _LAST_WORDS)
+            and not (isinstance(e, Submitted) and e.job_id in not_started)
         ),
         None,
     )
-    kind = word.get("event") if word is not None else None
-    if word is not None and kind == journal.GAVE_UP:
-        return "gave_up", str(word.get("why", ""))
-    if kind == journal.CANCELLED:
+    if isinstance(word, GaveUp):
+        return "gave_up", word.why
+    if isinstance(word, Cancelled):
         return "cancelled", "cancelled by the user"
-    if not starts or kind == journal.SUBMITTED:
+    if not starts or isinstance(word, Submitted):
         return "queued", ""
     last = starts[-1]
     if last.reason is None:
         return "running", ""
-    if kind == journal.REQUEUED:
+    if isinstance(word, Requeued):
         return "requeued", f"after {last.reason}"
+    return _ended(last)
+
+
+def _ended(last: Start) -> tuple[str, str]:
+    """The state of a run whose last start ended and nothing came after it."""
     if last.user_code is not None:
         return "failed", last.user_code
     if last.reason == PLANNED_RESTART:  # saved, and the requeue did not happen
@@ -264,11 +290,11 @@ def _state(events: Sequence[Mapping[str, Any]], starts: Sequence[Start]) -> tupl
     return "failed", f"{last.reason} ({exit_text(last.exit_code)})"
 
 
-def _starts_before_extension(events: Sequence[Mapping[str, Any]]) -> int:
+def _starts_before_extension(events: Sequence[Event]) -> int:
     """How many starts came before the last ``extended`` record (``resubmit --set
     train.steps=``): a done run extended is done again only once a later start is."""
-    last = max((i for i, e in enumerate(events) if e.get("event") == journal.EXTENDED), default=-1)
-    return sum(1 for e in events[: last + 1] if e.get("event") == journal.STARTED)
+    last = max((i for i, e in enumerate(events) if isinstance(e, Extended)), default=-1)
+    return sum(1 for e in events[: last + 1] if isinstance(e, Started))
 
 
 @dataclass(frozen=True)

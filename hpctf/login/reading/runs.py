@@ -1,5 +1,6 @@
-"""A run directory as the commands after submit read it: found under the runs root, read once
-(config, journal, the state derived from it), and its metrics.
+"""A run directory as the commands after submit read it: one run read once (config and
+history, :class:`Run`), many as a listing shows them (:func:`find_runs`: their facts, through
+the runs root's index).
 
 Where runs are found, without RUN arguments: ``--root DIR``, else ``$HPCTF_RUNS_ROOT`` (which
 overrides every site's runs_root at submit), else the runs_root of the site ``--site NAME``,
@@ -9,27 +10,28 @@ looks in every runs root at once (:func:`every_runs_root`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.printable import printable
-from hpctf.core.run import journal
+from hpctf.core.run.history import RunHistory, RunState, read_history
+from hpctf.core.run.listing import METRICS_TAIL_BYTES as METRICS_TAIL_BYTES
+from hpctf.core.run.listing import RunFacts, facts_of
+from hpctf.core.run.listing import epoch_seconds as epoch_seconds
 from hpctf.core.run.metrics_history import metric_records as metric_records
-from hpctf.core.run.rundir import RunDir, run_dirs_under
-from hpctf.core.run.runstate import RunState, run_state
+from hpctf.core.run.run_index import Index
+from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import ResolvedConfig
 
 FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running", "requeued"})
-# How much of the end of metrics.jsonl a table reads (the last few logged steps).
-METRICS_TAIL_BYTES = 64 << 10
 
 
 def runs_root_for(root: Path | None, site_name: str | None, env: Mapping[str, str]) -> Path:
@@ -74,22 +76,28 @@ def every_runs_root(env: Mapping[str, str]) -> list[Path]:
 
 @dataclass
 class Run:
-    """One run directory, read once: its config, journal and the state derived from it."""
+    """One run directory, read once: its config and its history (the journal, typed, and the
+    state derived from it)."""
 
     run: RunDir
     config: ResolvedConfig
-    events: list[dict[str, Any]]
-    state: RunState
-    # One line per journal entry left out as damaged (RunDir.read_journal).
-    damaged: list[str] = field(default_factory=list)
+    history: RunHistory
 
     @classmethod
     def read(cls, path: Path) -> Run:
         """The run at ``path``, or a UserError saying it is not one."""
         run = RunDir(path.resolve())
         config = run.load_config()
-        events, damaged = run.read_journal()
-        return cls(run, config, events, run_state(events), damaged)
+        return cls(run, config, read_history(run))
+
+    @property
+    def state(self) -> RunState:
+        return self.history.state
+
+    @property
+    def damaged(self) -> tuple[str, ...]:
+        """One line per journal entry left out as damaged (RunDir.read_journal)."""
+        return self.history.damaged
 
     @property
     def name(self) -> str:
@@ -103,48 +111,51 @@ class Run:
     @property
     def job(self) -> str | None:
         """The run's current job: the last one submitted or started."""
-        return self.state.jobs[-1] if self.state.jobs else None
+        return self.history.job
 
-    @property
-    def created(self) -> str:
-        first = next((e for e in self.events if e.get("event") == journal.CREATED), None)
-        return str(first["time"]) if first else iso_time(self.run.config_file.stat().st_mtime)
-
-    @property
-    def last_event_time(self) -> float:
-        return epoch_seconds(self.events[-1]["time"]) if self.events else 0.0
+    @cached_property
+    def facts(self) -> RunFacts:
+        """The run as a listing shows it (:mod:`hpctf.core.run.listing`)."""
+        return facts_of(self.run, self.config, self.history)
 
 
-def iso_time(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
-
-
-def epoch_seconds(iso: str) -> float:
+def find_runs(root: Path) -> list[RunFacts]:
+    """The runs under ``root`` as a listing shows them (:mod:`hpctf.core.run.listing`), newest
+    first, from the runs root's index (:mod:`hpctf.core.run.run_index`): each run directory
+    read again only where it changed; directories that are not runs are skipped."""
+    root = root.resolve()
+    index = Index(root)
     try:
-        return datetime.fromisoformat(iso).timestamp()
-    except (TypeError, ValueError):
-        return 0.0
+        children = [Path(e.path) for e in os.scandir(root) if e.is_dir() and e.name[:1] != "."]
+    except OSError:
+        return []
+    runs = listed(index, children)
+    index.save(keep=(str(r.path) for r in runs))
+    return sorted(runs, key=lambda r: r.created, reverse=True)
 
 
-def find_runs(root: Path) -> list[Run]:
-    """The runs under ``root``, newest first; directories that are not runs are skipped."""
+def listed(index: Index, paths: Iterable[Path]) -> list[RunFacts]:
+    """The facts of the runs at ``paths`` (resolved), through ``index``; one line on stderr
+    for each that cannot be read or has damaged journal entries, left out or shown."""
     runs = []
-    for path in run_dirs_under(root):
+    for path in paths:
         try:
-            run = Run.read(path)
+            facts = index.facts(path)
         except (UserError, EnvironmentProblem) as exc:
             # One damaged run never hides the others: said in one line on stderr, left out.
             click.echo(printable(f"hpctf: left out: {exc}", keep_lines=False), err=True)
             continue
-        if run.damaged:
+        if facts is None:
+            continue
+        if facts.damaged:
             click.echo(
                 printable(
-                    f"hpctf: {run.run.path}: {len(run.damaged)} damaged journal entr"
-                    f"{'y' if len(run.damaged) == 1 else 'ies'} left out, the first: "
-                    f"{run.damaged[0]}",
+                    f"hpctf: {facts.path}: {len(facts.damaged)} damaged journal entr"
+                    f"{'y' if len(facts.damaged) == 1 else 'ies'} left out, the first: "
+                    f"{facts.damaged[0]}",
                     keep_lines=False,
                 ),
                 err=True,
             )
-        runs.append(run)
-    return sorted(runs, key=lambda r: r.created, reverse=True)
+        runs.append(facts)
+    return runs

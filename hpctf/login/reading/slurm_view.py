@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import click
 
-from hpctf.core.run.jobs import cancelled_by_user
+from hpctf.core.run.listing import RunFacts
 from hpctf.core.scheduler.slurm import SlurmFailure
 from hpctf.core.scheduler.slurm_queries import JobRecord, sacct_jobs, squeue_jobs
-from hpctf.login.watching.runs import ACTIVE_RUN_STATES, Run
+from hpctf.login.reading.runs import ACTIVE_RUN_STATES
 
 # Slurm's states of a job back in the queue after a requeue.
 REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
@@ -61,7 +61,7 @@ def slurm_records(job_ids: Sequence[str], env: Mapping[str, str] | None = None) 
     return SlurmView(records, answered, problem)
 
 
-def job_states(runs: Sequence[Run], all_jobs: bool) -> SlurmView:
+def job_states(runs: Sequence[RunFacts], all_jobs: bool) -> SlurmView:
     ids: list[str] = []
     for run in runs:
         if run.slurm:
@@ -72,7 +72,7 @@ def job_states(runs: Sequence[Run], all_jobs: bool) -> SlurmView:
     return view
 
 
-def slurm_state(run: Run, job_id: str | None, view: SlurmView) -> dict[str, str] | None:
+def slurm_state(run: RunFacts, job_id: str | None, view: SlurmView) -> dict[str, str] | None:
     """The state of one job of ``run``: Slurm's word when squeue or sacct knows the job, else
     the end the journal recorded (``ENDED`` and its reason), else UNKNOWN. None on local
     sites."""
@@ -90,7 +90,7 @@ def slurm_state(run: Run, job_id: str | None, view: SlurmView) -> dict[str, str]
     requeued = job_id == run.job and run.state.state in ACTIVE_RUN_STATES  # not over yet
     if starts and starts[-1].reason is not None and not requeued:
         return {"state": "ENDED", "reason": starts[-1].reason, "source": "journal"}
-    if cancelled_by_user(run.events, job_id):
+    if job_id in run.cancelled_jobs:
         return {"state": "ENDED", "reason": "cancelled", "source": "journal"}
     reason = "gone from Slurm" if view.answered else "Slurm did not answer"
     return {"state": "UNKNOWN", "reason": reason, "source": "journal"}

@@ -1,16 +1,24 @@
 """How one start of a run ended, from the journal's events since it began (pure): the reasons
 a start can end for, :func:`end_of_start` (the batch shell's ``job-end``, and a start closed
 without a record), :func:`reason_from_slurm` (a start whose batch shell died, closed from
-Slurm's accounting) and the nodes that failed a quick check. :mod:`hpctf.core.run.runstate`
-folds the starts into the run's state."""
+Slurm's accounting) and the nodes that failed a quick check, over the typed events of
+:mod:`.events`. :mod:`.runstate` folds the starts into the run's state."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
-from hpctf.core.run import journal
+from hpctf.core.run.history.events import (
+    Cancelled,
+    Event,
+    NodeCheckFailed,
+    SavedForRestart,
+    SavedOnWarning,
+    Signalled,
+    Started,
+)
 
 REASONS = (
     "done", "preempted", "timeout", "restart", "stalled", "failed", "node_fail", "cancelled",
@@ -50,25 +58,25 @@ def end_reason(
     return "failed" if exit_code != 0 else "done"
 
 
-def since_last_start(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def since_last_start(events: Sequence[Event]) -> tuple[Event, ...]:
     """The events after the last ``started`` record (all of them when there is none)."""
-    last = max((i for i, e in enumerate(events) if e.get("event") == journal.STARTED), default=-1)
-    return list(events[last + 1 :])
+    last = max((i for i, e in enumerate(events) if isinstance(e, Started)), default=-1)
+    return tuple(events[last + 1 :])
 
 
-def saved_on_warning(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def saved_on_warning(events: Sequence[Event]) -> SavedOnWarning | None:
     """The chief's last ``saved_on_warning`` record among ``events``, or None."""
-    return next((e for e in reversed(events) if e.get("event") == journal.SAVED_ON_WARNING), None)
+    return next((e for e in reversed(events) if isinstance(e, SavedOnWarning)), None)
 
 
-def saved_for_restart(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def saved_for_restart(events: Sequence[Event]) -> SavedForRestart | None:
     """The chief's last ``saved_for_restart`` record among ``events`` (a planned restart,
     ``train.restart_every_steps``), or None."""
-    return next((e for e in reversed(events) if e.get("event") == journal.SAVED_FOR_RESTART), None)
+    return next((e for e in reversed(events) if isinstance(e, SavedForRestart)), None)
 
 
 def end_of_start(
-    events: Sequence[Mapping[str, Any]], exit_code: int | None, done: bool, walltime_signal: str
+    events: Sequence[Event], exit_code: int | None, done: bool, walltime_signal: str
 ) -> str:
     """Why a start ended (:func:`end_reason`), from ``events``, the journal since its
     ``started`` record. ``exit_code`` None: the start recorded no end, its batch shell was
@@ -76,11 +84,11 @@ def end_of_start(
     then it ended ``preempted`` or ``timeout`` when the ranks saved an agreed step, else
     ``node_fail``. A start whose ranks saved for a planned restart ended ``restart`` unless it
     was cancelled or the run is done."""
-    cancelled = any(e.get("event") == journal.CANCELLED for e in events)
+    cancelled = any(isinstance(e, Cancelled) for e in events)
     if saved_for_restart(events) is not None and exit_code in (None, PREEMPTED_EXIT):
         return "cancelled" if cancelled else "done" if done else "restart"
     saved = saved_on_warning(events)
-    warned = None if saved is None else str(saved.get("signal") or "TERM")
+    warned = None if saved is None else saved.signal or "TERM"
     if exit_code is None:
         if warned is None:
             return "node_fail"
@@ -89,28 +97,28 @@ def end_of_start(
         exit_code,
         done=done,
         warned_by=warned,
-        signalled=any(e.get("event") == journal.SIGNALLED for e in events),
+        signalled=any(isinstance(e, Signalled) for e in events),
         cancelled=cancelled,
         walltime_signal=walltime_signal,
     )
 
 
-def local_stop(events: Sequence[Mapping[str, Any]]) -> str:
+def local_stop(events: Sequence[Event]) -> str:
     """What stopped the last start of a local run, in a word: ``cancelled`` (Ctrl-C, ``hpctf
     cancel``: its launcher recorded it) or ``interrupted`` (SIGTERM or SIGHUP to the launcher,
     or its end). Never "preempted" or "requeued": nothing preempts or requeues a local run."""
-    cancelled = any(e.get("event") == journal.CANCELLED for e in since_last_start(events))
+    cancelled = any(isinstance(e, Cancelled) for e in since_last_start(events))
     return "cancelled" if cancelled else "interrupted"
 
 
-def failed_node_checks(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def failed_node_checks(events: Sequence[Event]) -> list[dict[str, Any]]:
     """Which nodes failed a check of ``train.preflight: quick`` among ``events``: srun's exit
     status cannot say (it reports the ranks it killed afterwards, 143 or 137), the ranks'
     records can."""
     return [
-        {"node": e.get("node"), "rank": e.get("rank"), "check": e.get("check")}
+        {"node": e.node, "rank": e.rank, "check": e.check}
         for e in events
-        if e.get("event") == journal.NODE_CHECK_FAILED
+        if isinstance(e, NodeCheckFailed)
     ]
 
 

@@ -1,23 +1,22 @@
-"""A run's progress in numbers and words, from its metrics.jsonl and journal: step, loss,
-steps/s, elapsed time inside starts, ETA; durations, sparklines and the code snapshot as text.
+"""A run's progress in numbers and words, from its facts (:mod:`hpctf.core.run.listing`: the
+tail of its metrics.jsonl, its journal): step, loss, steps/s, elapsed time inside starts, ETA;
+durations, sparklines and the code snapshot as text.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpctf.core.run.runstate import Start
-from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, epoch_seconds, metric_records
+from hpctf.core.run.history import Start
+from hpctf.core.run.listing import RunFacts, epoch_seconds
 
 
 def elapsed_seconds(starts: Sequence[Start], running: bool, now: float) -> float:
-    """Time spent in ``starts`` (:func:`hpctf.core.run.runstate.starts_of`), over all of them: each
-    from its start to its ``ended`` record (a start killed without one: to its last record; the
-    running one: to ``now``)."""
+    """Time spent in ``starts`` (:attr:`hpctf.core.run.history.RunHistory.starts`), over all
+    of them: each from its start to its ``ended`` record (a start killed without one: to its
+    last record; the running one: to ``now``)."""
     total = 0.0
     for number, start in enumerate(starts, 1):
         begin = epoch_seconds(start.started_at)
@@ -31,30 +30,11 @@ def elapsed_seconds(starts: Sequence[Start], running: bool, now: float) -> float
     return total
 
 
-def progress(
-    run: Run,
-    now: float,
-    records: Sequence[Mapping[str, Any]] | None = None,
-    running: bool | None = None,
-) -> dict[str, Any]:
+def progress(run: RunFacts, now: float, running: bool | None = None) -> dict[str, Any]:
     """Step, total, last loss, steps/s, elapsed and ETA of ``run`` (None where unknown).
     ``running``: whether a start is training now (default: the journal's word); elapsed time
     and the ETA count only then, not while a requeued job waits."""
-    if records is None:
-        records = metric_records(run.run.metrics, METRICS_TAIL_BYTES)
-    losses = [r for r in records if isinstance(r.get("loss"), (int, float))]
-    last = losses[-1] if losses else {}
-    step = max((int(r["step"]) for r in records), default=None)
-    # train.epochs, or a train.script's fit: the chief's records (hpctf's loop, or
-    # hpctf.keras.callbacks()) say how many steps the run makes.
-    total = run.config.experiment.train.steps or next(
-        (int(r["total_steps"]) for r in reversed(records) if isinstance(r.get("total_steps"), int)),
-        None,
-    )
-    if run.run.done.exists():
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            step = int(json.loads(run.run.done.read_text(encoding="utf-8"))["step"])
-    rate = last.get("steps_per_s")
+    step, total, rate = run.step, run.total_steps, run.steps_per_s
     if running is None:
         running = run.state.state == "running"
     eta = None
@@ -63,7 +43,7 @@ def progress(
     return {
         "step": step,
         "total_steps": total,
-        "loss": last.get("loss"),
+        "loss": run.loss,
         "steps_per_s": rate,
         "elapsed_s": round(elapsed_seconds(run.state.starts, running, now)),
         "eta_s": None if eta is None else round(eta),

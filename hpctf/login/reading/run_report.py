@@ -7,24 +7,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import exit_text as exit_words
 from hpctf.core.errors import one_line
-from hpctf.core.run import journal, ownership, snapshot
-from hpctf.core.run.ends import FAILURE_REASONS, PLANNED_RESTART, PREEMPTION_REASONS
-from hpctf.core.run.jobs import jobs_of
-from hpctf.core.run.runstate import RunState, Start, starts_of
+from hpctf.core.run import ownership, snapshot
+from hpctf.core.run.history import (
+    FAILURE_REASONS,
+    PLANNED_RESTART,
+    PREEMPTION_REASONS,
+    Job,
+    RunState,
+    Start,
+)
+from hpctf.core.run.listing import RunFacts
 from hpctf.core.scheduler import slurm
-from hpctf.login.watching.progress import code_text, duration, progress, sparkline
-from hpctf.login.watching.runs import METRICS_TAIL_BYTES, Run, metric_records
-from hpctf.login.watching.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
+from hpctf.login.reading.progress import code_text, duration, progress, sparkline
+from hpctf.login.reading.runs import Run, metric_records
+from hpctf.login.reading.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
 
 
-def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
+def with_slurm_queue(run: RunFacts, current: Mapping[str, str] | None) -> RunState:
     """The run's state as every command shows it (status, plot): the journal's
-    (:func:`hpctf.core.run.runstate.run_state`) with what Slurm's queue adds, the one place it is
-    applied. ``current`` is :func:`slurm_state` of the run's job.
+    (:attr:`hpctf.core.run.history.RunHistory.state`) with what Slurm's queue adds, the one
+    place it is applied. ``current`` is :func:`slurm_state` of the run's job.
 
     Slurm requeues a job itself after a node failure, a preemption or ``scontrol requeue``: the
     journal says the start failed, or (its batch shell killed first) is still running, while
@@ -37,26 +44,26 @@ def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
     killed) was ``interrupted``: nothing preempts or requeues it (a Ctrl-C or ``hpctf cancel``
     is ``cancelled``)."""
     state = run.state
-    gone = local_launcher_gone(run)
+    running = not run.slurm and run.state.state == "running"
+    gone = local_launcher_gone(Path(run.path), False, "running") if running else None
     if gone is not None:
         state = replace(
             state,
             state="failed",
             why=f"the local launcher (pid {gone.pid} on {gone.host}) is gone without recording "
             "how its start ended (killed, or a full disk?); its rank logs say the rest; "
-            f"continue with: hpctf resubmit {run.run.path}",
+            f"continue with: hpctf resubmit {run.path}",
         )
     elif not run.slurm and state.state == "preempted":
         state = replace(state, state="interrupted", why=f"its launcher was stopped; {state.why}")
+    reason = str(run.closed_last_reason)
     if (
         state.state in ("failed", "preempted", "running")
         and current
         and current["state"] in REQUEUED_STATES
     ):
-        reason = _last_end(run)
         state = replace(state, state="requeued", why=f"by Slurm after {reason}")
     if state.state == "requeued" and state.last is not None:
-        reason = _last_end(run)
         state = replace(
             state,
             preemption_requeues=state.preemption_requeues + (reason in PREEMPTION_REASONS),
@@ -65,88 +72,80 @@ def with_slurm_queue(run: Run, current: Mapping[str, str] | None) -> RunState:
     return state
 
 
-def local_launcher_gone(run: Run) -> ownership.Claim | None:
-    """The claim of a local run's launcher that the journal says is running but that is gone
-    from this host (its pid runs no more), or None. A launcher that could not write its
-    ``ended`` record (a full disk, SIGKILL) must not read as running for ever; on another host
-    nobody here can tell, and the journal's word stands."""
-    if run.slurm or run.state.state != "running":
+def local_launcher_gone(path: Path, slurm: bool, state: str) -> ownership.Claim | None:
+    """The claim of the launcher of the local run at ``path`` that the journal says is
+    running (``state``) but that is gone from this host (its pid runs no more), or None. A
+    launcher that could not write its ``ended`` record (a full disk, SIGKILL) must not read as
+    running for ever; on another host nobody here can tell, and the journal's word stands."""
+    if slurm or state != "running":
         return None
-    owner = ownership.current(run.run.path)[1]
+    owner = ownership.current(path)[1]
     if owner is None or owner.kind in ("job", "submit") or ownership.process_alive(owner):
         return None
     return owner
 
 
-def _last_end(run: Run) -> str:
-    """How the last start ended, also when its batch shell was killed before it could say."""
-    return str(starts_of(run.events, close_last=True)[-1].reason)
-
-
-def run_document(run: Run, view: SlurmView, now: float, full: bool = False) -> dict[str, Any]:
-    """Everything `hpctf status` says of one run, as one JSON-ready mapping."""
-    records = metric_records(run.run.metrics, None if full else METRICS_TAIL_BYTES)
-    budgets = run.config.site.preemption
+def run_document(run: RunFacts, view: SlurmView, now: float) -> dict[str, Any]:
+    """Everything `hpctf status` says of one run in a listing, as one JSON-ready mapping: its
+    facts (:mod:`hpctf.core.run.listing`), with what Slurm says and the time now."""
     current = slurm_state(run, run.job, view)
     shown = with_slurm_queue(run, current)
     # An older journal's line may be a whole tensor: one line here, all of it in the rank log.
     state, why = shown.state, one_line(shown.why)
-    preemption, failure = shown.preemption_requeues, shown.failure_requeues
-    document: dict[str, Any] = {
+    return {
         "run": run.name,
-        "path": str(run.run.path),
-        "site": run.config.site.name,
-        "scheduler": run.config.site.scheduler,
+        "path": run.path,
+        "site": run.site,
+        "scheduler": run.scheduler,
         "job": run.job,
         "slurm": current,
         "state": state,
         "why": why,
         "requeues": {
-            "preemption": [preemption, budgets.max_requeues],
-            "failure": [failure, budgets.max_failure_requeues],
+            "preemption": [shown.preemption_requeues, run.max_requeues],
+            "failure": [shown.failure_requeues, run.max_failure_requeues],
         },
         # train.restart_every_steps: ended on purpose and requeued, within no budget.
         "planned_restarts": sum(1 for s in shown.starts if s.reason == PLANNED_RESTART),
-        **progress(run, now, records, running=state == "running"),
-        "code": [
-            {"source": s.source, "git_commit": s.git_commit, "git_dirty": s.git_dirty}
-            for s in snapshot.read(run.run.path)
-        ],
-        "starts": [
-            {
-                "job": s.job_id,
-                "from_step": s.step,
-                "reason": s.reason,
-                "exit_code": s.exit_code,
-                "end_step": s.end_step,
-                "nodes": s.nodes,
-                "user_code": s.user_code,
-            }
-            for s in run.state.starts
-        ],
-        "jobs": [],
+        **progress(run, now, running=state == "running"),
+        "code": [dict(c) for c in run.code],
+        "starts": [_start_document(s) for s in run.state.starts],
+        "jobs": [_job_document(run, job, view) for job in run.jobs],
         # `resubmit --set train.steps=N` (hpctf.login.submitting.extend): when, and what.
-        "extended": [
-            {"time": e.get("time"), "changes": e.get("changes") or {}}
-            for e in run.events
-            if e.get("event") == journal.EXTENDED
-        ],
+        "extended": [dict(e) for e in run.extensions],
     }
-    for job in jobs_of(run.events):
-        document["jobs"].append(
-            {
-                "job": job.job_id,
-                "slurm": slurm_state(run, job.job_id, view),
-                "ended": job.ended,
-                "exit_code": job.exit_code,
-                "starts": job.starts,
-                "nodes": job.nodes,
-            }
-        )
-    if full:
-        document["losses"] = [[r["step"], r["loss"]] for r in records if "loss" in r]
-        evaluations = [r for r in records if isinstance(r.get("eval"), dict)]
-        document["eval"] = evaluations[-1] if evaluations else None
+
+
+def _start_document(start: Start) -> dict[str, Any]:
+    return {
+        "job": start.job_id,
+        "from_step": start.step,
+        "reason": start.reason,
+        "exit_code": start.exit_code,
+        "end_step": start.end_step,
+        "nodes": start.nodes,
+        "user_code": start.user_code,
+    }
+
+
+def _job_document(run: RunFacts, job: Job, view: SlurmView) -> dict[str, Any]:
+    return {
+        "job": job.job_id,
+        "slurm": slurm_state(run, job.job_id, view),
+        "ended": job.ended,
+        "exit_code": job.exit_code,
+        "starts": job.starts,
+        "nodes": job.nodes,
+    }
+
+
+def full_document(run: Run, view: SlurmView, now: float) -> dict[str, Any]:
+    """:func:`run_document` of one run, with every logged loss and its last evaluation."""
+    document = run_document(run.facts, view, now)
+    records = metric_records(run.run.metrics, None)
+    document["losses"] = [[r["step"], r["loss"]] for r in records if "loss" in r]
+    evaluations = [r for r in records if isinstance(r.get("eval"), dict)]
+    document["eval"] = evaluations[-1] if evaluations else None
     return document
 
 
@@ -208,16 +207,15 @@ def status_table(
 ) -> str:
     """The runs and sweeps as one table, then a line for each run whose state has a why,
     and a legend when a state comes from the journal alone."""
-    text = format_table(TABLE_COLUMNS, table_rows(documents) + sweep_rows(sweeps))
-    for d in documents:
-        if d["why"]:
-            text += f"{d['run']}: {d['state']}: {d['why']}\n"
+    # Joined once: a runs root of 10,000 runs has thousands of these lines.
+    lines = [format_table(TABLE_COLUMNS, table_rows(documents) + sweep_rows(sweeps))]
+    lines += [f"{d['run']}: {d['state']}: {d['why']}\n" for d in documents if d["why"]]
     if any((d["slurm"] or {}).get("state") == "ENDED" for d in documents):
-        text += (
+        lines.append(
             "ENDED (reason): Slurm no longer knows the job; its end as the run directory "
             "recorded it\n"
         )
-    return text
+    return "".join(lines)
 
 
 def _planned(every: int | None, document: Mapping[str, Any]) -> str:
@@ -264,21 +262,7 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     if evaluation := document.get("eval"):
         shown = ", ".join(f"{k} {_number(v)}" for k, v in sorted(evaluation["eval"].items()))
         lines.append(f"eval: step {evaluation['step']}: {shown}")
-    for job in document["jobs"]:
-        state = job["slurm"]
-        if job["ended"] and (state is None or state["source"] == "journal" or _final(state)):
-            text = "ENDED"
-        elif state is None:
-            text = "PENDING/RUNNING"
-        elif state["state"] == "UNKNOWN":
-            text = f"UNKNOWN ({state['reason']})"
-        else:
-            text = slurm_text(state)
-        exit_text = f" {exit_words(job['exit_code'])}" if job["exit_code"] is not None else ""
-        lines.append(
-            f"job {job['job']}: {text}{exit_text} starts {job['starts']} "
-            f"nodes {job['nodes'] or '-'}"
-        )
+    lines.extend(_job_line(job) for job in document["jobs"])
     jobs = {job["job"]: job["slurm"] for job in document["jobs"]}
     for number, start in enumerate(run.state.starts, 1):
         lines.append(
@@ -289,6 +273,21 @@ def describe_run(run: Run, document: Mapping[str, Any]) -> str:
     done = run.run.done.read_text().strip() if run.run.done.exists() else "no"
     lines.append(f"done: {done}")
     return "\n".join(lines) + "\n"
+
+
+def _job_line(job: Mapping[str, Any]) -> str:
+    """One job of the single-run view: Slurm's word (or the journal's), exit, starts, nodes."""
+    state = job["slurm"]
+    if job["ended"] and (state is None or state["source"] == "journal" or _final(state)):
+        text = "ENDED"
+    elif state is None:
+        text = "PENDING/RUNNING"
+    elif state["state"] == "UNKNOWN":
+        text = f"UNKNOWN ({state['reason']})"
+    else:
+        text = slurm_text(state)
+    exit_text = f" {exit_words(job['exit_code'])}" if job["exit_code"] is not None else ""
+    return f"job {job['job']}: {text}{exit_text} starts {job['starts']} nodes {job['nodes'] or '-'}"
 
 
 def script_text(script: str, document: Mapping[str, Any], checkpoint_step: int) -> str:

@@ -8,20 +8,21 @@ stderr and every run unaccounted.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import click
 
 from hpctf.core.run.hours import Hours, parse_usage, run_hours
+from hpctf.core.run.listing import RunFacts
 from hpctf.core.scheduler.slurm import SlurmFailure
 from hpctf.core.scheduler.slurm_queries import sacct_usage
-from hpctf.login.watching.runs import Run
 
 
-def hours_of(runs: Sequence[Run], env: Mapping[str, str] | None = None) -> dict[Path, Hours | None]:
+def hours_of(
+    runs: Sequence[RunFacts], env: Mapping[str, str] | None = None
+) -> dict[str, Hours | None]:
     """Each run's hours by its path; None for a run without accounting."""
     slurm_runs = [run for run in runs if run.slurm and run.state.jobs]
-    hours: dict[Path, Hours | None] = {run.run.path: None for run in runs}
+    hours: dict[str, Hours | None] = {run.path: None for run in runs}
     if not slurm_runs:
         return hours
     ids = [job for run in slurm_runs for job in run.state.jobs]
@@ -34,5 +35,5 @@ def hours_of(runs: Sequence[Run], env: Mapping[str, str] | None = None) -> dict[
         return hours
     usage = parse_usage(text)
     for run in slurm_runs:
-        hours[run.run.path] = run_hours(run.state.jobs, usage)
+        hours[run.path] = run_hours(run.state.jobs, usage)
     return hours

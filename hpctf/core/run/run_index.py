@@ -1,0 +1,230 @@
+"""The index of a runs root: each run's :class:`~hpctf.core.run.listing.RunFacts`, kept so a
+listing of 10,000 runs reads one file and ``stat`` s each run directory instead of reading
+every run's config, journal, metrics and snapshot.
+
+Layout::
+
+    <runs_root>/.hpctf-index/
+      runs.json           {"version": 1, "rows": {run path: row}}, replaced atomically
+      pending/<hash>.json one row, written by a command that has just changed that run
+
+A row is ``{"key": ..., "entries": [count, newest], "settled": bool, "facts": {...}}``. The
+index is a cache, never the truth: a row is used only while its key, the ``stat`` of the run's
+``journal/`` and ``metrics.jsonl`` (:func:`key_of`), is what it was when the row was made;
+every change of what a listing shows writes one of them, and the row is made again from the
+run directory. A row made within :data:`SETTLE_NS` of the newest of those times (a write in the
+same tick of a coarse file clock would not show) is checked against the journal's listing too,
+until a listing shows it settled.
+
+Writers never rewrite ``runs.json``: the batch script's ``job-start`` and ``job-end`` and
+``hpctf cancel`` each write their run's row to ``pending/`` (one file per run, atomically), so
+two jobs ending at once lose nothing; a listing merges the pending rows into ``runs.json``
+(atomic replace) and removes those it merged. Two listings replacing ``runs.json`` at once, or
+a pending row replaced while merged, cost at most a row made again. A damaged or missing index
+is made again; a runs root that cannot be written is listed without one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run.history import RunHistory, read_history
+from hpctf.core.run.listing import RunFacts, facts_of, read_facts
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import write_atomic
+from hpctf.core.settings.config import ResolvedConfig
+
+INDEX_DIR = ".hpctf-index"
+INDEX_FILE = "runs.json"
+PENDING_DIR = "pending"
+VERSION = 1
+# Beyond any coarse file clock's tick and any two writers' clocks on one run directory.
+SETTLE_NS = 2 * 10**9
+# An index that makes a listing read more than this is left aside (a planted file).
+MAX_INDEX_BYTES = 1 << 30
+
+
+def key_of(path: str) -> list[int] | None:
+    """The ``stat`` key of the run directory at ``path`` (None: no run directory there): the
+    time of its journal (every change of the run's state, and of its config or code, is a new
+    entry; DONE comes with the ``ended`` entry) and the size and time of metrics.jsonl (the
+    steps logged). Two ``stat`` calls: a listing of 10,000 runs makes 20,000."""
+    try:
+        journal = os.stat(f"{path}/journal").st_mtime_ns
+    except FileNotFoundError:
+        journal = -1  # a run directory whose journal is gone still lists (a state, why)
+    except OSError:
+        return None
+    try:
+        metrics = os.stat(f"{path}/metrics.jsonl")
+        return [journal, metrics.st_size, metrics.st_mtime_ns]
+    except OSError:
+        return [journal, -1, 0]
+
+
+def entries_of(path: str) -> list[Any]:
+    """How many journal entries the run has and the newest one's name: exact, unlike a time."""
+    try:
+        names = [n for n in os.listdir(f"{path}/journal") if n.endswith(".json")]
+    except OSError:
+        return [0, ""]
+    return [len(names), max(names, default="")]
+
+
+def settled(key: list[int]) -> bool:
+    """Whether every time in ``key`` is far enough in the past to tell any later write."""
+    return time.time_ns() - max(key[0], key[2]) > SETTLE_NS
+
+
+@dataclass
+class Row:
+    key: list[int]
+    entries: list[Any]
+    settled: bool
+    facts: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "entries": self.entries, "settled": self.settled,
+                "facts": self.facts}  # fmt: skip
+
+
+def make_row(path: Path) -> tuple[Row, RunFacts] | None:
+    """The run at ``path`` read in full, with its key taken before (a write while it is read
+    makes the key stale, never the facts); None when it is not a run directory. A UserError or
+    EnvironmentProblem when it is one that cannot be read."""
+    key = key_of(str(path))
+    if key is None or not os.path.isfile(f"{path}/config.json"):
+        return None
+    entries = entries_of(str(path))
+    facts = read_facts(path)
+    return Row(key, entries, settled(key), facts.to_json()), facts
+
+
+def _row(data: Any) -> Row | None:
+    try:
+        row = Row(data["key"], data["entries"], data["settled"], data["facts"])
+    except (KeyError, TypeError):
+        return None
+    ok = isinstance(row.key, list) and isinstance(row.entries, list) and isinstance(row.facts, dict)
+    return row if ok else None
+
+
+class Index:
+    """One runs root's index: read once, rows made where stale, saved once if changed."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.folder = root / INDEX_DIR
+        self.rows: dict[str, Row] = {}
+        self.merged: list[Path] = []  # pending rows read, removed once saved
+        self.changed = False
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            with (self.folder / INDEX_FILE).open("rb") as handle:
+                data = json.loads(handle.read(MAX_INDEX_BYTES))
+            if data.get("version") == VERSION:
+                for path, value in data["rows"].items():
+                    if (row := _row(value)) is not None:
+                        self.rows[path] = row
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
+            self.changed = True  # missing or damaged: made again from the run directories
+        with contextlib.suppress(OSError):
+            for pending in os.scandir(self.folder / PENDING_DIR):
+                self._merge(Path(pending.path))
+
+    def _merge(self, pending: Path) -> None:
+        try:
+            data = json.loads(pending.read_bytes())
+            row = _row(data)
+            path = str(data["path"])
+        except (OSError, ValueError, KeyError, TypeError):
+            row, path = None, ""
+        if row is not None:
+            self.rows[path] = row
+        self.merged.append(pending)
+        self.changed = True
+
+    def facts(self, path: Path) -> RunFacts | None:
+        """The facts of the run at ``path`` (a resolved path), from its row while the row is
+        current, else read from the directory (and the row made again). None: not a run."""
+        name = str(path)
+        key = key_of(name)
+        row = self.rows.get(name)
+        if row is not None and row.key == key and self._current(path, row):
+            try:
+                return RunFacts.from_json(row.facts)
+            except (KeyError, TypeError, ValueError):
+                pass  # a row of another shape: made again
+        made = make_row(path)
+        if made is None:
+            if self.rows.pop(name, None) is not None:
+                self.changed = True
+            return None
+        self.rows[name], facts = made
+        self.changed = True
+        return facts
+
+    def _current(self, path: Path, row: Row) -> bool:
+        if row.settled is True:
+            return True
+        if entries_of(str(path)) != row.entries:
+            return False
+        if settled(row.key):
+            row.settled = True
+            self.changed = True
+        return True
+
+    def save(self, keep: Iterable[str] | None = None) -> None:
+        """Write the index if it changed (rows of runs gone are dropped when ``keep`` names
+        every run there is); a runs root that cannot be written keeps no index."""
+        if keep is not None:
+            wanted = set(keep)
+            for name in [n for n in self.rows if n not in wanted]:
+                del self.rows[name]
+                self.changed = True
+        if not self.changed:
+            return
+        document = {"version": VERSION, "rows": {n: r.to_json() for n, r in self.rows.items()}}
+        try:
+            self.folder.mkdir(exist_ok=True)
+            write_atomic(self.folder / INDEX_FILE, json.dumps(document, separators=(",", ":")))
+        except (OSError, EnvironmentProblem):
+            return
+        for pending in self.merged:
+            with contextlib.suppress(OSError):
+                pending.unlink()
+
+
+def note(run: RunDir, config: ResolvedConfig, history: RunHistory) -> None:
+    """A command changed ``run``: write its row to its runs root's pending rows (the run
+    directory's parent), so the next listing need not read it again. ``history`` is the run's
+    as the command knows it after its writes; when the journal holds more entries than that
+    (another writer, or records the command did not add to it) it is read again here. Never
+    fails the command: an index is a cache."""
+    path = str(run.path)
+    try:
+        key = key_of(path)
+        entries = entries_of(path)
+        if key is None:
+            return
+        if entries[0] != len(history.events) + len(history.damaged):
+            history = read_history(run)
+        facts = facts_of(run, config, history)
+        folder = run.path.parent / INDEX_DIR / PENDING_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()
+        row = Row(key, entries, False, facts.to_json())
+        write_atomic(folder / f"{name}.json", json.dumps({"path": path, **row.to_json()}))
+    except (OSError, UserError, EnvironmentProblem):
+        return

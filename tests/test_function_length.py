@@ -1,0 +1,49 @@
+"""No function over 60 lines in the rooms that read runs (the history, the listing and its
+index, reading and watching runs, the batch commands), unless its docstring says why it is
+better whole: a long function is read in pieces anyway."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.conftest import REPO
+
+LIMIT = 60
+ROOMS = [
+    "hpctf/core/run",
+    "hpctf/login/reading",
+    "hpctf/login/watching",
+    "hpctf/batch",
+]
+# Not this room's: core/run/snapshot.py belongs with the sweeps' code snapshots.
+ELSEWHERE = {"hpctf/core/run/snapshot.py"}
+
+
+def long_functions(source: str, limit: int = LIMIT) -> list[tuple[str, int]]:
+    """The functions of ``source`` longer than ``limit`` lines whose docstring does not say
+    why they are better whole."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > limit and "better whole" not in (ast.get_docstring(node) or ""):
+                found.append((node.name, length))
+    return found
+
+
+def test_the_check_finds_a_long_function() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(LIMIT))
+    assert long_functions(f"def f():\n{body}\n") == [("f", LIMIT + 1)]
+    excused = f'def f():\n    """Read top to bottom: better whole."""\n{body}\n'
+    assert long_functions(excused) == []
+
+
+def test_no_long_function_in_the_rooms_that_read_runs() -> None:
+    found = [
+        f"{path.relative_to(REPO)}: {name} has {length} lines"
+        for room in ROOMS
+        for path in sorted((REPO / room).rglob("*.py"))
+        if str(path.relative_to(REPO)) not in ELSEWHERE
+        for name, length in long_functions(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "\n".join(found)
