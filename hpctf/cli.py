@@ -63,10 +63,11 @@ class _Group(click.Group):
 
 def environment_line(exc: EnvironmentProblem) -> str:
     """An environment fault in one line, its cause kept: the exception it was raised from
-    (``raise ... from``) is named unless the message already carries its words."""
+    (``raise ... from``) is named unless the message already carries its words or says it
+    in its own (``cause_said``)."""
     said = " ".join(str(exc).split())
     cause = exc.__cause__
-    if cause is not None:
+    if cause is not None and not getattr(exc, "cause_said", False):
         because = " ".join(str(cause).split())
         if because and because not in said:
             said = f"{said} (cause: {type(cause).__name__}: {because})"

@@ -58,10 +58,15 @@ class EnvironmentProblem(Exception):
     """The environment failed, not the user: Slurm unreachable or timing out, a disk full.
 
     The message says what hpctf was doing and what failed; the underlying exception stays
-    attached as ``__cause__``.
+    attached as ``__cause__``. ``cause_said``: the message already gives the cause in its own
+    words (a filesystem's "No space left on device"), so the CLI does not repeat it.
     """
 
     exit_code = ENVIRONMENT_EXIT
+
+    def __init__(self, *args: object, cause_said: bool = False) -> None:
+        super().__init__(*args)
+        self.cause_said = cause_said
 
 
 class SlurmEnvironmentProblem(EnvironmentProblem):

@@ -308,7 +308,8 @@ class Checkpointer:
         return EnvironmentProblem(
             f"cannot save the checkpoint of step {step} in {self._directory}: {cause}; "
             + (f"the checkpoint of step {kept} is kept" if kept is not None else "none is kept")
-            + f": {fix}, then hpctf resubmit {self._directory.parent}"
+            + f": {fix}, then hpctf resubmit {self._directory.parent}",
+            cause_said=True,
         )
 
 
