@@ -1,0 +1,120 @@
+"""The laptop's side of each command on a site behind SSH (:mod:`hpctf.login.remote.where`).
+
+``validate`` and ``render`` stay here. ``submit`` and ``sweep`` validate here, then ship
+(:mod:`hpctf.login.remote.shipping`); ``--dry-run`` stays here. ``status``, ``runs``,
+``logs``, ``cancel``, ``resubmit``, ``plot`` and ``doctor`` run on the cluster as given, with
+their output streamed back and their exit status kept. Which site: the command's ``--site``,
+else ``$HPCTF_SITE`` (RUN arguments are paths on the cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctf.core.settings.config import Login, Site
+from hpctf.login.remote.ssh import Connection, connect
+from hpctf.login.remote.where import remote_login
+
+ON_CLUSTER = frozenset({"status", "runs", "logs", "cancel", "resubmit", "plot", "doctor"})
+SHIPPED = frozenset({"submit", "sweep"})
+COMMANDS = ON_CLUSTER | SHIPPED
+_HELP = frozenset({"--help", "-h"})
+
+
+def _command(name: str) -> click.Command:
+    from hpctf.cli import cli
+
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None
+    return command
+
+
+def forwarded(args: Sequence[str], env: Mapping[str, str]) -> int | None:
+    """Run ``hpctf ARGS`` on the cluster when its site is behind SSH and this is not its login
+    host; its exit status, or None when the command runs here."""
+    if not args or args[0] not in COMMANDS or _HELP & set(args[1:]):
+        return None
+    name, rest = args[0], list(args[1:])
+    command = _command(name)
+    try:
+        with command.make_context(name, list(rest), resilient_parsing=True) as ctx:
+            params = dict(ctx.params)
+    except click.ClickException:
+        return None  # let the command itself say what is wrong
+    if name in SHIPPED:
+        return _shipped(name, command, params, env)
+    site_name = params.get("site_name") or env.get("HPCTF_SITE")
+    if not site_name:
+        return None
+    from hpctf.core.settings.sites import read_site
+
+    site = read_site(site_name, env)[0]
+    login = remote_login(site, env)
+    if login is None:
+        return None
+    return int(on_cluster(connect(login, env), site, [name, *rest]).returncode)
+
+
+def on_cluster(
+    connection: Connection, site: Site, args: Sequence[str], capture: bool = False
+) -> Any:
+    """``hpctf ARGS`` on the cluster, with the laptop's ``site`` known there."""
+    from hpctf.login.remote.shipping import site_document
+
+    document = json.dumps(site_document(site), sort_keys=True)
+    return connection.run(["_remote", document, *args], capture=capture)
+
+
+def _shipped(
+    name: str, command: click.Command, params: dict[str, Any], env: Mapping[str, str]
+) -> int | None:
+    if params.get("dry_run"):
+        return None
+    from hpctf.core.settings.sites import read_site
+    from hpctf.login.remote.shipping import submit_remote
+    from hpctf.login.resolving.advice import advice
+    from hpctf.login.resolving.loader import load_config
+
+    experiment = Path(params["experiment"])
+    overrides = list(params.get("overrides") or ())
+    config = load_config(experiment, params.get("site_name"), overrides, env).config
+    login = remote_login(config.site, env)
+    if login is None:
+        return None
+    site = read_site(params.get("site_name") or config.site.name, env)[0]
+    for line in advice(config):
+        click.echo(f"warning: {line}", err=True)
+    options = _other_options(command, params, {"experiment", "site_name", "overrides", "dry_run"})
+    return submit_remote(
+        connect(login, env), name, config, site, experiment, overrides, options, env
+    )
+
+
+def _other_options(command: click.Command, params: Mapping[str, Any], taken: set[str]) -> list[str]:
+    """The command's options other than ``taken``, as arguments again (for the cluster)."""
+    args: list[str] = []
+    for param in command.params:
+        value = params.get(param.name or "")
+        if param.name in taken or not isinstance(param, click.Option) or value is None:
+            continue
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            args += [flag] if value else []
+        elif param.multiple:
+            for item in value:
+                args += [flag, *(map(str, item) if isinstance(item, tuple) else [str(item)])]
+        elif isinstance(value, tuple):
+            args += [flag, *map(str, value)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def site_login(site: Site) -> Login | None:
+    return remote_login(site, os.environ)
