@@ -319,9 +319,10 @@ class Login(Strict):
 
     @field_validator("host", "hpctf")
     @classmethod
-    def _one_word(cls, value: str) -> str:
-        if value.startswith("-") or any(c.isspace() or c == "\0" for c in value):
-            raise ValueError(f"{value!r}: one word, not starting with -")
+    def _one_word(cls, value: str, info: ValidationInfo) -> str:
+        spaces = any(c.isspace() for c in value) if info.field_name == "host" else False
+        if value.startswith("-") or spaces or any(c in value for c in "\n\r\0"):
+            raise ValueError(f"{value!r}: a {info.field_name}, not starting with -")
         return value
 
 
