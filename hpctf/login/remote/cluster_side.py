@@ -161,11 +161,12 @@ def _sweep_once(
     from hpctf.login.sweeps.start import sweep
 
     args = [str(experiment), "--site", site, *(f"--set={o}" for o in overrides)]
-    with contextlib.redirect_stdout(io.StringIO()) as said:
-        try:
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said):
             sweep.main([*args, *request.get("options", [])], "hpctf sweep", standalone_mode=False)
-        finally:
-            click.echo(said.getvalue(), nl=False)
+    finally:
+        click.echo(said.getvalue(), nl=False)
     write_atomic(done, said.getvalue())
     return 0
 
@@ -191,7 +192,8 @@ def submit_once(
         events = run.events()
         jobs = [e for e in events if e.get("event") == journal.SUBMITTED]
         if jobs:
-            click.echo(f"submitted job {jobs[-1].get('job_id')} (by an earlier try of this submit)")
+            click.echo(f"submitted job {jobs[-1].get('job_id')}")
+            click.echo("note: by an earlier try of this submit; no second job", err=True)
             click.echo(f"run directory: {run.path}")
             return 0
         if any(e.get("event") == journal.CREATED for e in events):
