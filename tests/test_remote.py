@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import tempfile
@@ -20,8 +19,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctf.core.settings.config import Login
-from hpctf.login.remote.ssh import remote_command
 from tests import sshd as harness
 from tests.conftest import DIGITS, HPCTF, submitted
 
@@ -36,13 +33,6 @@ HOSTILE = [
     "${{HOME}} $HOME \\ !x %s %n",
     "-rf",
 ]
-
-
-def test_every_word_of_a_remote_command_comes_back_as_it_was() -> None:
-    login = Login(host="h", hpctf="~/bin/my hpctf")
-    values = [v.format(canary="/tmp/x") for v in HOSTILE]
-    words = shlex.split(remote_command(login, ["status", *values]))
-    assert words == ["~/bin/my hpctf", "status", *values]
 
 
 TINY = [
@@ -264,3 +254,20 @@ def test_another_hpctf_version_on_the_cluster_is_one_line(remote: Remote) -> Non
     notes = [line for line in proc.stderr.splitlines() if "0.0.1" in line]
     assert len(notes) == 1, proc.stderr
     remote.close()
+
+
+def test_python_submit_wait_and_metrics_through_ssh(remote: Remote) -> None:
+    code = (
+        "import hpctf\n"
+        f"run = hpctf.submit({str(DIGITS)!r}, site='cluster', set={TINY[1::2]!r})\n"
+        "print(run.wait(timeout=300, poll=1))\n"
+        "print(len(run.metrics(frame=False)), run.path)\n"
+    )
+    proc = subprocess.run(
+        [*HPCTF[:1], "-c", code], env=remote.env, capture_output=True, text=True, timeout=400
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state, rows_and_path = proc.stdout.strip().splitlines()[-2:]
+    rows, path = rows_and_path.split()
+    assert state == "done" and int(rows) >= 1, proc.stdout
+    assert Path(path).parent == remote.runs and (Path(path) / "DONE").is_file()

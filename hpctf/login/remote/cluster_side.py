@@ -216,4 +216,14 @@ def _free(root: Path, run_id: str) -> Path:
     raise UserError(f"cannot find a free run directory name under {root}")
 
 
-COMMANDS = (remote_code, remote_submit)
+@click.command("_remote-metrics", hidden=True)
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def remote_metrics(run_dir: Path) -> None:
+    """A run's metrics by step, as :meth:`hpctf.Run.metrics` reads them: one JSON list."""
+    from hpctf.core.run.metrics_history import by_step, metric_records
+
+    RunDir.open(run_dir)  # a UserError when it is not a run directory
+    click.echo(json.dumps(by_step(metric_records(run_dir.resolve() / "metrics.jsonl"))))
+
+
+COMMANDS = (remote_code, remote_submit, remote_metrics)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,24 +77,40 @@ def _shipped(
 ) -> int | None:
     if params.get("dry_run"):
         return None
+    options = _other_options(command, params, {"experiment", "site_name", "overrides", "dry_run"})
+    shipped = ship(name, Path(params["experiment"]), params.get("site_name"),
+                   list(params.get("overrides") or ()), options, env)  # fmt: skip
+    return None if shipped is None else int(shipped[0].returncode)
+
+
+def ship(
+    name: str,
+    experiment: Path,
+    site_name: str | None,
+    overrides: list[str],
+    options: list[str],
+    env: Mapping[str, str],
+    capture: bool = False,
+) -> tuple[subprocess.CompletedProcess[str], Connection, Site] | None:
+    """``submit`` or ``sweep`` of ``experiment`` on its site when that is behind SSH (the
+    cluster's answer, the connection, the site); None when the site is here."""
     from hpctf.core.settings.sites import read_site
     from hpctf.login.remote.shipping import submit_remote
     from hpctf.login.resolving.advice import advice
     from hpctf.login.resolving.loader import load_config
 
-    experiment = Path(params["experiment"])
-    overrides = list(params.get("overrides") or ())
-    config = load_config(experiment, params.get("site_name"), overrides, env).config
+    config = load_config(experiment, site_name, overrides, env).config
     login = remote_login(config.site, env)
     if login is None:
         return None
-    site = read_site(params.get("site_name") or config.site.name, env)[0]
+    site = read_site(site_name or config.site.name, env)[0]
     for line in advice(config):
         click.echo(f"warning: {line}", err=True)
-    options = _other_options(command, params, {"experiment", "site_name", "overrides", "dry_run"})
-    return submit_remote(
-        connect(login, env), name, config, site, experiment, overrides, options, env
+    connection = connect(login, env)
+    answer = submit_remote(
+        connection, name, config, site, experiment, overrides, options, env, capture=capture
     )
+    return answer, connection, site
 
 
 def _other_options(command: click.Command, params: Mapping[str, Any], taken: set[str]) -> list[str]:

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import secrets
+import subprocess
 import tarfile
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -143,9 +144,10 @@ def submit_remote(
     options: Sequence[str],
     env: Mapping[str, str],
     run_id: str | None = None,
-) -> int:
+    capture: bool = False,
+) -> subprocess.CompletedProcess[str]:
     """Ship the code and ask the cluster to ``command`` (submit or sweep) the experiment;
-    stream its answer; its exit status."""
+    its answer, streamed here unless ``capture``."""
     entries, copies, script = snapshot_code(config)
     code = tree_hash(entries)
     request: dict[str, Any] = {
@@ -173,14 +175,14 @@ def submit_remote(
     prefix = ["_remote", json.dumps(site_doc, sort_keys=True)]
     args = [*prefix, "_remote-submit", "--site", site.name]
     try:
-        answer = connection.run(args, stdin=json.dumps(request).encode())
+        answer = connection.run(args, stdin=json.dumps(request).encode(), capture=capture)
         if answer.returncode == NEEDS_CODE:
             sent = connection.run(
                 [*prefix, "_remote-code", "--site", site.name, code], stdin=tar_stream(entries)
             )
             if sent.returncode != 0:
-                return sent.returncode
-            answer = connection.run(args, stdin=json.dumps(request).encode())
+                return sent
+            answer = connection.run(args, stdin=json.dumps(request).encode(), capture=capture)
     except EnvironmentProblem as exc:
         raise EnvironmentProblem(
             f"{exc}; the same command again finishes this {command} (run id {run_id}) and "
@@ -188,7 +190,7 @@ def submit_remote(
         ) from exc
     if answer.returncode in (0, 2):
         pending.unlink(missing_ok=True)  # done, or refused with nothing made
-    return answer.returncode
+    return answer
 
 
 def _pending(pending: Path) -> dict[str, str] | None:
