@@ -23,9 +23,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
-SECTIONS = ("login", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak")
+SECTIONS = (
+    "login", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak", "remote"
+)  # fmt: skip
 # Run order: login's `hpctf status` reads a finished run, and runtime leaves one behind.
-ORDER = ("resolver", "runtime", "login", "sweep", "preemption", "first_step", "stall", "soak")
+ORDER = (
+    "resolver", "runtime", "login", "remote", "sweep", "preemption", "first_step", "stall", "soak"
+)  # fmt: skip
 GPU_SECTIONS = ("gpu_runtime", "gpu_stall")
 # Run beside the others with --tiny; first_step in the first lane, which was the shorter one:
 # 116 s against 122 s (+ first_step's 33 s) at load average 7.

@@ -60,6 +60,7 @@ from bench_first_step import FirstStepBench
 from bench_gpu import GpuBench
 from bench_login import LoginBench
 from bench_preemption import PreemptionBench
+from bench_remote import RemoteBench
 from bench_resolver import ResolverBench
 from bench_runtime import RuntimeBench
 from bench_soak import SoakBench
@@ -81,6 +82,7 @@ from report import gpus_here, machine, resolver_table, table
 
 class Bench(
     LoginBench,
+    RemoteBench,
     SweepBench,
     ResolverBench,
     RuntimeBench,

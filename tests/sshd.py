@@ -10,16 +10,21 @@ checkout's site-packages: the same hpctf, the same TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 SSHD = Path("/usr/sbin/sshd")
 USER = "hpctfssh"
@@ -65,8 +70,15 @@ class Sshd:
         return self.log.read_text(errors="replace").count("Accepted publickey")
 
     def stop(self) -> None:
+        """Stop it and the sessions it forked (which a stopped sshd leaves running)."""
+        sessions = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
         self.process.terminate()
         self.process.wait(timeout=10)
+        for pid in sessions:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGTERM)
 
 
 def start_sshd(base: Path, name: str, env: dict[str, str], user_key_pub: str) -> Sshd:
@@ -91,6 +103,8 @@ def start_sshd(base: Path, name: str, env: dict[str, str], user_key_pub: str) ->
     process = subprocess.Popen(
         [str(SSHD), "-D", "-f", str(where / "sshd_config"), "-E", str(log)],
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,  # its sessions outlive it: they must hold none of our pipes
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -132,3 +146,84 @@ def usable() -> str | None:
     if not Path("/usr/bin/python3").exists() or sys.version_info[:2] != (3, 11):
         return "the sshd tests need /usr/bin/python3 of this interpreter's minor version"
     return None
+
+
+@dataclass
+class SetUp:
+    """A login sshd and a jump sshd in front of this machine, and a laptop's environment whose
+    sites ``cluster`` (runs under ``runs``), ``jumped`` (the same, through ``jump``) and
+    ``skewed`` (a cluster hpctf that says it is 0.0.1) are behind them."""
+
+    base: Path
+    runs: Path
+    login: Sshd
+    jump: Sshd
+    env: dict[str, str]
+
+    def stop(self) -> None:
+        """Stop both sshds; remove what they served (the runs, the keys, the laptop's cache)."""
+        for host in ("cluster", "jumped"):  # the laptop's master connections
+            subprocess.run(
+                ["ssh", "-F", str(self.base / "ssh_config"), "-o",
+                 f"ControlPath={self.env['XDG_CACHE_HOME']}/hpctf/ssh/%C", "-O", "exit", host],
+                capture_output=True, check=False,
+            )  # fmt: skip
+        self.login.stop()
+        self.jump.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.env["XDG_CACHE_HOME"], ignore_errors=True)
+
+
+def set_up(slurm_conf: str | None) -> SetUp:
+    user = ensure_user()
+    base = Path(tempfile.mkdtemp(prefix="hpctf-ssh-", dir="/tmp"))
+    base.chmod(0o755)
+    pub = keygen(base / "id_ed25519")
+    python, hpctf = cluster_side(base, user)
+    runs = base / "runs"
+    runs.mkdir()
+    os.chown(runs, user.pw_uid, user.pw_gid)
+    session_env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+    if slurm_conf:
+        session_env["SLURM_CONF"] = slurm_conf
+    login = start_sshd(base, "login", session_env, pub)
+    jump = start_sshd(base, "jump", {}, pub)
+    common = (
+        f"  User {USER}\n  IdentityFile {base / 'id_ed25519'}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {base / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n"
+    )
+    (base / "ssh_config").write_text(
+        f"Host cluster\n  HostName 127.0.0.1\n  Port {login.port}\n{common}"
+        f"Host jump\n  HostName 127.0.0.1\n  Port {jump.port}\n{common}"
+        f"Host jumped\n  HostName 127.0.0.1\n  Port {login.port}\n  ProxyJump jump\n"
+        f"  ControlPath none\n{common}"
+    )
+    skewed = base / "bin" / "hpctf-skewed"
+    skewed.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && { echo "hpctf, version 0.0.1"; exit 0; }\n'
+        f'exec {hpctf} "$@"\n'
+    )
+    skewed.chmod(0o755)
+    sites = base / "sites"
+    sites.mkdir()
+    ssh_options = ["-F", str(base / "ssh_config")]
+    for name, host, command in (
+        ("cluster", "cluster", hpctf),
+        ("jumped", "jumped", hpctf),
+        ("skewed", "cluster", skewed),
+    ):
+        site = {
+            "name": name,
+            "extends": "local-slurm",
+            "runs_root": str(runs),
+            "python": str(python),
+            "login": {"host": host, "hpctf": str(command), "ssh_options": ssh_options},
+        }
+        (sites / f"{name}.yaml").write_text(yaml.safe_dump(site))
+    # Short: ssh's socket path (the cache dir + /hpctf/ssh/ + 40 hex digits) must fit 108 bytes.
+    cache = Path(tempfile.mkdtemp(prefix="h4c", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCTF_RUNS_ROOT"))}
+    env.update(HPCTF_SITE_PATH=str(sites), XDG_CACHE_HOME=str(cache))
+    env.pop("HPCTF_ON_LOGIN", None)
+    return SetUp(base, runs, login, jump, env)

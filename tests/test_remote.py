@@ -11,13 +11,11 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests import sshd as harness
 from tests.conftest import DIGITS, HPCTF, submitted
@@ -93,65 +91,14 @@ def remote(slurm_cluster: dict[str, str]) -> Iterator[Remote]:
     why = harness.usable()
     if why:
         pytest.skip(why)
-    user = harness.ensure_user()
-    base = Path(tempfile.mkdtemp(prefix="hpctf-ssh-", dir="/tmp"))
-    base.chmod(0o755)
-    pub = harness.keygen(base / "id_ed25519")
-    python, hpctf = harness.cluster_side(base, user)
-    runs = base / "runs"
-    runs.mkdir()
-    os.chown(runs, user.pw_uid, user.pw_gid)
-    session_env = {
-        "SLURM_CONF": slurm_cluster["SLURM_CONF"],
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-    }
-    login = harness.start_sshd(base, "login", session_env, pub)
-    jump = harness.start_sshd(base, "jump", {}, pub)
-    common = (
-        f"  User {harness.USER}\n  IdentityFile {base / 'id_ed25519'}\n  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {base / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
-        "  BatchMode yes\n"
-    )
-    (base / "ssh_config").write_text(
-        f"Host cluster\n  HostName 127.0.0.1\n  Port {login.port}\n{common}"
-        f"Host jump\n  HostName 127.0.0.1\n  Port {jump.port}\n{common}"
-        f"Host jumped\n  HostName 127.0.0.1\n  Port {login.port}\n  ProxyJump jump\n"
-        f"  ControlPath none\n{common}"
-    )
-    skewed = base / "bin" / "hpctf-skewed"
-    skewed.write_text(
-        '#!/bin/sh\n[ "$1" = --version ] && { echo "hpctf, version 0.0.1"; exit 0; }\n'
-        f'exec {hpctf} "$@"\n'
-    )
-    skewed.chmod(0o755)
-    sites = base / "sites"
-    sites.mkdir()
-    ssh_options = ["-F", str(base / "ssh_config")]
-    for name, host, command in (
-        ("cluster", "cluster", hpctf),
-        ("jumped", "jumped", hpctf),
-        ("skewed", "cluster", skewed),
-    ):
-        site = {
-            "name": name,
-            "extends": "local-slurm",
-            "runs_root": str(runs),
-            "python": str(python),
-            "login": {"host": host, "hpctf": str(command), "ssh_options": ssh_options},
-        }
-        (sites / f"{name}.yaml").write_text(yaml.safe_dump(site))
-    cache = Path(tempfile.mkdtemp(prefix="h4c", dir="/tmp"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCTF_RUNS_ROOT"))}
-    env.update(HPCTF_SITE_PATH=str(sites), XDG_CACHE_HOME=str(cache))
-    env.pop("HPCTF_ON_LOGIN", None)
-    remote = Remote(base, env, login)
+    setup = harness.set_up(slurm_cluster["SLURM_CONF"])
+    remote = Remote(setup.base, setup.env, setup.login)
     try:
         yield remote
     finally:
         remote.close()
-        login.stop()
-        jump.stop()
         subprocess.run(["scancel", "-u", harness.USER], env=slurm_cluster, check=False)
+        setup.stop()
 
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
@@ -207,6 +154,12 @@ def test_a_four_point_sweep_through_ssh(remote: Remote) -> None:
     assert proc.stdout.strip(), proc.stderr
     sweeps = [p for p in remote.runs.iterdir() if (p / "sweep.json").is_file()]
     assert len(sweeps) == 1, proc.stdout
+    points = json.loads((sweeps[0] / "sweep.json").read_text())["points"]
+    assert len(points) == 4
+    deadline = time.monotonic() + 300
+    while not all((Path(p["run_dir"]) / "DONE").is_file() for p in points):  # trained there
+        assert time.monotonic() < deadline, remote.hpctf("status", "--site", "cluster").stdout
+        time.sleep(2)
     status = remote.hpctf("status", "--site", "cluster", str(sweeps[0]), check=None)
     assert status.returncode == 0, status.stdout + status.stderr
 

@@ -226,4 +226,20 @@ def remote_metrics(run_dir: Path) -> None:
     click.echo(json.dumps(by_step(metric_records(run_dir.resolve() / "metrics.jsonl"))))
 
 
-COMMANDS = (remote_code, remote_submit, remote_metrics)
+
+@click.command("_remote-plot", hidden=True)
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def remote_plot(run_dir: Path) -> None:
+    """``hpctf plot RUN_DIR``, its PNG written to stdout (its words to stderr) for the laptop."""
+    import tempfile
+
+    from hpctf.login.watching.plot import plot
+
+    with tempfile.TemporaryDirectory(prefix="hpctf-plot-") as where:
+        output = Path(where) / "plot.png"
+        with contextlib.redirect_stdout(sys.stderr):
+            plot.main([str(run_dir), "-o", str(output)], "hpctf plot", standalone_mode=False)
+        sys.stdout.buffer.write(output.read_bytes())
+
+
+COMMANDS = (remote_code, remote_submit, remote_metrics, remote_plot)

@@ -59,7 +59,30 @@ def forwarded(args: Sequence[str], env: Mapping[str, str]) -> int | None:
     login = remote_login(site, env)
     if login is None:
         return None
-    return int(on_cluster(connect(login, env), site, [name, *rest]).returncode)
+    connection = connect(login, env)
+    if name == "plot":
+        return _plot(connection, site, Path(params["run_dir"]), params.get("output"))
+    return int(on_cluster(connection, site, [name, *rest]).returncode)
+
+
+def _plot(connection: Connection, site: Site, run_dir: Path, output: Path | None) -> int:
+    """``hpctf plot``: drawn on the cluster, the PNG written here (default ./NAME-loss.png)."""
+    from hpctf.core.safe_files import write_atomic
+    from hpctf.login.remote.shipping import site_document
+
+    document = json.dumps(site_document(site), sort_keys=True)
+    proc = subprocess.run(
+        connection.argv(["_remote", document, "_remote-plot", str(run_dir)]),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return proc.returncode
+    target = output or Path(f"{run_dir.name}-loss.png")
+    write_atomic(target, proc.stdout)
+    click.echo(f"wrote {target}")
+    return 0
 
 
 def on_cluster(
