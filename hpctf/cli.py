@@ -102,7 +102,7 @@ def _over_ssh(args: list[str]) -> list[str]:
     becomes ARGS with the laptop's site known; on a laptop, a command whose site is behind
     SSH runs on the cluster and exits with its status. The arguments to run here, if any."""
     if args[:1] == ["_remote"] and len(args) > 1:
-        from hpctf.login.remote.cluster_side import enter
+        from hpctf.login.remote.site_file import enter
 
         enter(args[1], os.environ)
         return args[2:]

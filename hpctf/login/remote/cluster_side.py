@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import io
 import json
 import os
@@ -31,33 +30,9 @@ from hpctf.core.run.rundir import RunDir, create_run_dir, remove_new_run_dir, ru
 from hpctf.core.safe_files import write_atomic
 from hpctf.core.scheduler.slurm import SlurmFailure
 from hpctf.login.remote.shipping import MAX_CODE_STREAM, NEEDS_CODE, tree_hash
-from hpctf.login.remote.where import ON_LOGIN
 
 STORE = ".hpctf-code"
 SUBMITS = ".hpctf-submits"
-
-
-def enter(site_json: str, env: dict[str, str] | os._Environ[str]) -> None:
-    """Keep the laptop's site where the search path finds it first; mark this the login host."""
-    try:
-        document = json.loads(site_json)
-        site, template = dict(document["site"]), document.get("template")
-        name = str(site["name"])
-    except (ValueError, KeyError, TypeError):
-        raise UserError("_remote: the site document is not one hpctf sent") from None
-    if "/" in name or name.startswith("."):
-        raise UserError(f"_remote: {name!r} is not a site name")
-    digest = hashlib.sha256(site_json.encode()).hexdigest()[:16]
-    home = Path(env.get("HOME") or "~").expanduser()
-    where = home / ".cache" / "hpctf" / "sites" / digest
-    if not (where / f"{name}.yaml").is_file():
-        where.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if template is not None:
-            write_atomic(where / f"{name}.sbatch.j2", str(template))
-            site["template"] = f"{name}.sbatch.j2"
-        write_atomic(where / f"{name}.yaml", json.dumps(site))
-    env["HPCTF_SITE_PATH"] = ":".join(p for p in (str(where), env.get("HPCTF_SITE_PATH")) if p)
-    env[ON_LOGIN] = "1"
 
 
 def _root(site_name: str) -> Path:
@@ -224,7 +199,6 @@ def remote_metrics(run_dir: Path) -> None:
 
     RunDir.open(run_dir)  # a UserError when it is not a run directory
     click.echo(json.dumps(by_step(metric_records(run_dir.resolve() / "metrics.jsonl"))))
-
 
 
 @click.command("_remote-plot", hidden=True)

@@ -42,14 +42,16 @@ def forwarded(args: Sequence[str], env: Mapping[str, str]) -> int | None:
     if not args or args[0] not in COMMANDS or _HELP & set(args[1:]):
         return None
     name, rest = args[0], list(args[1:])
-    command = _command(name)
-    try:
-        with command.make_context(name, list(rest), resilient_parsing=True) as ctx:
-            params = dict(ctx.params)
-    except click.ClickException:
-        return None  # let the command itself say what is wrong
     if name in SHIPPED:
+        command = _command(name)
+        try:
+            with command.make_context(name, list(rest), resilient_parsing=True) as ctx:
+                params = dict(ctx.params)
+        except click.ClickException:
+            return None  # let the command itself say what is wrong
         return _shipped(name, command, params, env)
+    # Not click's parsing: that would import every command (a third of a second) first.
+    params = _light_parse(rest)
     site_name = params.get("site_name") or env.get("HPCTF_SITE")
     if not site_name:
         return None
@@ -62,13 +64,15 @@ def forwarded(args: Sequence[str], env: Mapping[str, str]) -> int | None:
     connection = connect(login, env)
     if name == "plot":
         return _plot(connection, site, Path(params["run_dir"]), params.get("output"))
-    return int(on_cluster(connection, site, [name, *rest]).returncode)
+    # `logs -f` on a terminal: a terminal there too, so Ctrl-C here ends the follow there.
+    follow = name == "logs" and bool(params.get("follow"))
+    return int(on_cluster(connection, site, [name, *rest], terminal=follow).returncode)
 
 
 def _plot(connection: Connection, site: Site, run_dir: Path, output: Path | None) -> int:
     """``hpctf plot``: drawn on the cluster, the PNG written here (default ./NAME-loss.png)."""
     from hpctf.core.safe_files import write_atomic
-    from hpctf.login.remote.shipping import site_document
+    from hpctf.login.remote.site_file import site_document
 
     document = json.dumps(site_document(site), sort_keys=True)
     proc = subprocess.run(
@@ -86,13 +90,39 @@ def _plot(connection: Connection, site: Site, run_dir: Path, output: Path | None
 
 
 def on_cluster(
-    connection: Connection, site: Site, args: Sequence[str], capture: bool = False
+    connection: Connection,
+    site: Site,
+    args: Sequence[str],
+    capture: bool = False,
+    terminal: bool = False,
 ) -> Any:
     """``hpctf ARGS`` on the cluster, with the laptop's ``site`` known there."""
-    from hpctf.login.remote.shipping import site_document
+    from hpctf.login.remote.site_file import site_document
 
     document = json.dumps(site_document(site), sort_keys=True)
-    return connection.run(["_remote", document, *args], capture=capture)
+    return connection.run(["_remote", document, *args], capture=capture, terminal=terminal)
+
+
+def _light_parse(args: Sequence[str]) -> dict[str, Any]:
+    """What the laptop needs of a cluster command's arguments: ``--site``, ``-f``/``--follow``,
+    ``-o``/``--output`` and the first argument (RUN); the cluster parses them all again."""
+    params: dict[str, Any] = {}
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            params.setdefault("run_dir", next(words, None))
+            break
+        key, eq, value = word.partition("=")
+        if key in ("--site", "-o", "--output"):
+            found = value if eq else next(words, None)
+            params["site_name" if key == "--site" else "output"] = found
+        elif word in ("-f", "--follow"):
+            params["follow"] = True
+        elif not word.startswith("-"):
+            params.setdefault("run_dir", word)
+    if params.get("output"):
+        params["output"] = Path(params["output"])
+    return params
 
 
 def _shipped(
@@ -103,7 +133,16 @@ def _shipped(
     options = _other_options(command, params, {"experiment", "site_name", "overrides", "dry_run"})
     shipped = ship(name, Path(params["experiment"]), params.get("site_name"),
                    list(params.get("overrides") or ()), options, env)  # fmt: skip
-    return None if shipped is None else int(shipped[0].returncode)
+    if shipped is None:
+        return None
+    answer, connection, site = shipped
+    if answer.returncode == 0 and env.get("HPCTF_SITE") != site.name:
+        click.echo(
+            f"note: the run lives on {connection.login.host}; to watch and steer it from here "
+            f"(status, logs, cancel, resubmit, plot): export HPCTF_SITE={site.name}",
+            err=True,
+        )
+    return int(answer.returncode)
 
 
 def ship(

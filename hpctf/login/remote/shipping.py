@@ -26,30 +26,18 @@ from typing import Any
 
 import click
 
-from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.errors import EnvironmentProblem
 from hpctf.core.run import snapshot
 from hpctf.core.run.rundir import secret_values
 from hpctf.core.settings.config import Login, ResolvedConfig, Site
 from hpctf.core.settings.sources import load_yaml
+from hpctf.login.remote.site_file import site_document
 from hpctf.login.remote.ssh import Connection
 
 # The cluster's answer when the code store lacks the request's tree: send it, then ask again.
 NEEDS_CODE = 4
 # The cluster reads at most this much of a code stream (the snapshot itself is bounded).
 MAX_CODE_STREAM = snapshot.MAX_TOTAL + (16 << 20)
-
-
-def site_document(site: Site) -> dict[str, Any]:
-    """What the cluster is told of the site: the resolved site (``extends`` followed, nothing
-    expanded: ``~`` and ``$VARS`` are the cluster's), and the text of its template."""
-    data = site.model_dump(mode="json", exclude_none=True, exclude={"extends", "template"})
-    template = None
-    if site.template is not None:
-        try:
-            template = Path(site.template).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UserError(f"site {site.name}: template {site.template}: {exc.strerror}") from None
-    return {"site": data, "template": template}
 
 
 def tree_entries(code: Path) -> Iterator[tuple[str, int, bytes]]:

@@ -128,20 +128,28 @@ class Connection:
                 err=True,
             )
 
-    def argv(self, args: Sequence[str]) -> list[str]:
-        """The local ssh command that runs hpctf ``args`` on the login host."""
-        return [*self._ssh("no"), "-T", self.login.host, remote_command(self.login, args)]
+    def argv(self, args: Sequence[str], terminal: bool = False) -> list[str]:
+        """The local ssh command that runs hpctf ``args`` on the login host; ``terminal``: on
+        a terminal of its own there (``-tt``), so that Ctrl-C here stops it there."""
+        pty = "-tt" if terminal else "-T"
+        return [*self._ssh("no"), pty, self.login.host, remote_command(self.login, args)]
 
     def run(
-        self, args: Sequence[str], stdin: bytes | None = None, capture: bool = False
+        self,
+        args: Sequence[str],
+        stdin: bytes | None = None,
+        capture: bool = False,
+        terminal: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """Run hpctf ``args`` on the login host. Without ``capture`` its stdout and stderr
         stream to ours as they come. Its exit status is the remote command's;
-        an EnvironmentProblem when ssh itself failed (exit 255)."""
+        an EnvironmentProblem when ssh itself failed (exit 255). ``terminal``: see
+        :meth:`argv` (only when ours is one: stdin and stdout)."""
+        terminal = terminal and sys.stdin.isatty() and sys.stdout.isatty()
         proc = subprocess.run(
-            self.argv(args),
+            self.argv(args, terminal),
             input=stdin,
-            stdin=None if stdin is not None else subprocess.DEVNULL,
+            stdin=None if stdin is not None or terminal else subprocess.DEVNULL,
             capture_output=capture,
             check=False,
         )
