@@ -27,6 +27,18 @@ from pathlib import Path
 import yaml
 
 SSHD = Path("/usr/sbin/sshd")
+# Arguments that a shell would act on, each of which must reach the cluster as it is.
+HOSTILE = [
+    "$(touch {canary})",
+    "`touch {canary}`",
+    "; touch {canary}",
+    "' ; touch {canary} ; '",
+    '" ; touch {canary} ; "',
+    "a\nb; touch {canary}",
+    "* ? [a] ~ {{x,y}} | & > {canary}",
+    "${{HOME}} $HOME \\ !x %s %n",
+    "-rf",
+]
 USER = "hpctfssh"
 
 

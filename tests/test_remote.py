@@ -19,19 +19,7 @@ import pytest
 
 from tests import sshd as harness
 from tests.conftest import DIGITS, HPCTF, submitted
-
-HOSTILE = [
-    "$(touch {canary})",
-    "`touch {canary}`",
-    "; touch {canary}",
-    "' ; touch {canary} ; '",
-    '" ; touch {canary} ; "',
-    "a\nb; touch {canary}",
-    "* ? [a] ~ {{x,y}} | & > {canary}",
-    "${{HOME}} $HOME \\ !x %s %n",
-    "-rf",
-]
-
+from tests.sshd import HOSTILE
 
 TINY = [
     "--set",

@@ -15,7 +15,7 @@ from hpctf.core.settings.config import Login, Site
 from hpctf.login.remote import cluster_side, forward, remote_runs, shipping
 from hpctf.login.remote.ssh import remote_command
 from hpctf.login.remote.where import remote_login
-from tests.test_remote import HOSTILE
+from tests.sshd import HOSTILE
 
 
 def test_every_word_of_a_remote_command_comes_back_as_it_was() -> None:
