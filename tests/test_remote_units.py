@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from hpctf.core.errors import UserError
 from hpctf.core.settings.config import Login, Site
 from hpctf.login.remote import cluster_side, forward, remote_runs, shipping
 from hpctf.login.remote.ssh import remote_command
@@ -91,3 +92,18 @@ def test_pending_submits_keep_their_token_until_answered(tmp_path: Path) -> None
     pending.write_text('{"token": "t", "run_id": "r", "host": "h"}')
     assert shipping._pending(pending) == {"token": "t", "run_id": "r"}
     assert oct(pending.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def test_cluster_commands_are_read_without_click_for_what_the_laptop_needs() -> None:
+    parsed = forward._light_parse(["RUN", "--site=c", "-f", "-o", "out.png", "--rank", "1"])
+    assert parsed == {"run_dir": "RUN", "site_name": "c", "follow": True, "output": Path("out.png")}
+    assert forward._light_parse(["--", "-odd"]) == {"run_dir": "-odd"}
+
+
+def test_resubmit_update_code_from_a_laptop_is_refused_before_connecting(tmp_path: Path) -> None:
+    (tmp_path / "far.yaml").write_text(
+        "name: far\nscheduler: slurm\nruns_root: /r\nlogin: {host: user@far.example.invalid}\n"
+    )
+    env = {"HPCTF_SITE_PATH": str(tmp_path), "HPCTF_SITE": "far", "HOME": str(tmp_path)}
+    with pytest.raises(UserError, match="--update-code"):
+        forward.forwarded(["resubmit", "/r/run", "--update-code"], env)

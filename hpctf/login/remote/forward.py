@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from hpctf.core.errors import UserError
 from hpctf.core.settings.config import Login, Site
 from hpctf.login.remote.ssh import Connection, connect
 from hpctf.login.remote.where import remote_login
@@ -61,6 +62,13 @@ def forwarded(args: Sequence[str], env: Mapping[str, str]) -> int | None:
     login = remote_login(site, env)
     if login is None:
         return None
+    if name == "resubmit" and "--update-code" in rest:
+        # The cluster would copy the code it was sent at submit, not this machine's.
+        raise UserError(
+            "resubmit --update-code from outside the login host would take the code shipped "
+            "at submit, not yours: submit again from here (a new run), or resubmit on the "
+            "login host after updating the code there"
+        )
     connection = connect(login, env)
     if name == "plot":
         return _plot(connection, site, Path(params["run_dir"]), params.get("output"))
