@@ -25,10 +25,12 @@ REPO = HERE.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
 SECTIONS = (
     "login", "listing", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak",
+    "remote",
 )  # fmt: skip
 # Run order: login's `hpctf status` reads a finished run, and runtime leaves one behind.
 ORDER = (
-    "resolver", "runtime", "login", "listing", "sweep", "preemption", "first_step", "stall", "soak",
+    "resolver", "runtime", "login", "remote", "listing", "sweep", "preemption", "first_step",
+    "stall", "soak",
 )  # fmt: skip
 GPU_SECTIONS = ("gpu_runtime", "gpu_stall")
 # Run beside the others with --tiny; first_step in the first lane, which was the shorter one:

@@ -65,6 +65,7 @@ from bench_gpu import GpuBench
 from bench_listing import ListingBench
 from bench_login import LoginBench
 from bench_preemption import PreemptionBench
+from bench_remote import RemoteBench
 from bench_resolver import ResolverBench
 from bench_runtime import RuntimeBench
 from bench_soak import SoakBench
@@ -87,6 +88,7 @@ from report import gpus_here, machine, resolver_table, table
 class Bench(
     LoginBench,
     ListingBench,
+    RemoteBench,
     SweepBench,
     ResolverBench,
     RuntimeBench,

@@ -15,6 +15,7 @@ a compute-node command imports only the compute wing's commands (see :data:`COMP
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from typing import Any
@@ -88,6 +89,7 @@ def _add_commands(every: bool) -> None:
     if every:
         from hpctf.batch import commands as batch
         from hpctf.login.doctor.commands import doctor
+        from hpctf.login.remote import cluster_side
         from hpctf.login.submitting import commands as submitting
         from hpctf.login.sweeps.resubmit_command import resubmit
         from hpctf.login.sweeps.start import sweep
@@ -103,6 +105,7 @@ def _add_commands(every: bool) -> None:
             cancel.cancel,
             plot.plot,
             *batch.COMMANDS,
+            *cluster_side.COMMANDS,
             *found,
         ]
     for command in found:
@@ -110,9 +113,35 @@ def _add_commands(every: bool) -> None:
             cli.add_command(command)
 
 
+def _over_ssh(args: list[str]) -> list[str]:
+    """The SSH path (:mod:`hpctf.login.remote`): on the cluster, ``_remote SITE_JSON ARGS``
+    becomes ARGS with the laptop's site known; on a laptop, a command whose site is behind
+    SSH runs on the cluster and exits with its status. The arguments to run here, if any."""
+    if args[:1] == ["_remote"] and len(args) > 1:
+        from hpctf.login.remote.site_file import enter
+
+        enter(args[1], os.environ)
+        return args[2:]
+    if args and args[0] not in COMPUTE:
+        from hpctf.login.remote.forward import COMMANDS, forwarded
+
+        if args[0] in COMMANDS and (status := forwarded(args, os.environ)) is not None:
+            sys.exit(status)
+    return args
+
+
 def main() -> None:
     try:
-        cli(prog_name="hpctf")
+        try:
+            args = _over_ssh(sys.argv[1:])
+        except UserError as exc:
+            raise _UserFailure(printable(redact(str(exc)))) from None
+        except EnvironmentProblem as exc:
+            raise _EnvironmentFailure(printable(redact(str(exc)))) from exc
+        cli(args=args, prog_name="hpctf")
+    except click.ClickException as failure:
+        failure.show()
+        sys.exit(failure.exit_code)
     except Exception:
         traceback.print_exc()
         click.echo(

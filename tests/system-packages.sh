@@ -26,6 +26,7 @@ PACKAGES=(
     mount                                   # mount --bind of each node's /etc/hosts
     iproute2                                # ss: is a cluster port already taken
     slurmdbd mariadb-server                 # accounting (sacct): HPCTF_SLURM_ACCOUNTING=1
+    openssh-server openssh-client           # the SSH path's tests (tests/sshd.py): a real sshd
 )
 ME=tests/system-packages.sh
 LOCK_TIMEOUT=${HPCTF_APT_LOCK_TIMEOUT:-120}

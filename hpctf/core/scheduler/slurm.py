@@ -13,7 +13,6 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
 
 from hpctf.core.errors import DamagedRecord, EnvironmentProblem, UserError
 
@@ -174,31 +173,19 @@ def failure(argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> S
     return SlurmError(argv, returncode, stdout, stderr)
 
 
-class Transport(Protocol):
-    """Where a Slurm command runs: :data:`HERE` (a subprocess on this machine). The seam for a
-    remote site: an SSH transport runs the same argv on the cluster's login node and answers
-    with the same :class:`subprocess.CompletedProcess` (or raises the same TimeoutExpired and
-    OSError), so every cause below is read the same way."""
-
-    def has(self, command: str, env: Mapping[str, str] | None) -> bool:
-        """Whether ``command`` can be run (on PATH) where this transport runs it."""
-        ...
-
-    def run(
-        self, argv: Sequence[str], env: Mapping[str, str] | None, timeout: float
-    ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` (never through a shell) and capture its output as text."""
-        ...
-
-
-class _Here:
-    def has(self, command: str, env: Mapping[str, str] | None) -> bool:
-        return shutil.which(command, path=(env or {}).get("PATH")) is not None
-
-    def run(
-        self, argv: Sequence[str], env: Mapping[str, str] | None, timeout: float
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+def run_command(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> str:
+    """Run one Slurm command (an argv list, never a shell); return its stdout, or raise its
+    :class:`SlurmFailure` by cause: SlurmRefused (the request was wrong, exit 2), else a
+    SlurmError (exit 3): SlurmMissing, SlurmTransient, SlurmGone, SlurmNotPending,
+    SlurmAlreadyPending, SlurmNoAccounting."""
+    if shutil.which(argv[0], path=(env or {}).get("PATH")) is None:
+        raise SlurmMissing(argv[0])
+    try:
+        proc = subprocess.run(
             list(argv),
             capture_output=True,
             text=True,
@@ -206,25 +193,6 @@ class _Here:
             timeout=timeout,
             check=False,
         )
-
-
-HERE: Transport = _Here()
-
-
-def run_command(
-    argv: Sequence[str],
-    env: Mapping[str, str] | None = None,
-    timeout: float = 60.0,
-    transport: Transport = HERE,
-) -> str:
-    """Run one Slurm command through ``transport``; return its stdout, or raise its
-    :class:`SlurmFailure` by cause: SlurmRefused (the request was wrong, exit 2), else a
-    SlurmError (exit 3): SlurmMissing, SlurmTransient, SlurmGone, SlurmNotPending,
-    SlurmAlreadyPending, SlurmNoAccounting."""
-    if not transport.has(argv[0], env):
-        raise SlurmMissing(argv[0])
-    try:
-        proc = transport.run(argv, env, timeout)
     except subprocess.TimeoutExpired as exc:
         raise SlurmTransient(argv, -1, "", f"timed out after {timeout:.0f} s") from exc
     except OSError as exc:  # found on PATH a moment ago, but not executable or gone
@@ -247,27 +215,26 @@ def without_sbatch_overrides(env: Mapping[str, str]) -> tuple[dict[str, str], li
 
 
 def sbatch(
-    script: Path, env: Mapping[str, str], extra: Sequence[str] = (), transport: Transport = HERE
+    script: Path, env: Mapping[str, str], extra: Sequence[str] = ()
 ) -> tuple[str, list[str]]:
     """Submit ``script`` with ``extra`` sbatch options (e.g. ``--exclude=node7``); return the job
     id (``sbatch --parsable`` prints ``id[;cluster]``) and the ``SBATCH_*`` variables of
     ``env`` that were left out (:func:`without_sbatch_overrides`)."""
     clean, dropped = without_sbatch_overrides(env)
-    out = run_command(["sbatch", "--parsable", *extra, str(script)], clean, transport=transport)
+    out = run_command(["sbatch", "--parsable", *extra, str(script)], clean)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(["sbatch"], 0, out, "sbatch --parsable printed no job id")
     return job_id, dropped
 
 
-def job_info(
-    job_id: str, env: Mapping[str, str] | None = None, transport: Transport = HERE
-) -> dict[str, str] | None:
+def job_info(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """``scontrol show job -o`` as a dict, or None once Slurm has forgotten the job."""
     (checked,) = checked_job_ids([job_id])
     try:
         out = run_command(
-            ["scontrol", "show", "job", "-o", "--", checked], env, transport=transport
+            ["scontrol", "show", "job", "-o", "--", checked],
+            env,
         )
     except SlurmGone:
         return None
@@ -393,11 +360,9 @@ def exclude_nodes(job_id: str, nodes: Sequence[str], env: Mapping[str, str] | No
     )
 
 
-def cancel(
-    job_ids: Sequence[str], env: Mapping[str, str] | None = None, transport: Transport = HERE
-) -> None:
+def cancel(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     if job_ids:
-        run_command(["scancel", "--", *checked_job_ids(job_ids)], env, transport=transport)
+        run_command(["scancel", "--", *checked_job_ids(job_ids)], env)
 
 
 def test_only(script: str, env: Mapping[str, str] | None = None) -> None:

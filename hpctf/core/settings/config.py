@@ -345,6 +345,32 @@ class Sweep(Strict):
     )
 
 
+class Login(Strict):
+    """``login:``: the cluster's login host, reached over SSH when hpctf runs anywhere else."""
+
+    host: str = Field(
+        min_length=1,
+        description="an ~/.ssh/config alias or user@host, as given to ssh",
+    )
+    hpctf: str = Field(
+        "hpctf",
+        min_length=1,
+        description="the hpctf command on the login host (a path or a name on its PATH)",
+    )
+    ssh_options: list[str] = Field(
+        default_factory=list,
+        description="extra arguments for ssh before the host, e.g. ['-F', '~/.ssh/hpc_config']",
+    )
+
+    @field_validator("host", "hpctf")
+    @classmethod
+    def _one_word(cls, value: str, info: ValidationInfo) -> str:
+        spaces = any(c.isspace() for c in value) if info.field_name == "host" else False
+        if value.startswith("-") or spaces or any(c in value for c in "\n\r\0"):
+            raise ValueError(f"{value!r}: a {info.field_name}, not starting with -")
+        return value
+
+
 class Site(Strict):
     """One site_configs/<name>.yaml: what is true of a cluster for every experiment on it."""
 
@@ -412,6 +438,10 @@ class Site(Strict):
     )
     container: Container | None = Field(
         None, description="run the workers in a container: runtime, image, mounts, env, python"
+    )
+    login: Login | None = Field(
+        None,
+        description="the login host: elsewhere, hpctf runs the cluster's commands over ssh",
     )
 
     _env = field_validator("env")(check_env)

@@ -8,11 +8,9 @@ which the worker imports; doing things with jobs is the login node's, so that ha
 the login wing, keyed by the same kind names (:data:`JOB_LAUNCHERS`), and the worker never
 imports it.
 
-Where a remote site plugs in: a :class:`JobLauncher` runs every Slurm command through its
-``transport`` (:class:`hpctf.core.scheduler.slurm.Transport`; today
-:data:`~hpctf.core.scheduler.slurm.HERE`, a subprocess on this machine). An SSH transport
-(the site's ``login:`` key) is a second Transport handed to :func:`job_launcher`; nothing above
-this module changes.
+A site behind SSH (its ``login:`` key) needs no launcher of its own: the laptop forwards the
+whole command to the same hpctf on the cluster's login node (:mod:`hpctf.login.remote`), where
+the pipeline and these launchers run as they do here, next to the run directory.
 """
 
 from __future__ import annotations
@@ -54,9 +52,8 @@ class JobLauncher:
 
     kind: ClassVar[type[Launcher[Any]]]
 
-    def __init__(self, site: Site, transport: slurm.Transport = slurm.HERE) -> None:
+    def __init__(self, site: Site) -> None:
         self.facts = facts_for(site)
-        self.transport = transport
 
     def start(
         self, run: RunDir, config: ResolvedConfig, exclude: str | None, caller: Caller
@@ -136,7 +133,7 @@ class SlurmJobs(JobLauncher):
     def submit_script(self, script: Path, extra: Sequence[str] = (), quiet: bool = False) -> str:
         """``sbatch`` ``script`` with ``extra`` options; the job id. The ``SBATCH_*`` variables
         left out of the user's shell are said on stderr (unless ``quiet``)."""
-        job_id, dropped = slurm.sbatch(script, os.environ, extra, transport=self.transport)
+        job_id, dropped = slurm.sbatch(script, os.environ, extra)
         if dropped and not quiet:
             click.echo(
                 f"note: left out {', '.join(dropped)} from your shell: a run's sbatch options "
@@ -157,11 +154,11 @@ class SlurmJobs(JobLauncher):
 
     def cancel(self, run: RunDir, job_ids: Sequence[str]) -> list[str]:
         if job_ids:  # scancel of a job that has just ended succeeds too
-            slurm.cancel(job_ids, transport=self.transport)
+            slurm.cancel(job_ids)
         return list(job_ids)
 
     def describe(self, job_id: str) -> dict[str, str] | None:
-        return slurm.job_info(job_id, transport=self.transport)
+        return slurm.job_info(job_id)
 
 
 JOB_LAUNCHERS: dict[str, type[JobLauncher]] = {
@@ -169,9 +166,9 @@ JOB_LAUNCHERS: dict[str, type[JobLauncher]] = {
 }
 
 
-def job_launcher(site: Site, transport: slurm.Transport = slurm.HERE) -> JobLauncher:
-    """The job launcher of ``site`` (its Slurm commands through ``transport``)."""
-    return JOB_LAUNCHERS[site.scheduler](site, transport)
+def job_launcher(site: Site) -> JobLauncher:
+    """The job launcher of ``site``."""
+    return JOB_LAUNCHERS[site.scheduler](site)
 
 
 def slurm_jobs(site: Site) -> SlurmJobs:

@@ -1,0 +1,213 @@
+"""What the cluster's hpctf does for a laptop (the hidden commands behind the SSH path).
+
+``hpctf _remote SITE_JSON COMMAND ARGS...`` runs COMMAND as the login host would, with the
+laptop's site (``SITE_JSON``, :func:`hpctf.login.remote.shipping.site_document`) kept in
+``~/.cache/hpctf/sites/<hash>/`` and first on the site search path, and ``HPCTF_ON_LOGIN=1``.
+Two commands exist for the laptop alone: ``_remote-code`` (receive a code tree into the
+content-addressed store) and ``_remote-submit`` (submit or sweep a shipped experiment, once
+per token: :func:`submit_once`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctf.core.errors import UserError
+from hpctf.core.run.rundir import RunDir, remove_new_run_dir, runs_root
+from hpctf.core.safe_files import write_atomic
+from hpctf.login.remote.shipping import MAX_CODE_STREAM, NEEDS_CODE, tree_hash
+
+STORE = ".hpctf-code"
+SUBMITS = ".hpctf-submits"
+
+
+def _root(site_name: str) -> Path:
+    from hpctf.login.reading.runs import runs_root_for
+
+    return runs_root_for(None, site_name, os.environ).resolve()
+
+
+def _members(data: bytes) -> Iterator[tuple[str, int, bytes]]:
+    """The regular files of a code stream: names relative and inside it, or a UserError."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for member in tar:
+            parts = Path(member.name).parts
+            if not member.isfile() or member.name.startswith("/") or ".." in parts:
+                raise UserError(f"_remote-code: {member.name!r} is not a plain relative file")
+            handle = tar.extractfile(member)
+            assert handle is not None
+            yield member.name, member.mode & 0o777, handle.read()
+
+
+@click.command("_remote-code", hidden=True)
+@click.option("--site", "site_name", required=True)
+@click.argument("code")
+def remote_code(site_name: str, code: str) -> None:
+    """Receive a code tree (a tar stream on stdin) into the store as ``CODE``, its hash."""
+    store = _root(site_name) / STORE
+    if (store / code).is_dir():
+        return
+    data = sys.stdin.buffer.read(MAX_CODE_STREAM + 1)
+    if len(data) > MAX_CODE_STREAM:
+        raise UserError(f"_remote-code: a code stream over {MAX_CODE_STREAM >> 20} MiB")
+    entries = list(_members(data))
+    if tree_hash(entries) != code:
+        raise UserError("_remote-code: the tree received does not have the hash it was sent as")
+    incoming = store / f".incoming-{os.getpid()}"
+    shutil.rmtree(incoming, ignore_errors=True)
+    incoming.mkdir(parents=True)
+    for name, mode, content in entries:
+        target = incoming / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        target.chmod(mode & 0o555)
+    try:
+        os.rename(incoming, store / code)
+    except OSError:  # another laptop sent the same tree first
+        shutil.rmtree(incoming, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One process at a time for one submit token (the lock is the login host's own)."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _experiment(request: Mapping[str, Any], store: Path) -> dict[str, Any]:
+    experiment = dict(request["experiment"])
+    train = dict(experiment.get("train") or {})
+    train["python_path"] = [str(store / name) for name in train.get("python_path", [])]
+    if train.get("script"):
+        train["script"] = str(store / str(train["script"]))
+    experiment["train"] = train
+    return experiment
+
+
+@click.command("_remote-submit", hidden=True)
+@click.option("--site", "site_name", required=True)
+def remote_submit(site_name: str) -> None:
+    """Submit (or sweep) the experiment of the request on stdin, once per its token."""
+    try:
+        request = json.loads(sys.stdin.buffer.read(MAX_CODE_STREAM))
+        token, code = str(request["token"]), str(request["code"])
+        run_id = str(request["run_id"])
+    except (ValueError, KeyError, TypeError):
+        raise UserError("_remote-submit: the request is not one hpctf sent") from None
+    if not token.isalnum() or not code.isalnum() or "/" in run_id or run_id.startswith("."):
+        raise UserError("_remote-submit: the request is not one hpctf sent")
+    root = _root(site_name)
+    store = root / STORE / code
+    if not store.is_dir():
+        sys.exit(NEEDS_CODE)
+    work = root / SUBMITS / token
+    work.mkdir(parents=True, exist_ok=True, mode=0o700)
+    experiment_file = work / "experiment.yaml"
+    write_atomic(experiment_file, json.dumps(_experiment(request, store)), mode=0o600)
+    overrides = [str(o) for o in request.get("overrides", [])]
+    with _locked(work / "lock"):
+        if request.get("command") == "sweep":
+            sys.exit(_sweep_once(work, experiment_file, site_name, overrides, request))
+        sys.exit(submit_once(work, experiment_file, site_name, overrides, run_id))
+
+
+def _sweep_once(
+    work: Path, experiment: Path, site: str, overrides: Sequence[str], request: Mapping[str, Any]
+) -> int:
+    done = work / "swept"
+    if done.is_file():
+        click.echo(done.read_text(encoding="utf-8"), nl=False)
+        return 0
+    from hpctf.login.sweeps.start import sweep
+
+    args = [str(experiment), "--site", site, *(f"--set={o}" for o in overrides)]
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said):
+            sweep.main([*args, *request.get("options", [])], "hpctf sweep", standalone_mode=False)
+    finally:
+        click.echo(said.getvalue(), nl=False)
+    write_atomic(done, said.getvalue())
+    return 0
+
+
+def submit_once(
+    work: Path, experiment: Path, site: str, overrides: Sequence[str], run_id: str
+) -> int:
+    """Submit ``experiment`` into the run directory this token chose, once: a run that has its
+    job is only named again; a run made without one gets its job now; a half-made one is
+    made again."""
+    from hpctf.core.run.history import read_history
+    from hpctf.login.resolving.loader import load_config
+    from hpctf.login.submitting.pipeline import RunJob, create_run, start
+
+    config = load_config(experiment, site, overrides, os.environ).config
+    chosen = work / "run_dir"
+    if chosen.is_file():
+        run = RunDir(Path(chosen.read_text(encoding="utf-8").strip()))
+    else:
+        run = RunDir(_free(runs_root(config), run_id))
+        write_atomic(chosen, str(run.path))
+    if run.config_file.is_file():
+        history = read_history(run)
+        if history.submissions:
+            click.echo(f"submitted job {history.submissions[-1].job_id}")
+            click.echo("note: by an earlier try of this submit; no second job", err=True)
+            click.echo(f"run directory: {run.path}")
+            return 0
+        if history.created is not None:
+            return start(run, run.load_config())
+    if run.path.exists():
+        remove_new_run_dir(run)  # half-made by an earlier try of this token
+    # The pipeline's stages at the path this token chose: rendered once, created, started (a
+    # job the scheduler refused leaves no run directory behind).
+    return RunJob(config, path=run.path).start(create_run(config, run.path))
+
+
+def _free(root: Path, run_id: str) -> Path:
+    for attempt in range(1000):
+        path = root / (run_id if attempt == 0 else f"{run_id}-{attempt}")
+        if not path.exists():
+            return path
+    raise UserError(f"cannot find a free run directory name under {root}")
+
+
+@click.command("_remote-metrics", hidden=True)
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def remote_metrics(run_dir: Path) -> None:
+    """A run's metrics by step, as :meth:`hpctf.Run.metrics` reads them: one JSON list."""
+    from hpctf.core.run.metrics_history import by_step, metric_records
+
+    RunDir.open(run_dir)  # a UserError when it is not a run directory
+    click.echo(json.dumps(by_step(metric_records(run_dir.resolve() / "metrics.jsonl"))))
+
+
+@click.command("_remote-plot", hidden=True)
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def remote_plot(run_dir: Path) -> None:
+    """``hpctf plot RUN_DIR``, its PNG written to stdout (its words to stderr) for the laptop."""
+    import tempfile
+
+    from hpctf.login.watching.plot import plot
+
+    with tempfile.TemporaryDirectory(prefix="hpctf-plot-") as where:
+        output = Path(where) / "plot.png"
+        with contextlib.redirect_stdout(sys.stderr):
+            plot.main([str(run_dir), "-o", str(output)], "hpctf plot", standalone_mode=False)
+        sys.stdout.buffer.write(output.read_bytes())
+
+
+COMMANDS = (remote_code, remote_submit, remote_metrics, remote_plot)

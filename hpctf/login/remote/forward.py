@@ -1,0 +1,207 @@
+"""The laptop's side of each command on a site behind SSH (:mod:`hpctf.login.remote.where`).
+
+``validate`` and ``render`` stay here. ``submit`` and ``sweep`` validate here, then ship
+(:mod:`hpctf.login.remote.shipping`); ``--dry-run`` stays here. ``status``, ``runs``,
+``logs``, ``cancel``, ``resubmit``, ``plot`` and ``doctor`` run on the cluster as given, with
+their output streamed back and their exit status kept. Which site: the command's ``--site``,
+else ``$HPCTF_SITE`` (RUN arguments are paths on the cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctf.core.errors import UserError
+from hpctf.core.settings.config import Login, Site
+from hpctf.login.remote.ssh import Connection, connect
+from hpctf.login.remote.where import remote_login
+
+ON_CLUSTER = frozenset({"status", "runs", "logs", "cancel", "resubmit", "plot", "doctor"})
+SHIPPED = frozenset({"submit", "sweep"})
+COMMANDS = ON_CLUSTER | SHIPPED
+_HELP = frozenset({"--help", "-h"})
+
+
+def _command(name: str) -> click.Command:
+    from hpctf.cli import cli
+
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None
+    return command
+
+
+def forwarded(args: Sequence[str], env: Mapping[str, str]) -> int | None:
+    """Run ``hpctf ARGS`` on the cluster when its site is behind SSH and this is not its login
+    host; its exit status, or None when the command runs here."""
+    if not args or args[0] not in COMMANDS or _HELP & set(args[1:]):
+        return None
+    name, rest = args[0], list(args[1:])
+    if name in SHIPPED:
+        command = _command(name)
+        try:
+            with command.make_context(name, list(rest), resilient_parsing=True) as ctx:
+                params = dict(ctx.params)
+        except click.ClickException:
+            return None  # let the command itself say what is wrong
+        return _shipped(name, command, params, env)
+    # Not click's parsing: that would import every command (a third of a second) first.
+    params = _light_parse(rest)
+    site_name = params.get("site_name") or env.get("HPCTF_SITE")
+    if not site_name:
+        return None
+    from hpctf.core.settings.sites import read_site
+
+    site = read_site(site_name, env)[0]
+    login = remote_login(site, env)
+    if login is None:
+        return None
+    if name == "resubmit" and "--update-code" in rest:
+        # The cluster would copy the code it was sent at submit, not this machine's.
+        raise UserError(
+            "resubmit --update-code from outside the login host would take the code shipped "
+            "at submit, not yours: submit again from here (a new run), or resubmit on the "
+            "login host after updating the code there"
+        )
+    connection = connect(login, env)
+    if name == "plot":
+        return _plot(connection, site, Path(params["run_dir"]), params.get("output"))
+    # `logs -f` on a terminal: a terminal there too, so Ctrl-C here ends the follow there.
+    follow = name == "logs" and bool(params.get("follow"))
+    return int(on_cluster(connection, site, [name, *rest], terminal=follow).returncode)
+
+
+def _plot(connection: Connection, site: Site, run_dir: Path, output: Path | None) -> int:
+    """``hpctf plot``: drawn on the cluster, the PNG written here (default ./NAME-loss.png)."""
+    from hpctf.core.safe_files import write_atomic
+    from hpctf.login.remote.site_file import site_document
+
+    document = json.dumps(site_document(site), sort_keys=True)
+    proc = subprocess.run(
+        connection.argv(["_remote", document, "_remote-plot", str(run_dir)]),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return proc.returncode
+    target = output or Path(f"{run_dir.name}-loss.png")
+    write_atomic(target, proc.stdout)
+    click.echo(f"wrote {target}")
+    return 0
+
+
+def on_cluster(
+    connection: Connection,
+    site: Site,
+    args: Sequence[str],
+    capture: bool = False,
+    terminal: bool = False,
+) -> Any:
+    """``hpctf ARGS`` on the cluster, with the laptop's ``site`` known there."""
+    from hpctf.login.remote.site_file import site_document
+
+    document = json.dumps(site_document(site), sort_keys=True)
+    return connection.run(["_remote", document, *args], capture=capture, terminal=terminal)
+
+
+def _light_parse(args: Sequence[str]) -> dict[str, Any]:
+    """What the laptop needs of a cluster command's arguments: ``--site``, ``-f``/``--follow``,
+    ``-o``/``--output`` and the first argument (RUN); the cluster parses them all again."""
+    params: dict[str, Any] = {}
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            params.setdefault("run_dir", next(words, None))
+            break
+        key, eq, value = word.partition("=")
+        if key in ("--site", "-o", "--output"):
+            found = value if eq else next(words, None)
+            params["site_name" if key == "--site" else "output"] = found
+        elif word in ("-f", "--follow"):
+            params["follow"] = True
+        elif not word.startswith("-"):
+            params.setdefault("run_dir", word)
+    if params.get("output"):
+        params["output"] = Path(params["output"])
+    return params
+
+
+def _shipped(
+    name: str, command: click.Command, params: dict[str, Any], env: Mapping[str, str]
+) -> int | None:
+    if params.get("dry_run"):
+        return None
+    options = _other_options(command, params, {"experiment", "site_name", "overrides", "dry_run"})
+    shipped = ship(name, Path(params["experiment"]), params.get("site_name"),
+                   list(params.get("overrides") or ()), options, env)  # fmt: skip
+    if shipped is None:
+        return None
+    answer, connection, site = shipped
+    if answer.returncode == 0 and env.get("HPCTF_SITE") != site.name:
+        click.echo(
+            f"note: the run lives on {connection.login.host}; to watch and steer it from here "
+            f"(status, logs, cancel, resubmit, plot): export HPCTF_SITE={site.name}",
+            err=True,
+        )
+    return int(answer.returncode)
+
+
+def ship(
+    name: str,
+    experiment: Path,
+    site_name: str | None,
+    overrides: list[str],
+    options: list[str],
+    env: Mapping[str, str],
+    capture: bool = False,
+) -> tuple[subprocess.CompletedProcess[str], Connection, Site] | None:
+    """``submit`` or ``sweep`` of ``experiment`` on its site when that is behind SSH (the
+    cluster's answer, the connection, the site); None when the site is here."""
+    from hpctf.core.settings.sites import read_site
+    from hpctf.login.remote.shipping import submit_remote
+    from hpctf.login.resolving.advice import advice
+    from hpctf.login.resolving.loader import load_config
+
+    config = load_config(experiment, site_name, overrides, env).config
+    login = remote_login(config.site, env)
+    if login is None:
+        return None
+    site = read_site(site_name or config.site.name, env)[0]
+    for line in advice(config):
+        click.echo(f"warning: {line}", err=True)
+    connection = connect(login, env)
+    answer = submit_remote(
+        connection, name, config, site, experiment, overrides, options, env, capture=capture
+    )
+    return answer, connection, site
+
+
+def _other_options(command: click.Command, params: Mapping[str, Any], taken: set[str]) -> list[str]:
+    """The command's options other than ``taken``, as arguments again (for the cluster)."""
+    args: list[str] = []
+    for param in command.params:
+        value = params.get(param.name or "")
+        if param.name in taken or not isinstance(param, click.Option) or value is None:
+            continue
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            args += [flag] if value else []
+        elif param.multiple:
+            for item in value:
+                args += [flag, *(map(str, item) if isinstance(item, tuple) else [str(item)])]
+        elif isinstance(value, tuple):
+            args += [flag, *map(str, value)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def site_login(site: Site) -> Login | None:
+    return remote_login(site, os.environ)

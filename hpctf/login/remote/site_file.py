@@ -1,0 +1,51 @@
+"""The laptop's site as the cluster is told of it with every command sent there
+(:func:`site_document`), and as the cluster keeps it (:func:`enter`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hpctf.core.errors import UserError
+from hpctf.core.safe_files import write_atomic
+from hpctf.core.settings.config import Site
+from hpctf.login.remote.where import ON_LOGIN
+
+
+def site_document(site: Site) -> dict[str, Any]:
+    """What the cluster is told of the site: the resolved site (``extends`` followed, nothing
+    expanded: ``~`` and ``$VARS`` are the cluster's), and the text of its template."""
+    data = site.model_dump(mode="json", exclude_none=True, exclude={"extends", "template"})
+    template = None
+    if site.template is not None:
+        try:
+            template = Path(site.template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"site {site.name}: template {site.template}: {exc.strerror}") from None
+    return {"site": data, "template": template}
+
+
+def enter(site_json: str, env: dict[str, str] | os._Environ[str]) -> None:
+    """Keep the laptop's site where the search path finds it first; mark this the login host."""
+    try:
+        document = json.loads(site_json)
+        site, template = dict(document["site"]), document.get("template")
+        name = str(site["name"])
+    except (ValueError, KeyError, TypeError):
+        raise UserError("_remote: the site document is not one hpctf sent") from None
+    if "/" in name or name.startswith("."):
+        raise UserError(f"_remote: {name!r} is not a site name")
+    digest = hashlib.sha256(site_json.encode()).hexdigest()[:16]
+    home = Path(env.get("HOME") or "~").expanduser()
+    where = home / ".cache" / "hpctf" / "sites" / digest
+    if not (where / f"{name}.yaml").is_file():
+        where.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if template is not None:
+            write_atomic(where / f"{name}.sbatch.j2", str(template))
+            site["template"] = f"{name}.sbatch.j2"
+        write_atomic(where / f"{name}.yaml", json.dumps(site))
+    env["HPCTF_SITE_PATH"] = ":".join(p for p in (str(where), env.get("HPCTF_SITE_PATH")) if p)
+    env[ON_LOGIN] = "1"

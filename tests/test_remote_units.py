@@ -1,0 +1,109 @@
+"""The SSH path's pure parts, without sshd or Slurm: quoting, where a command runs, the code
+stream's address, the options a shipped sweep keeps, and waiting on many remote runs."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from hpctf.core.errors import UserError
+from hpctf.core.settings.config import Login, Site
+from hpctf.login.remote import cluster_side, forward, remote_runs, shipping
+from hpctf.login.remote.ssh import remote_command
+from hpctf.login.remote.where import remote_login
+from tests.sshd import HOSTILE
+
+
+def test_every_word_of_a_remote_command_comes_back_as_it_was() -> None:
+    login = Login(host="h", hpctf="~/bin/my hpctf")
+    values = [v.format(canary="/tmp/x") for v in HOSTILE]
+    words = shlex.split(remote_command(login, ["status", *values]))
+    assert words == ["~/bin/my hpctf", "status", *values]
+
+
+@pytest.mark.parametrize("host", ["-oProxyCommand=touch x", "a b", "a\nb"])
+def test_a_login_host_is_one_word_that_ssh_cannot_read_as_an_option(host: str) -> None:
+    with pytest.raises(ValidationError):
+        Login(host=host)
+
+
+def _site(host: str) -> Site:
+    return Site(name="c", scheduler="slurm", runs_root="/r", login=Login(host=host))
+
+
+def test_a_site_is_here_on_its_login_host_or_with_hpctf_on_login() -> None:
+    far = _site("user@login.example.invalid")
+    assert remote_login(far, {"HOME": "/nonexistent"}) == far.login
+    assert remote_login(far, {"HPCTF_ON_LOGIN": "1"}) is None
+    assert remote_login(_site(f"me@{socket.gethostname()}"), {}) is None
+    assert remote_login(Site(name="c", scheduler="slurm", runs_root="/r"), {}) is None
+
+
+def test_the_code_stream_is_addressed_by_its_content_and_read_back_whole() -> None:
+    entries = [("0-src/a.py", 0o444, b"print(1)\n"), ("0-src/pkg/b.py", 0o400, b"x = 2\n")]
+    stream = shipping.tar_stream(entries)
+    assert shipping.tar_stream(entries) == stream  # no times, no owners: the same bytes
+    assert list(cluster_side._members(stream)) == entries
+    assert shipping.tree_hash(entries) != shipping.tree_hash(
+        [*entries[:1], ("0-src/pkg/b.py", 0o400, b"x = 3\n")]
+    )
+
+
+def test_a_code_stream_with_a_path_outside_is_refused() -> None:
+    with pytest.raises(Exception, match="not a plain relative file"):
+        list(cluster_side._members(shipping.tar_stream([("../evil.py", 0o444, b"")])))
+
+
+def test_a_shipped_sweep_keeps_its_options() -> None:
+    command = forward._command("sweep")
+    args = ["e.yaml", "--grid", "a=1,2", "--grid", "b=3", "--seed", "7", "--site", "s"]
+    with command.make_context("sweep", args, resilient_parsing=True) as ctx:
+        options = forward._other_options(command, ctx.params, {"experiment", "site_name"})
+    assert options[:6] == ["--grid", "a=1,2", "--grid", "b=3", "--seed", "7"]
+
+
+def test_waiting_on_many_remote_runs_is_one_status_call_per_poll_with_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    sleeps: list[float] = []
+
+    def statuses(runs: list[Any]) -> list[dict[str, Any]]:
+        calls.append(len(runs))
+        state = "done" if len(calls) == 5 else "running"
+        return [{"state": state} for _ in runs]
+
+    monkeypatch.setattr(remote_runs, "statuses", statuses)
+    monkeypatch.setattr(remote_runs.time, "sleep", sleeps.append)
+    runs = [remote_runs.RemoteRun(f"/r/{i}", None, None) for i in range(50)]  # type: ignore[arg-type]
+    assert remote_runs.wait_all(runs, poll=2) == ["done"] * 50
+    assert calls == [50] * 5
+    assert sleeps == [2, 3, 4.5, 6.75]
+
+
+def test_pending_submits_keep_their_token_until_answered(tmp_path: Path) -> None:
+    pending = shipping.pending_file({"XDG_CACHE_HOME": str(tmp_path)}, "k")
+    assert shipping._pending(pending) is None
+    pending.write_text('{"token": "t", "run_id": "r", "host": "h"}')
+    assert shipping._pending(pending) == {"token": "t", "run_id": "r"}
+    assert oct(pending.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def test_cluster_commands_are_read_without_click_for_what_the_laptop_needs() -> None:
+    parsed = forward._light_parse(["RUN", "--site=c", "-f", "-o", "out.png", "--rank", "1"])
+    assert parsed == {"run_dir": "RUN", "site_name": "c", "follow": True, "output": Path("out.png")}
+    assert forward._light_parse(["--", "-odd"]) == {"run_dir": "-odd"}
+
+
+def test_resubmit_update_code_from_a_laptop_is_refused_before_connecting(tmp_path: Path) -> None:
+    (tmp_path / "far.yaml").write_text(
+        "name: far\nscheduler: slurm\nruns_root: /r\nlogin: {host: user@far.example.invalid}\n"
+    )
+    env = {"HPCTF_SITE_PATH": str(tmp_path), "HPCTF_SITE": "far", "HOME": str(tmp_path)}
+    with pytest.raises(UserError, match="--update-code"):
+        forward.forwarded(["resubmit", "/r/run", "--update-code"], env)
