@@ -28,7 +28,7 @@ class RunDir(Protocol):
     @property
     def path(self) -> Path: ...
 
-    def record(self, event: str, **fields: Any) -> None: ...
+    def record(self, event: str, *, sync: bool = True, **fields: Any) -> None: ...
 
     def checkpoint_step(self) -> int: ...
 
@@ -172,8 +172,13 @@ def job_handle(env: Mapping[str, str]) -> str | None:
 
 
 def record_created(run: RunDir, experiment: str, site: str) -> None:
+    run.record(CREATED, **created_fields(run, experiment, site))
+
+
+def created_fields(run: RunDir, experiment: str, site: str) -> dict[str, Any]:
+    """The fields of ``created`` (a sweep's points write theirs with their directories)."""
     # run_dir: hpctf.core.run.run_identity refuses a copy of the run directory by it.
-    run.record(CREATED, experiment=experiment, site=site, run_dir=str(run.path))
+    return {"experiment": experiment, "site": site, "run_dir": str(run.path)}
 
 
 def record_submitted(
@@ -182,11 +187,12 @@ def record_submitted(
     exclude: str | None = None,
     array_job_id: str | None = None,
     array_task_id: int | None = None,
+    sync: bool = True,
 ) -> None:
     fields: dict[str, Any] = {"exclude": exclude} if exclude else {}
     if array_job_id is not None:
         fields.update(array_job_id=array_job_id, array_task_id=array_task_id)
-    run.record(SUBMITTED, job_id=job_id, **fields)
+    run.record(SUBMITTED, sync=sync, job_id=job_id, **fields)
 
 
 def record_code_updated(run: RunDir, sources: Sequence[str]) -> None:
@@ -278,7 +284,9 @@ def record_ended(
     node_checks_failed: Sequence[Mapping[str, Any]] = (),
 ) -> None:
     """A start ended with ``exit_code`` for ``reason``, at the run's newest checkpoint step."""
-    extra = {"node_checks_failed": list(node_checks_failed)} if node_checks_failed else {}
+    extra: dict[str, Any] = (
+        {"node_checks_failed": list(node_checks_failed)} if node_checks_failed else {}
+    )
     run.record(
         ENDED,
         job_id=job_id,
