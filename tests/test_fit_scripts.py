@@ -150,9 +150,10 @@ def test_a_fit_that_cannot_be_one_exact_training_stops_before_its_first_step(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = [line for line in proc.stdout.splitlines() if said in line]
     assert len(line) < 320, line
-    assert not (run_dir / "metrics.jsonl").exists() or "loss" not in (
-        run_dir / "metrics.jsonl"
-    ).read_text()
+    assert (
+        not (run_dir / "metrics.jsonl").exists()
+        or "loss" not in (run_dir / "metrics.jsonl").read_text()
+    )
     assert not list(run_dir.glob("*.keras"))
 
 

@@ -303,8 +303,9 @@ def test_a_tracker_whose_server_is_unreachable_never_stops_training(
     assert len(tracker_lines) == 2, log  # the first failure, then off: bounded retries
     assert "tracker mlflow failed (training goes on; retrying): " in tracker_lines[0]
     assert f"127.0.0.1:{port}" in tracker_lines[0]
-    assert "tracker mlflow: off for the rest of this start after 1 failed call(s)" in (
-        tracker_lines[1]
+    assert (
+        "tracker mlflow: off for the rest of this start after 1 failed call(s)"
+        in (tracker_lines[1])
     )
     assert len(re.findall(r"rank 0: step \d+/20 ", log)) == 20  # every step logged, none waited
     # From DONE to the launcher's exit, within the worker's own bound (LEAVE_WITHIN_S, 4 s) and

@@ -31,116 +31,14 @@ from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
 from hpctf.core.settings.config import ResolvedConfig
-from hpctf.login.resolving.loader import load_config
-from hpctf.login.resolving.readings import Readings
 from hpctf.login.submitting.launch import CLI, Caller, start_run
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
-    Point,
     chunks,
 )
 from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
 from hpctf.login.watching.slurm_view import job_states, slurm_records
-
-# A stand-in run directory: every point's script, rendered for it, must be the same script.
-_SAME_SCRIPT = Path("/hpctf-sweep-point")
-# Problems listed before "and N more": a bad key refuses every point alike.
-_SHOWN_PROBLEMS = 10
-
-
-def _first_line(exc: UserError) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def resolve_points(
-    experiment: Path, site_name: str | None, overrides: Sequence[str], points: Sequence[Point]
-) -> Iterator[tuple[Point, ResolvedConfig]]:
-    """Each point and its resolved config, one at a time (a 100,000-point dry run keeps none
-    of them), then one UserError listing what was refused: each grid value on its own first
-    (so a bad value is named once, not once per point, and before any point is yielded), then
-    each point. A caller that writes must take every point before it writes anything."""
-    readings = Readings()  # the files are read and parsed once, not once per point
-    problems: list[str] = []
-    keys: dict[str, dict[str, None]] = {}  # each key's values, in order, once
-    for point in points:
-        for key, value in point.values.items():
-            keys.setdefault(key, {})[value] = None
-    for key, values in keys.items():
-        for value in values:
-            try:
-                load_config(
-                    experiment, site_name, [*overrides, f"{key}={value}"], os.environ,
-                    readings=readings,
-                )  # fmt: skip
-            except UserError as exc:
-                problems.append(
-                    f"--grid/--range {key}: value {value!r} refused: {_first_line(exc)}"
-                )
-                break  # an unknown key refuses every value alike: say it once
-    _refuse(problems)
-    for point in points:
-        try:
-            sets = [*overrides, *point.sets()]
-            loaded = load_config(experiment, site_name, sets, os.environ, readings=readings)
-        except UserError as exc:
-            problems.append(f"point {point.index} ({point.label()}): {_first_line(exc)}")
-            continue
-        yield point, loaded.config
-    _refuse(problems)
-
-
-def _refuse(problems: Sequence[str]) -> None:
-    if problems:
-        more = len(problems) - _SHOWN_PROBLEMS
-        shown = [*problems[:_SHOWN_PROBLEMS], *([f"... and {more} more"] if more > 0 else [])]
-        raise UserError("\n".join(shown))
-
-
-class OneScript:
-    """One job array runs one script: refuses, point by point, keys that change it (an #SBATCH
-    line, env, setup, the site). Train, checkpoint and other config-only keys can be swept.
-
-    The script is a function of :func:`script_inputs` (and the run directory) alone, so a
-    point whose inputs equal the first point's has its script; only a point whose inputs
-    differ is rendered (rendering every point was 1/4 of a sweep's plan)."""
-
-    def __init__(self, first: Point, config: ResolvedConfig) -> None:
-        if launcher_for(config.site).container is not None:
-            raise UserError(
-                f"site {config.site.name} runs the workers in a container; hpctf sweep does "
-                "not support containers yet: submit each point with hpctf submit --set ..."
-            )
-        self.first, self.config, self.inputs = first, config, script_inputs(config)
-        self._script: str | None = None
-
-    def check(self, point: Point, config: ResolvedConfig) -> None:
-        if script_inputs(config) == self.inputs:
-            return
-        if self._script is None:
-            self._script = render(self.config, _SAME_SCRIPT)
-        if render(config, _SAME_SCRIPT) != self._script:
-            differ = [k for k, v in point.values.items() if self.first.values.get(k) != v]
-            raise UserError(
-                f"--grid/--range {', '.join(differ)}: changes the batch script (an #SBATCH line, "
-                "env, setup or the site), but one job array runs one script for every point; "
-                "sweep keys under train or checkpoint, or submit those points separately"
-            )
-
-
-def script_inputs(config: ResolvedConfig) -> tuple[object, ...]:
-    """What :func:`hpctf.login.submitting.render.render` reads of ``config``: the site, the
-    interpreter and the experiment's name, resources, env and setup (never train, checkpoint
-    or tracking: tests/test_sweep.py checks it)."""
-    experiment = config.experiment
-    return (
-        config.site,
-        config.python,
-        experiment.name,
-        experiment.resources,
-        experiment.env,
-        experiment.setup,
-    )
 
 
 def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:

@@ -30,6 +30,7 @@ from hpctf.login.sweeps.plan import (
     plan_points,
     run_names,
 )
+from hpctf.login.sweeps.points import check as points_checked
 from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir
 
 
@@ -54,16 +55,7 @@ def plan(
     parsed_grids, parsed_ranges = parse_axes(grids, ranges)
     fixed = [item.partition("=")[0] for item in overrides]
     points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
-    configs: list[ResolvedConfig] = []
-    first: commands.OneScript | None = None
-    base: ResolvedConfig | None = None
-    for point, config in commands.resolve_points(experiment, site_name, overrides, points):
-        if first is None:
-            first, base = commands.OneScript(point, config), config
-        first.check(point, config)
-        if keep:
-            configs.append(config)
-    assert base is not None  # plan_points makes one point or more; resolve_points refuses
+    base, configs = points_checked(experiment, site_name, overrides, points, keep)
     return Plan(points, base, configs)
 
 
