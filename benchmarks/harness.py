@@ -43,6 +43,7 @@ class Sizes:
     login_runs: int
     login_warmup: int  # untimed runs of each command first (page cache, .pyc files)
     sweep_rounds: int  # alternated pairs: the 2,500-point sweep plan and one render
+    sweep_dry_points: int  # the big dry run (issue #31: 100,000 points in at most 30 s)
     resolver_nodes: tuple[int, ...]
     resolver_repeat: int
     runtime_steps: int
@@ -77,6 +78,7 @@ FULL = Sizes(
     login_runs=15,
     login_warmup=1,
     sweep_rounds=5,
+    sweep_dry_points=100_000,
     resolver_nodes=(10, 1000, 4000, 10000),
     resolver_repeat=50,
     runtime_steps=2000,
@@ -115,6 +117,7 @@ TINY = replace(
     login_runs=1,
     login_warmup=0,
     sweep_rounds=1,
+    sweep_dry_points=2_000,
     resolver_nodes=(10, 4000),
     resolver_repeat=1,
     runtime_steps=200,

@@ -248,43 +248,20 @@ def create_run_dirs_sharing_code(
     The points are made by ``workers`` threads at once: on a parallel filesystem each
     operation is a round trip to its metadata server, which one thread would wait for in
     turn. On any failure every directory made here is removed and the error raised."""
-    shared: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[Path, list[snapshot.Source]]] = {}
+    snapshots: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[Path, list[snapshot.Source]]]
+    snapshots = {}
     planned = []
     for run, config, script in runs:
         secrets = tuple(secret_values(config))
         key = (tuple(config.experiment.train.python_path), secrets)
-        if key not in shared:
-            shared[key] = snapshot.take_shared(
-                list(key[0]), store, runs_root(config), secrets=secrets
-            )
-        code, sources = shared[key]
+        if key not in snapshots:
+            snapshots[key] = snapshot.take_shared(list(key[0]), store, runs_root(config), secrets)
+        code, sources = snapshots[key]
         planned.append((run, _pointing_at(config, sources), script, code))
-    made: list[RunDir] = []  # list.append is atomic: the threads add what they claimed
-    script_mode = 0o777  # less the umask, as open(2) applies it: as for any new file
-
-    def make(run: RunDir, frozen: ResolvedConfig, script: str, code: Path) -> None:
-        _make_dir(run.path, parents=False)
-        made.append(run)
-        redacted, secrets = secret_store.split(frozen)
-        try:
-            for folder in (run.logs, run.checkpoints, run.journal):
-                folder.mkdir()
-            snapshot.link(run.path, code)
-            if secrets:  # before the config: the config is never there without them
-                _write_new(run.path / SECRETS_FILE, secret_store.text(secrets))
-            _write_new(run.config_file, redacted.model_dump_json(indent=2))
-            _write_new(run.script, script, script_mode)
-            fields = journal.created_fields(run, frozen.experiment_file, frozen.site.name)
-            name = journal.file_name(time.time_ns(), os.getpid(), journal.CREATED)
-            _write_new(run.journal / name, journal_entry(journal.CREATED, fields))
-        except OSError as exc:
-            raise EnvironmentProblem(
-                f"cannot create run directory {run.path}: {exc.strerror}"
-            ) from exc
-
+    made: list[RunDir] = []  # list.append is atomic: each thread adds the directory it made
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
-        for future in [pool.submit(make, *item) for item in planned]:
+        for future in [pool.submit(_make_point, *item, made) for item in planned]:
             future.result()  # the first failure, raised
         sync_filesystem(store)  # every file made here on disk, in one call
     except BaseException:
@@ -294,6 +271,29 @@ def create_run_dirs_sharing_code(
         raise
     finally:
         pool.shutdown()
+
+
+def _make_point(
+    run: RunDir, frozen: ResolvedConfig, script: str, code: Path, made: list[RunDir]
+) -> None:
+    """One point of :func:`create_run_dirs_sharing_code` (added to ``made`` once its directory
+    is claimed)."""
+    _make_dir(run.path, parents=False)
+    made.append(run)
+    redacted, secrets = secret_store.split(frozen)
+    try:
+        for folder in (run.logs, run.checkpoints, run.journal):
+            folder.mkdir()
+        snapshot.link(run.path, code)
+        if secrets:  # before the config: the config is never there without them
+            _write_new(run.path / SECRETS_FILE, secret_store.text(secrets))
+        _write_new(run.config_file, redacted.model_dump_json(indent=2))
+        _write_new(run.script, script, 0o777)  # less the umask, as for any new file
+        fields = journal.created_fields(run, frozen.experiment_file, frozen.site.name)
+        name = journal.file_name(time.time_ns(), os.getpid(), journal.CREATED)
+        _write_new(run.journal / name, journal_entry(journal.CREATED, fields))
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
 
 
 def _write_new(path: Path, text: str, mode: int = 0o600) -> None:
