@@ -718,6 +718,29 @@ def test_sweep_points_share_one_copy_of_the_code(
     assert (points[1] / "code/0-digits/digits.py").is_file()
 
 
+def test_a_shared_snapshot_is_named_by_its_content(tmp_path: Path) -> None:
+    from hpctf.core.run import snapshot
+
+    code = tmp_path / "src"
+    write_file = code / "model.py"
+    code.mkdir()
+    write_file.write_text("A = 1\n")
+    store = tmp_path / "sweep" / "code"
+    first, sources = snapshot.take_shared([str(code)], store)
+    again, _ = snapshot.take_shared([str(code)], store)
+    assert again == first and sorted(p.name for p in store.iterdir()) == [first.name]
+    assert sources[0].copy == str(first / "0-src") and (first / "0-src/model.py").is_file()
+    write_file.write_text("A = 2\n")
+    changed, _ = snapshot.take_shared([str(code)], store)
+    assert changed != first and (first / "0-src/model.py").read_text() == "A = 1\n"
+    assert (changed / "0-src/model.py").read_text() == "A = 2\n"
+    assert store.stat().st_mode & 0o022 == 0  # nobody else may swap a point's code here
+    run = tmp_path / "sweep" / "point"
+    run.mkdir()
+    snapshot.link(run, changed)
+    assert [s.copy for s in snapshot.read(run)] == [str(changed / "0-src")]
+
+
 def test_a_run_directory_moved_mid_run_is_an_environment_fault_and_no_stub_is_left(
     runs_root: Path, tmp_path: Path
 ) -> None:

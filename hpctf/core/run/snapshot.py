@@ -307,6 +307,10 @@ def take_shared(
         return found[0]
 
     try:
+        store.mkdir(parents=True, exist_ok=True)
+        # As seal() leaves a copy's directories: whoever could write here could put other
+        # code in every point's place.
+        store.chmod(store.stat().st_mode & 0o755)
         sources = _copy(plan, staging, named, _secret_bytes(secrets))
         try:
             os.rename(staging, found[0])
