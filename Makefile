@@ -1,12 +1,13 @@
 # Everything a fresh machine needs, from two commands:
 #   make demo   train the digits example on 2 local workers (--site local)
 #   make test   install the system packages the tests need (root), lint, type-check and run
-#               every test, the real Slurm cluster included
+#               every test, the real Slurm cluster included (and build the docs)
+#   make docs   the docs site into site/
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test quick lint system-packages clean
+.PHONY: demo test quick lint docs system-packages clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +15,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[tf,examples,dev]'
 	# tf_keras for the keras_fit example's tests, of the installed TensorFlow's minor version and
 	# without the `tensorflow` it requires: the tensorflow-cpu above provides the same module.
-	# Users install hpctf[keras2] instead (README, "Bring your own script").
+	# Users install hpctf[keras2] instead (docs/explanation/keras-fit.md).
 	$(BIN)/python -m pip install --quiet --no-deps "tf_keras==$$($(BIN)/python -c \
 	  'import importlib.metadata as m; d = m.packages_distributions()["tensorflow"][0]; \
 	  print(m.version(d).rsplit(".", 1)[0])').*"
@@ -24,7 +25,7 @@ demo: $(BIN)/.installed
 	$(BIN)/hpctf submit examples/digits/experiment.yaml --site local
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check hpctf tests examples benchmarks
+	$(BIN)/ruff check hpctf tests examples benchmarks docs
 	$(BIN)/mypy
 
 # Debian's slurm-wlm, munge, shellcheck and the rest of tests/system-packages.sh's list, with
@@ -47,8 +48,13 @@ test: system-packages lint
 quick: lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slurm and not tf and not compat"
 
+# The docs site (docs/, mkdocs.yml) into site/, in strict mode: a broken link, anchor or reference
+# fails it (tests/test_docs.py builds it too, in the test command).
+docs: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
 
 # hpctf's benchmarks (benchmarks/README.md): a table on stdout and hpctf-benchmarks.json.
 # The full run takes under 20 minutes on the shared 2-core VM (the 100,000-step soak, with the

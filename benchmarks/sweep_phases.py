@@ -17,12 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 from hpctf.core.scheduler import slurm
+from hpctf.login.submitting import pipeline
 from hpctf.login.sweeps import commands, start
 
+# Each phase: the function `hpctf sweep` calls for it, as its caller's module names it.
 PHASES = {
     "planning": (start, "plan"),
-    "rendering": (start, "point_scripts"),
-    "creation": (start, "create_run_dirs_sharing_code"),
+    "rendering": (pipeline, "render"),  # each point's own script (create_points)
+    "creation": (pipeline, "create_run_dirs_sharing_code"),
     "sbatch": (slurm, "sbatch"),
     "records": (commands, "_record_submitted"),
 }

@@ -9,6 +9,7 @@ code on the compute nodes stays as light as before.
 from typing import TYPE_CHECKING, Any
 
 from hpctf.api import Files, Task
+from hpctf.core.version import VERSION
 
 if TYPE_CHECKING:
     from hpctf.python_api import Point as Point
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 _PYTHON_API = ("Point", "Run", "RunFailed", "Sweep", "run", "runs", "submit", "sweep")
 
 __all__ = ["Files", "Task", *_PYTHON_API]
-__version__ = "0.1.0"
+__version__ = VERSION  # hpctf.core.version: the one place
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,8 @@
 where errors are turned into what the user sees, by whose fault they are:
 
 - UserError: ``Error: <what was wrong and what is allowed>``, one line per problem, exit 2;
-- EnvironmentProblem (Slurm down or slow, a full disk): ``Error: <what failed>``, exit 3;
+- EnvironmentProblem (Slurm down, slow or missing, a full disk, a damaged journal, a rank that
+  could not join): ``Error: <what failed> (cause: ...)``, one line, exit 3;
 - anything else is hpctf's bug: the traceback and a line asking to report it, exit 70.
 
 Each room of a wing brings its commands: :mod:`hpctf.login.submitting` (init to resubmit),
@@ -57,7 +58,19 @@ class _Group(click.Group):
         except UserError as exc:
             raise _UserFailure(printable(redact(str(exc)))) from None
         except EnvironmentProblem as exc:
-            raise _EnvironmentFailure(printable(redact(str(exc)))) from exc
+            raise _EnvironmentFailure(printable(redact(environment_line(exc)))) from exc
+
+
+def environment_line(exc: EnvironmentProblem) -> str:
+    """An environment fault in one line, its cause kept: the exception it was raised from
+    (``raise ... from``) is named unless the message already carries its words."""
+    said = " ".join(str(exc).split())
+    cause = exc.__cause__
+    if cause is not None:
+        because = " ".join(str(cause).split())
+        if because and because not in said:
+            said = f"{said} (cause: {type(cause).__name__}: {because})"
+    return said
 
 
 @click.group(cls=_Group)
@@ -75,11 +88,13 @@ def _add_commands(every: bool) -> None:
         from hpctf.batch import commands as batch
         from hpctf.login.doctor.commands import doctor
         from hpctf.login.submitting import commands as submitting
+        from hpctf.login.sweeps.resubmit_command import resubmit
         from hpctf.login.sweeps.start import sweep
         from hpctf.login.watching import cancel, logs, plot, status
 
         found = [
             *submitting.COMMANDS,
+            resubmit,
             sweep,
             doctor,
             *status.COMMANDS,

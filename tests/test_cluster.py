@@ -30,7 +30,7 @@ from hpctf.compute.start.cluster import (
 )
 from hpctf.compute.start.gpu_bind import gpu_binding
 from hpctf.compute.start.runtime import check_resolves, prepare_environment, startup_checks
-from hpctf.core.errors import UserError
+from hpctf.core.errors import SlurmEnvironmentProblem, UserError
 from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodelist
 from hpctf.core.settings.sites import read_site_file
 from tests.conftest import write
@@ -405,7 +405,7 @@ def test_one_worker_per_node_leaves_gpus_alone() -> None:
 
 
 def test_self_check_shows_expected_and_actual() -> None:
-    with pytest.raises(UserError) as info:
+    with pytest.raises(SlurmEnvironmentProblem) as info:
         cluster_spec(
             env(
                 SLURM_TASKS_PER_NODE="2(x2)",
@@ -429,7 +429,9 @@ def test_self_check_shows_expected_and_actual() -> None:
 def test_self_check_catches_a_distribution_srun_did_not_announce() -> None:
     # srun placed ranks cyclically but SLURM_DISTRIBUTION got lost (e.g. a wrapper script
     # rebuilt the environment): rank 1 sits on node2, block puts it on node1.
-    with pytest.raises(UserError, match="SLURMD_NODENAME expected node1 actual node2"):
+    with pytest.raises(
+        SlurmEnvironmentProblem, match="SLURMD_NODENAME expected node1 actual node2"
+    ):
         cluster_spec(
             env(
                 SLURM_TASKS_PER_NODE="2(x2)",
@@ -443,45 +445,63 @@ def test_self_check_catches_a_distribution_srun_did_not_announce() -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "message"),
+    ("overrides", "message", "fault"),
     [
-        ({"SLURM_JOB_NODELIST": ""}, "SLURM_JOB_NODELIST is not set"),
-        ({"SLURM_JOB_ID": ""}, "SLURM_JOB_ID is not set: this is not a Slurm job"),
-        ({"SLURM_STEP_ID": ""}, "job 77's batch script, not a job step"),
-        ({"SLURM_STEP_ID": "batch"}, "SLURM_STEP_ID='batch' is not a number"),
-        ({"SLURM_TASKS_PER_NODE": ""}, "SLURM_TASKS_PER_NODE is not set"),
-        ({"SLURM_PROCID": "2"}, "outside 0..1"),
-        ({"SLURM_PROCID": "-1"}, "is not a number"),
-        ({"SLURM_PROCID": "\uff11"}, "is not a number"),  # a full-width digit: int() takes it
-        ({"SLURM_PROCID": "1 "}, "is not a number"),
-        ({"SLURM_JOB_ID": "99999999999999999999"}, "is not a number"),
-        ({"SLURM_NTASKS": "3"}, "SLURM_NTASKS=3"),
-        ({"SLURM_TASKS_PER_NODE": "1"}, "has 2 hosts"),
-        ({"SLURM_TASKS_PER_NODE": "x"}, "cannot read tasks per node"),
-        ({"SLURM_TASKS_PER_NODE": "1,,1"}, "cannot read tasks per node"),
-        ({"SLURM_TASKS_PER_NODE": "0(x2)"}, "zero count"),
-        ({"SLURM_TASKS_PER_NODE": "1(x9999999)"}, "more nodes than the 2 in the nodelist"),
-        ({"SLURM_JOB_NODELIST": "node[1-"}, "cannot expand nodelist"),
-        ({"SLURM_JOB_NODELIST": "n[1-99999999]"}, "range too large"),
-        ({"SLURM_JOB_NODELIST": "node1 node2"}, "only letters, digits"),
-        ({"SLURM_JOB_NODELIST": 'node1,"x"'}, "only letters, digits"),
-        ({"SLURM_JOB_NODELIST": "node1,node1"}, "names a node twice"),
-        ({"SLURM_DISTRIBUTION": "arbitrary"}, "SLURM_DISTRIBUTION=arbitrary"),
-        ({"SLURM_DISTRIBUTION": "plane"}, "without a plane size"),
-        ({"SLURM_DISTRIBUTION": "spiral"}, "not one hpctf knows"),
-        ({"CUDA_VISIBLE_DEVICES": "0;1"}, "not a comma-separated list"),
+        ({"SLURM_JOB_NODELIST": ""}, "SLURM_JOB_NODELIST is not set", SlurmEnvironmentProblem),
+        ({"SLURM_JOB_ID": ""}, "SLURM_JOB_ID is not set: this is not a Slurm job", UserError),
+        ({"SLURM_STEP_ID": ""}, "job 77's batch script, not a job step", UserError),
+        (
+            {"SLURM_STEP_ID": "batch"},
+            "SLURM_STEP_ID='batch' is not a number",
+            SlurmEnvironmentProblem,
+        ),
+        ({"SLURM_TASKS_PER_NODE": ""}, "SLURM_TASKS_PER_NODE is not set", SlurmEnvironmentProblem),
+        ({"SLURM_PROCID": "2"}, "outside 0..1", SlurmEnvironmentProblem),
+        ({"SLURM_PROCID": "-1"}, "is not a number", SlurmEnvironmentProblem),
+        (
+            {"SLURM_PROCID": "\uff11"},
+            "is not a number",
+            SlurmEnvironmentProblem,
+        ),  # a full-width digit: int() takes it
+        ({"SLURM_PROCID": "1 "}, "is not a number", SlurmEnvironmentProblem),
+        ({"SLURM_JOB_ID": "99999999999999999999"}, "is not a number", SlurmEnvironmentProblem),
+        ({"SLURM_NTASKS": "3"}, "SLURM_NTASKS=3", SlurmEnvironmentProblem),
+        ({"SLURM_TASKS_PER_NODE": "1"}, "has 2 hosts", SlurmEnvironmentProblem),
+        ({"SLURM_TASKS_PER_NODE": "x"}, "cannot read tasks per node", SlurmEnvironmentProblem),
+        ({"SLURM_TASKS_PER_NODE": "1,,1"}, "cannot read tasks per node", SlurmEnvironmentProblem),
+        ({"SLURM_TASKS_PER_NODE": "0(x2)"}, "zero count", SlurmEnvironmentProblem),
+        (
+            {"SLURM_TASKS_PER_NODE": "1(x9999999)"},
+            "more nodes than the 2 in the nodelist",
+            SlurmEnvironmentProblem,
+        ),
+        ({"SLURM_JOB_NODELIST": "node[1-"}, "cannot expand nodelist", SlurmEnvironmentProblem),
+        ({"SLURM_JOB_NODELIST": "n[1-99999999]"}, "range too large", SlurmEnvironmentProblem),
+        ({"SLURM_JOB_NODELIST": "node1 node2"}, "only letters, digits", SlurmEnvironmentProblem),
+        ({"SLURM_JOB_NODELIST": 'node1,"x"'}, "only letters, digits", SlurmEnvironmentProblem),
+        ({"SLURM_JOB_NODELIST": "node1,node1"}, "names a node twice", SlurmEnvironmentProblem),
+        ({"SLURM_DISTRIBUTION": "arbitrary"}, "SLURM_DISTRIBUTION=arbitrary", UserError),
+        ({"SLURM_DISTRIBUTION": "plane"}, "without a plane size", UserError),
+        ({"SLURM_DISTRIBUTION": "spiral"}, "not one hpctf knows", UserError),
+        ({"CUDA_VISIBLE_DEVICES": "0;1"}, "not a comma-separated list", UserError),
         (
             {"CUDA_VISIBLE_DEVICES": "0,0", "SLURM_TASKS_PER_NODE": "2,2", "SLURM_NTASKS": "4"},
             "names a GPU twice",
+            UserError,
         ),
         (
             {"CUDA_VISIBLE_DEVICES": "0,1,2", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS": "4"},
             "3 GPUs visible on node1 .* cannot be shared evenly by 2 tasks per node",
+            UserError,
         ),
     ],
 )
-def test_inconsistent_environment_is_a_user_error(overrides: dict[str, str], message: str) -> None:
-    with pytest.raises(UserError, match=message) as info:
+def test_a_bad_environment_is_the_environments_fault_and_no_job_step_the_users(
+    overrides: dict[str, str], message: str, fault: type[Exception]
+) -> None:
+    """Slurm's variables malformed or disagreeing: exit 3 (Slurm's doing); outside a job step
+    or a placement the user's srun options chose: exit 2 (theirs)."""
+    with pytest.raises(fault, match=message) as info:
         cluster_spec(env(**overrides), PORTS)
     assert "\n" not in str(info.value)
 
@@ -489,7 +509,7 @@ def test_inconsistent_environment_is_a_user_error(overrides: dict[str, str], mes
 def test_procid_missing() -> None:
     variables = env()
     del variables["SLURM_PROCID"]
-    with pytest.raises(UserError, match="SLURM_PROCID is not set"):
+    with pytest.raises(SlurmEnvironmentProblem, match="SLURM_PROCID is not set"):
         cluster_spec(variables, PORTS)
 
 
@@ -662,9 +682,9 @@ def test_tfconfig_check_fails_on_unresolvable_names(clean_env: None, tmp_path: P
     assert "'localhost-ib.invalid' of node localhost" in result.stderr
 
 
-def test_tfconfig_inconsistent_environment_exits_2(clean_env: None) -> None:
+def test_tfconfig_inconsistent_environment_is_the_environments_fault(clean_env: None) -> None:
     result = CliRunner().invoke(cli, ["tfconfig"], env=env(SLURM_NTASKS="3"))
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert result.stderr == "Error: SLURM_NTASKS=3 but SLURM_TASKS_PER_NODE='1(x2)' adds up to 2\n"
 
 

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.core.errors import UserError
+from hpctf.core.errors import DamagedRecord
 from hpctf.core.run import journal
 from hpctf.core.run.journal import problem as journal_problem
 from hpctf.core.run.rundir import RunDir
@@ -48,22 +48,22 @@ def test_a_journal_job_id_that_is_an_option_reaches_no_slurm_command(
         ).encode(),
     )
     result = CliRunner().invoke(cli, ["cancel", str(path)])
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == 3, result.output  # hpctf's own record is damaged: no user input
     assert result.output == (
         f"Error: damaged journal entry {entry}: job_id '--user=root' is not a job id: hpctf did "
         "not write it; move it out of the journal directory and run the command again\n"
     )
     resubmitted = CliRunner().invoke(cli, ["resubmit", str(path)])
-    assert resubmitted.exit_code == 2 and "damaged journal entry" in resubmitted.output
+    assert resubmitted.exit_code == 3 and "damaged journal entry" in resubmitted.output
     assert fake_slurm.calls("scancel") == [] and fake_slurm.calls("scontrol") == []
 
     # The wrapper refuses such an id whoever hands it over: one place, before any command.
     for bad in ("--user=root", "-u", "1 2", "1,2", "", "12_", "_3", "1.0", "12\n", "\uff11\uff12"):
-        with pytest.raises(UserError, match="is not a Slurm job id"):
+        with pytest.raises(DamagedRecord, match="is not a Slurm job id"):
             slurm.cancel(["4242", bad])
-        with pytest.raises(UserError, match="is not a Slurm job id"):
+        with pytest.raises(DamagedRecord, match="is not a Slurm job id"):
             slurm.job_info(bad)
-        with pytest.raises(UserError, match="is not a Slurm job id"):
+        with pytest.raises(DamagedRecord, match="is not a Slurm job id"):
             slurm_queries.squeue_jobs([bad])
     assert fake_slurm.calls("scancel") == [] and fake_slurm.calls("squeue") == []
     slurm.cancel(["4242", "4243_7"])

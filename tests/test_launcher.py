@@ -16,7 +16,7 @@ from tests.conftest import REPO
 
 LAUNCHER_MODULES = {
     Path("hpctf/core/scheduler/launcher.py"),
-    Path("hpctf/login/submitting/launch.py"),
+    Path("hpctf/login/submitting/launchers.py"),
 }
 COMPARISON = re.compile(r"""scheduler\W{0,4}\s*(==|!=|\bin\b)|(==|!=)\s*["'](slurm|local)["']""")
 

@@ -22,7 +22,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.settings.sbatch_options import MANAGED as MANAGED_OPTIONS
 from hpctf.core.settings.sbatch_options import normalize_sbatch_option
-from hpctf.login.submitting.render import ENVIRONMENT, sbatch_value, shell_quote
+from hpctf.login.templating import ENVIRONMENT, sbatch_value, shell_quote
 from tests.conftest import DIGITS, ENTRIES_PATH, require_tool, write
 
 HOSTILE = "$(touch pwned) `touch pwned2` 'single' \"double\" * ; -rf & | > out ${HOME} \\ !x ~"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProblem, UserError
+from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProblem
 from hpctf.core.run import journal, ownership
 from hpctf.core.run.ends import (
     PLANNED_RESTART,
@@ -44,7 +44,9 @@ def _job_id(command: str) -> str:
     """This job's id as the journal and Slurm commands take it (:func:`journal.job_handle`)."""
     job_id = journal.job_handle(os.environ)
     if not job_id:
-        raise UserError(f"SLURM_JOB_ID is not set: {command} runs inside a Slurm batch job")
+        raise EnvironmentProblem(
+            f"SLURM_JOB_ID is not set: {command} runs inside a Slurm batch job"
+        )
     return job_id
 
 
@@ -106,7 +108,7 @@ def close_unended(run: RunDir, job_id: str, walltime_signal: str) -> None:
         return
     try:
         runs = slurm_queries.sacct_runs(last.job_id)
-    except (slurm.SlurmFailure, UserError) as exc:  # slurmdbd down; no sacct on the node
+    except slurm.SlurmFailure as exc:  # slurmdbd down; no sacct on the node
         click.echo(f"hpctf: how job {last.job_id}'s start ended is not known: {exc}", err=True)
         return
     if last.job_id == job_id:
@@ -146,7 +148,7 @@ def job_signal(run_dir: Path, name: str) -> None:
     # on a loaded 2-core machine; a start time already past by then is replaced by the hold.
     try:
         after = slurm.kill_wait() + 6
-    except (slurm.SlurmFailure, UserError):
+    except slurm.SlurmFailure:
         after = 30 + 6
     release(run, job_id, after)
 
@@ -159,7 +161,7 @@ def note_failed_nodes(run: RunDir, job_id: str, name: str) -> None:
         return
     try:
         failed = slurm.unusable_nodes(nodes)
-    except (slurm.SlurmFailure, UserError) as exc:
+    except slurm.SlurmFailure as exc:
         click.echo(f"hpctf: cannot tell whether a node of job {job_id} failed: {exc}", err=True)
         return
     if failed:
@@ -173,9 +175,10 @@ def release(run: RunDir, job_id: str, after_s: int) -> None:
     still running) is left as it is, silently: Slurm requeued nothing."""
     try:
         slurm.release_requeued(job_id, after_s)
-    except (slurm.SlurmFailure, UserError) as exc:
-        if "not pending" not in str(exc) and "no longer pending" not in str(exc):
-            click.echo(f"hpctf: job {job_id} waits for Slurm's requeue hold: {exc}", err=True)
+    except slurm.SlurmNotPending:
+        return
+    except slurm.SlurmFailure as exc:
+        click.echo(f"hpctf: job {job_id} waits for Slurm's requeue hold: {exc}", err=True)
         return
     journal.record_released(run, job_id, after_s)
 
@@ -189,7 +192,7 @@ def exclude_failed_nodes(run: RunDir, job_id: str) -> None:
         return
     try:
         slurm.exclude_nodes(job_id, nodes)
-    except (slurm.SlurmFailure, UserError) as exc:
+    except slurm.SlurmFailure as exc:
         click.echo(f"hpctf: job {job_id} keeps its nodes: {exc}", err=True)
         return
     journal.record_excluded(run, job_id, nodes)
@@ -217,9 +220,7 @@ def job_end(run_dir: Path, exit_code: int) -> None:
         try:
             try:
                 slurm.requeue(job_id)
-            except slurm.SlurmFailure as exc:
-                if "Job is pending execution" not in str(exc):
-                    raise
+            except slurm.SlurmAlreadyPending:
                 # Slurm requeued it itself after srun ended (a lost node, a preemption): its
                 # SIGTERM came while this shell ignored it, so do what the trap would have.
                 click.echo(f"hpctf: job {job_id} was requeued by Slurm already")

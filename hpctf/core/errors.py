@@ -4,8 +4,10 @@ Four causes, each caught in one place (the CLI edge, :mod:`hpctf.cli`; the worke
 
 - :class:`UserError`: the user's input is wrong (files, flags, run directories, what was asked
   of Slurm). One line per problem saying what was wrong and what is allowed; exit 2.
-- :class:`EnvironmentProblem`: the machine or the cluster failed (Slurm down or slow, a full
-  or read-only filesystem, another rank that stopped answering:
+- :class:`EnvironmentProblem`: the machine or the cluster failed (Slurm down, slow or missing
+  and each of its failures typed, :mod:`hpctf.core.scheduler.slurm`; a full or read-only
+  filesystem; a damaged journal, :class:`DamagedRecord`; a run directory another submit took;
+  a rank that could not join the cluster or another rank that stopped answering:
   :class:`hpctf.compute.start.peers.PeerLost`). One line, the cause kept (``raise ... from``); exit
   3.
 - user code: an exception raised in the user's own code (entry, data functions, loss,
@@ -60,6 +62,18 @@ class EnvironmentProblem(Exception):
     """
 
     exit_code = ENVIRONMENT_EXIT
+
+
+class SlurmEnvironmentProblem(EnvironmentProblem):
+    """Slurm's variables for this task are malformed or disagree with each other (a nodelist
+    that does not expand, task counts that do not add up, a rank outside the step): Slurm's or
+    the launcher's doing, not the user's, so exit 3 with the variables named. Running a
+    compute-node command outside a job step at all stays the user's (a :class:`UserError`)."""
+
+
+class DamagedRecord(EnvironmentProblem):
+    """A file hpctf wrote and reads back (a run's journal entry, a job id in it) is damaged
+    or was edited: no input of the user's, so exit 3, the file named."""
 
 
 # The longest one-line reason hpctf writes (status, the launcher, a rank log's error line): an

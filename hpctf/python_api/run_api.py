@@ -151,7 +151,7 @@ class Run:
         ``set={"train.steps": N}`` continues a done run (only keys that change neither model
         nor script). Returns this run; on a local site it has run by then (``echo``, Ctrl-C:
         as :func:`submit`)."""
-        from hpctf.login.submitting.launch import Caller
+        from hpctf.login.submitting.launchers import Caller
         from hpctf.login.submitting.resubmit import resubmit_run
 
         resubmit_run(
@@ -185,11 +185,13 @@ def submit(
     local run: the workers save an agreed step as under ``hpctf submit``, then
     KeyboardInterrupt is raised (``hpctf resubmit`` or :meth:`Run.resubmit` resumes it)."""
     from hpctf.login.resolving.loader import load_config
-    from hpctf.login.submitting.launch import Caller, submit_config
+    from hpctf.login.submitting.launchers import Caller
+    from hpctf.login.submitting.pipeline import submit_run
 
     config = load_config(Path(experiment), site, set_texts(set), os.environ).config
-    run_dir, _ = submit_config(config, Caller(echo=echo, interrupt=True))
-    return Run(run_dir.path)
+    submitted = submit_run(config, caller=Caller(echo=echo, interrupt=True))
+    assert submitted.created is not None  # not a dry run
+    return Run(submitted.created.run.path)
 
 
 def run(path: str | os.PathLike[str]) -> Run:

@@ -105,7 +105,7 @@ def sweep(
     (``{"train.args.lr": "1e-4:1e-1:log"}``). On a Slurm site it returns once the job array
     is submitted (:meth:`Sweep.wait` waits); on a local site once every point has run (worker
     output in the rank logs unless ``echo``; Ctrl-C: the point saves, KeyboardInterrupt)."""
-    from hpctf.login.submitting.launch import Caller
+    from hpctf.login.submitting.launchers import Caller
     from hpctf.login.sweeps.plan import DEFAULT_MAX_POINTS
     from hpctf.login.sweeps.start import plan_sweep, start_sweep
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hpctf.compute.start.gpu_bind import gpu_binding
-from hpctf.core.errors import UserError
+from hpctf.core.errors import SlurmEnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodelist
 
@@ -118,19 +118,23 @@ class ClusterSpec:
 def expand_tasks_per_node(text: str, max_nodes: int = 1_000_000) -> list[int]:
     """Slurm's compressed tasks-per-node (``2(x3),1``) -> one count per node ([2, 2, 2, 1]).
 
-    Stops with a UserError once the text names more than ``max_nodes`` nodes, so a hostile
-    ``1(x9999999)`` costs nothing. Counts are at least 1: a step has no empty nodes.
+    Stops with a SlurmEnvironmentProblem once the text names more than ``max_nodes`` nodes, so
+    a hostile ``1(x9999999)`` costs nothing. Counts are at least 1: a step has no empty nodes.
     """
     counts: list[int] = []
     for part in text.split(","):
         match = _TASKS_RE.match(part)
         if not match:
-            raise UserError(f"cannot read tasks per node {text!r}; expected a form like 2(x3),1")
+            raise SlurmEnvironmentProblem(
+                f"cannot read tasks per node {text!r}; expected a form like 2(x3),1"
+            )
         count, repeat = int(match.group(1)), int(match.group(2) or 1)
         if count == 0 or repeat == 0:
-            raise UserError(f"tasks per node {text!r} has a zero count; every node runs a task")
+            raise SlurmEnvironmentProblem(
+                f"tasks per node {text!r} has a zero count; every node runs a task"
+            )
         if len(counts) + repeat > max_nodes:
-            raise UserError(
+            raise SlurmEnvironmentProblem(
                 f"tasks per node {text!r} names more nodes than the {max_nodes} in the nodelist"
             )
         counts.extend([count] * repeat)
@@ -156,11 +160,11 @@ def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
     raw = env.get(key)
     if raw is None or raw == "":
         if default is None:
-            raise UserError(f"{key} is not set: run this inside a Slurm job step (srun)")
+            raise SlurmEnvironmentProblem(f"{key} is not set in this Slurm job step")
         return default
     # Outside a step, SLURM_STEP_ID may be "batch"/"extern"; neither starts workers.
     if not _NUMBER_RE.match(raw):
-        raise UserError(f"{key}={raw!r} is not a number")
+        raise SlurmEnvironmentProblem(f"{key}={raw!r} is not a number")
     return int(raw)
 
 
@@ -253,14 +257,14 @@ class _StepTasks:
 
 def _step_tasks(env: Mapping[str, str]) -> _StepTasks:
     """The step's hosts (in Slurm's order), tasks per host, task count and this task's rank;
-    a UserError when one is missing or they disagree."""
+    a SlurmEnvironmentProblem when one is missing or they disagree."""
     nodelist_key = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
     nodelist = env.get(nodelist_key)
     if not nodelist:
-        raise UserError("SLURM_JOB_NODELIST is not set: run this inside a Slurm job step (srun)")
+        raise SlurmEnvironmentProblem("SLURM_JOB_NODELIST is not set in this Slurm job step")
     hosts = expand_nodelist(nodelist)
     if len(set(hosts)) != len(hosts):
-        raise UserError(f"{nodelist_key}={nodelist!r} names a node twice")
+        raise SlurmEnvironmentProblem(f"{nodelist_key}={nodelist!r} names a node twice")
     tasks_key = (
         "SLURM_STEP_TASKS_PER_NODE"
         if env.get("SLURM_STEP_TASKS_PER_NODE")
@@ -268,20 +272,22 @@ def _step_tasks(env: Mapping[str, str]) -> _StepTasks:
     )
     tasks_text = env.get(tasks_key)
     if not tasks_text:
-        raise UserError("SLURM_TASKS_PER_NODE is not set: run this inside a Slurm job step (srun)")
+        raise SlurmEnvironmentProblem("SLURM_TASKS_PER_NODE is not set in this Slurm job step")
     counts = expand_tasks_per_node(tasks_text, max_nodes=len(hosts))
     if len(counts) != len(hosts):
-        raise UserError(
+        raise SlurmEnvironmentProblem(
             f"{nodelist_key}={nodelist!r} has {len(hosts)} hosts but {tasks_key}={tasks_text!r} "
             f"has {len(counts)} entries"
         )
     total = sum(counts)
     ntasks = _int(env, "SLURM_NTASKS", total)
     if ntasks != total:
-        raise UserError(f"SLURM_NTASKS={ntasks} but {tasks_key}={tasks_text!r} adds up to {total}")
+        raise SlurmEnvironmentProblem(
+            f"SLURM_NTASKS={ntasks} but {tasks_key}={tasks_text!r} adds up to {total}"
+        )
     proc_id = _int(env, "SLURM_PROCID")
     if not 0 <= proc_id < ntasks:
-        raise UserError(f"SLURM_PROCID={proc_id} is outside 0..{ntasks - 1}")
+        raise SlurmEnvironmentProblem(f"SLURM_PROCID={proc_id} is outside 0..{ntasks - 1}")
     return _StepTasks(hosts, counts, ntasks, proc_id, nodelist, tasks_text)
 
 
@@ -296,7 +302,8 @@ def cluster_spec(
     SLURM_TASKS_PER_NODE), SLURM_NTASKS, SLURM_PROCID, SLURM_DISTRIBUTION, SLURM_JOB_ID,
     SLURM_STEP_ID; checks the result against SLURMD_NODENAME, SLURM_NODEID and SLURM_LOCALID;
     takes GPUs from CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS. Anything missing, malformed or
-    inconsistent is a UserError with a one-line reason.
+    inconsistent is a SlurmEnvironmentProblem (exit 3) with a one-line reason; not being
+    in a job step at all is a UserError.
 
     Ports: while the step's tasks fit in ``port_range``, task ``rank`` gets slot ``rank``, so
     every (host, port) pair is distinct even when all nodes share one IP address (as on the
@@ -390,7 +397,7 @@ def _self_check(
             diffs.append(f"{key} expected {want} actual {actual}")
     if diffs:
         distribution = env.get("SLURM_DISTRIBUTION") or "block (default)"
-        raise UserError(
+        raise SlurmEnvironmentProblem(
             f"SLURM_PROCID {proc_id} is not where the cluster spec puts it: {'; '.join(diffs)} "
             f"(nodelist {nodelist!r}, tasks per node {tasks_text!r}, distribution "
             f"{distribution}); start workers with srun --distribution=block:block"

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from hpctf.compute.compat import probe, tensorflow_internals
 from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError, one_line
 from hpctf.core.settings.config import Train
 from hpctf.core.settings.replicas import batch_split_problem
 
@@ -82,7 +82,9 @@ class Connection:
 def connect(settings: Train, spec: ClusterSpec) -> Connection:
     """Join every rank of ``spec`` under one strategy; set the precision policy and the seed.
 
-    Raises UserError when the global batch does not split over the replicas the strategy
+    Raises EnvironmentProblem (exit 3) naming this rank, the chief and the settings when the
+    strategy cannot be made (a peer unreachable, a port taken), and UserError when the global
+    batch does not split over the replicas the strategy
     made: the login side checked the replicas it could count, but only here is it known how
     many GPUs each task computes on (a local site, a NoDevFiles grant).
     """
@@ -102,6 +104,15 @@ def connect(settings: Train, spec: ClusterSpec) -> Connection:
     faulthandler.dump_traceback_later(startup, exit=True, file=sys.stdout)
     try:
         strategy = make_strategy(gpus, settings)
+    except (tf.errors.OpError, RuntimeError, ValueError) as exc:
+        # The cluster, not hpctf: a peer that is unreachable or refused, a port taken, a
+        # TF_CONFIG TensorFlow would not take. Exit 3 naming whom this rank tried to join.
+        raise EnvironmentProblem(
+            f"rank {spec.task_index} ({spec.workers[spec.task_index]}) could not join the "
+            f"cluster of {len(spec.workers)} worker(s), chief {spec.workers[0]} (settings: "
+            f"train.startup_timeout_seconds={startup}, train.communication="
+            f"{settings.communication}): {type(exc).__name__}: {one_line(str(exc))}"
+        ) from exc
     finally:
         faulthandler.cancel_dump_traceback_later()
     replicas = strategy.num_replicas_in_sync

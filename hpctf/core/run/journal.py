@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from hpctf.core.version import VERSION
+
 
 class RunDir(Protocol):
     """What the writers need of a run directory (:class:`hpctf.core.run.rundir.RunDir` has it):
@@ -221,7 +223,6 @@ def record_started(
     fields: dict[str, Any] = {"slurm_job_id": slurm_job_id} if slurm_job_id else {}
     if restart_count is not None:
         fields["restart_count"] = restart_count
-    from hpctf import __version__  # the package root: already imported with this module
 
     run.record(
         STARTED,
@@ -229,7 +230,7 @@ def record_started(
         step=run.checkpoint_step(),
         nodes=nodes,
         walltime_signal=walltime_signal,
-        hpctf=__version__,  # the host's; a worker in a container compares its own with it
+        hpctf=VERSION,  # the host's; a worker in a container compares its own with it
         **fields,
     )
 

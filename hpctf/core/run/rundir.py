@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.errors import DamagedRecord, EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, secret_store, snapshot
 from hpctf.core.run.ends import end_of_start, failed_node_checks, since_last_start
 from hpctf.core.safe_files import (
@@ -172,12 +172,12 @@ class RunDir:
         return events, damaged
 
     def check_journal(self) -> None:
-        """A UserError naming the first damaged journal entry, for commands that act on the
+        """A DamagedRecord naming the first damaged journal entry, for commands that act on the
         run's jobs (cancel, resubmit): acting on a partial view could miss a running job."""
         damaged = self.read_journal()[1]
         if damaged:
             more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
-            raise UserError(
+            raise DamagedRecord(
                 f"damaged journal entry {damaged[0]}{more}: hpctf did not write it; move it out "
                 "of the journal directory and run the command again"
             )
@@ -204,8 +204,9 @@ def run_dirs_under(root: Path) -> list[Path]:
     return [child for child in children if (child / "config.json").is_file()]
 
 
-class RunDirTaken(UserError):
-    """Another submit took the planned run directory first (two submits in one second)."""
+class RunDirTaken(EnvironmentProblem):
+    """Another submit took the planned run directory first (two submits in one second): no
+    mistake of the user's (exit 3)."""
 
 
 def plan_run_dir(config: ResolvedConfig) -> RunDir:

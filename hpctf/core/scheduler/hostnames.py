@@ -13,7 +13,7 @@ import string
 
 import hostlist
 
-from hpctf.core.errors import UserError
+from hpctf.core.errors import SlurmEnvironmentProblem
 
 # Characters of Slurm node names and the nodelist syntax (brackets, ranges, commas). Anything
 # else (spaces, quotes, newlines) did not come from Slurm.
@@ -56,14 +56,14 @@ def expand_nodelist(text: str) -> list[str]:
     zero padding kept, bracket groups expanded left to right, duplicates kept.
     """
     if not _NODELIST_RE.match(text):
-        raise UserError(
+        raise SlurmEnvironmentProblem(
             f"cannot expand nodelist {text!r}: only letters, digits, '._-', brackets and "
             "commas occur in Slurm nodelists"
         )
     try:
         hosts: list[str] = hostlist.expand_hostlist(text, allow_duplicates=True)
     except hostlist.BadHostlist as exc:
-        raise UserError(f"cannot expand nodelist {text!r}: {exc}") from None
+        raise SlurmEnvironmentProblem(f"cannot expand nodelist {text!r}: {exc}") from None
     if not hosts:
-        raise UserError(f"nodelist {text!r} names no host")
+        raise SlurmEnvironmentProblem(f"nodelist {text!r} names no host")
     return hosts

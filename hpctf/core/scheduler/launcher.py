@@ -4,9 +4,13 @@
 The rest of hpctf asks the launcher (its warning, whether it leaves nodes out, whether
 ``sbatch --test-only`` can judge a script, whether status asks Slurm about the jobs) and
 compares no scheduler names; the one exception is the site schema's own check that a
-container needs Slurm (:func:`allows_containers`, before a site exists). Starting a job is
-:func:`hpctf.login.submitting.launch.start_run`'s, one function per launcher, since local
-processes are a login-node thing the worker never imports.
+container needs Slurm (:func:`allows_containers`, before a site exists). Starting, cancelling and
+describing jobs is :class:`hpctf.login.submitting.launchers.JobLauncher`'s, one per kind of
+launcher here, since local processes are a login-node thing the worker never imports.
+
+Nothing here imports the site's schema (:mod:`hpctf.core.settings`, which asks the launchers
+what they allow): a site is read through :class:`SchedulerSite`, generic in its container's
+type.
 """
 
 from __future__ import annotations
@@ -14,13 +18,12 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from hpctf.core.errors import UserError
 from hpctf.core.scheduler import slurm
 
-if TYPE_CHECKING:
-    from hpctf.core.settings.container import Container
+ContainerT = TypeVar("ContainerT", covariant=True)
 
 
 class _Preemption(Protocol):
@@ -28,7 +31,7 @@ class _Preemption(Protocol):
     def warning_seconds(self) -> int: ...
 
 
-class Site(Protocol):
+class SchedulerSite(Protocol[ContainerT]):
     """What a launcher reads of a site (:class:`hpctf.core.settings.config.Site` has it): a
     protocol, so that the site's schema may ask the launchers what they allow."""
 
@@ -39,10 +42,10 @@ class Site(Protocol):
     def preemption(self) -> _Preemption: ...
 
     @property
-    def container(self) -> Container | None: ...
+    def container(self) -> ContainerT | None: ...
 
 
-class Launcher:
+class Launcher(Generic[ContainerT]):
     """How a site runs a job: the base says what a launcher without Slurm does."""
 
     name: ClassVar[str]
@@ -50,7 +53,7 @@ class Launcher:
     #: them, and a sweep is one job array.
     slurm: ClassVar[bool] = False
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: SchedulerSite[ContainerT]) -> None:
         self.site = site
 
     @property
@@ -60,7 +63,7 @@ class Launcher:
         return None
 
     @property
-    def container(self) -> Container | None:
+    def container(self) -> ContainerT | None:
         """The container the workers run in, or None."""
         return None
 
@@ -80,13 +83,13 @@ class Launcher:
         return False
 
 
-class LocalLauncher(Launcher):
+class LocalLauncher(Launcher[ContainerT]):
     """``scheduler: local``: the job's tasks as processes on this machine."""
 
     name = "local"
 
 
-class SlurmLauncher(Launcher):
+class SlurmLauncher(Launcher[ContainerT]):
     """``scheduler: slurm``: one sbatch job per start (an array per sweep), warned with the
     site's ``preemption.signal`` and requeued by the batch script."""
 
@@ -98,7 +101,7 @@ class SlurmLauncher(Launcher):
         return self.site.preemption.warning_seconds
 
     @property
-    def container(self) -> Container | None:
+    def container(self) -> ContainerT | None:
         return self.site.container
 
     def check_exclude(self, exclude: str | None, where: Path) -> None:
@@ -114,10 +117,12 @@ class SlurmLauncher(Launcher):
         return True
 
 
-LAUNCHERS: dict[str, type[Launcher]] = {kind.name: kind for kind in (SlurmLauncher, LocalLauncher)}
+LAUNCHERS: dict[str, type[Launcher[Any]]] = {
+    kind.name: kind for kind in (SlurmLauncher, LocalLauncher)
+}
 
 
-def launcher_for(site: Site) -> Launcher:
+def launcher_for(site: SchedulerSite[ContainerT]) -> Launcher[ContainerT]:
     """The launcher of ``site``."""
     return LAUNCHERS[site.scheduler](site)
 

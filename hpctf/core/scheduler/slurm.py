@@ -13,8 +13,9 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
-from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.errors import DamagedRecord, EnvironmentProblem, UserError
 
 # Job states after which a job will not run again (squeue(1), JOB STATE CODES).
 FINAL_STATES = frozenset(
@@ -32,31 +33,9 @@ FINAL_STATES = frozenset(
 )
 
 
-# Slurm's words when it refuses what the job asks for (slurm/src/common/slurm_errno.c): the
-# user's request is wrong, not the cluster. Any other failure is the environment's.
-_REFUSALS = (
-    "Invalid partition",
-    "Invalid account",
-    "Invalid qos",
-    "Invalid feature specification",
-    "Invalid generic resource",
-    "Invalid node name specified",
-    "Invalid job array specification",
-    "Requested node configuration is not available",
-    "Requested partition configuration not available",
-    "Requested reservation is invalid",
-    "Requested time limit is invalid",
-    "Node count specification invalid",
-    "Job violates accounting/QOS policy",
-    "Job dependency problem",
-    "More processors requested than permitted",
-    "Memory specification can not be satisfied",
-    "Access/permission denied",
-)
-
-
 class SlurmFailure(Exception):
-    """A Slurm command that failed: its argv, exit status and output, Slurm's words kept."""
+    """A Slurm command that failed: its argv, exit status and output, Slurm's words kept. Each
+    cause is a subclass (:func:`failure` picks it); catch the one you handle."""
 
     def __init__(self, argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> None:
         self.argv = list(argv)
@@ -68,12 +47,96 @@ class SlurmFailure(Exception):
 
 
 class SlurmError(SlurmFailure, EnvironmentProblem):
-    """Slurm failed: the controller is down or slow, the command timed out (exit 3)."""
+    """Slurm failed, not the user's request (exit 3): the base of every cause below but a
+    refusal, and what an unrecognised failure is."""
+
+
+class SlurmMissing(SlurmError):
+    """The Slurm command is not on PATH (this is no Slurm login node)."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__([command], -1, "", "not found on PATH")
+        self.args = (
+            f"{command} not found on PATH: run this on a Slurm login node, or use --site local",
+        )
+
+
+class SlurmTransient(SlurmError):
+    """No answer this time (timed out, the controller busy or unreachable, its RPC limit):
+    worth another try (:func:`hpctf.core.scheduler.slurm_queries.query` retries these)."""
+
+
+class SlurmGone(SlurmError):
+    """Slurm knows no such job (ESLURM_INVALID_JOB_ID): it ended longer than MinJobAge ago."""
+
+
+class SlurmNotPending(SlurmError):
+    """The job is no longer pending (ESLURM_JOB_NOT_PENDING): what only a pending job allows
+    (a new begin time, ExcNodeList) was not done."""
+
+
+class SlurmAlreadyPending(SlurmError):
+    """The job is pending already (ESLURM_JOB_PENDING): a requeue found it requeued."""
+
+
+class SlurmNoAccounting(SlurmError):
+    """The cluster keeps no accounting (sacct: "accounting storage is disabled")."""
 
 
 class SlurmRefused(SlurmFailure, UserError):
     """Slurm refused what was asked: a partition, account or QOS that does not exist, more than
     a node has, a time limit over the partition's (exit 2)."""
+
+
+# Slurm's clients exit 1 for every error and print the error's text, not its number
+# (slurm_strerror() of the ESLURM_* code, src/common/slurm_errno.c:
+# https://github.com/SchedMD/slurm/blob/master/src/common/slurm_errno.c); none of sbatch,
+# scontrol, scancel or sacct has structured error output in the versions hpctf supports (22.05
+# on), so the cause is read from these texts, here and nowhere else. First match wins.
+_CAUSES: tuple[tuple[type[SlurmFailure], tuple[str, ...]], ...] = (
+    (SlurmGone, ("Invalid job id specified",)),  # ESLURM_INVALID_JOB_ID
+    # ESLURM_JOB_NOT_PENDING; older clients said "... is not pending"
+    (SlurmNotPending, ("Job is no longer pending execution", "is not pending")),
+    (SlurmAlreadyPending, ("Job is pending execution",)),  # ESLURM_JOB_PENDING
+    (SlurmNoAccounting, ("accounting storage is disabled",)),  # sacct without slurmdbd
+    (
+        SlurmTransient,
+        (
+            "Socket timed out",  # SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT
+            "Unable to contact slurm controller",  # SLURMCTLD_COMMUNICATIONS_CONNECTION_ERROR
+            "Connection refused",
+            "Connection timed out",
+            "Resource temporarily unavailable",  # EAGAIN
+            "Zero Bytes were transmitted",  # SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT
+            "Too many RPCs",  # ESLURMD_TOO_MANY_RPCS, the controller's rate limit
+            "slurmdbd: Connection",
+        ),
+    ),
+    (
+        # The user's request is wrong, not the cluster.
+        SlurmRefused,
+        (
+            "Invalid partition",  # ESLURM_INVALID_PARTITION_NAME
+            "Invalid account",  # ESLURM_INVALID_ACCOUNT
+            "Invalid qos",  # ESLURM_INVALID_QOS
+            "Invalid feature specification",  # ESLURM_INVALID_FEATURE
+            "Invalid generic resource",  # ESLURM_INVALID_GRES
+            "Invalid node name specified",  # ESLURM_INVALID_NODE_NAME
+            "Invalid job array specification",  # ESLURM_INVALID_ARRAY
+            # ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE, ESLURM_REQUESTED_PART_CONFIG_UNAVAILABLE
+            "Requested node configuration is not available",
+            "Requested partition configuration not available",
+            "Requested reservation is invalid",  # ESLURM_RESERVATION_INVALID
+            "Requested time limit is invalid",  # ESLURM_INVALID_TIME_LIMIT
+            "Node count specification invalid",  # ESLURM_INVALID_NODE_COUNT
+            "Job violates accounting/QOS policy",  # ESLURM_ACCOUNTING_POLICY
+            "Job dependency problem",  # ESLURM_DEPENDENCY
+            "More processors requested than permitted",  # ESLURM_TOO_MANY_REQUESTED_CPUS
+            "Memory specification can not be satisfied",  # ESLURM_INVALID_TASK_MEMORY
+            "Access/permission denied",  # ESLURM_ACCESS_DENIED
+        ),
+    ),
+)
 
 
 # The job ids hpctf hands to Slurm commands: a job, or a task of a job array
@@ -82,7 +145,8 @@ _JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
 
 
 def checked_job_ids(job_ids: Sequence[str]) -> list[str]:
-    """``job_ids`` if each has one of Slurm's forms (``123``, ``123_4``), else a UserError.
+    """``job_ids`` if each has one of Slurm's forms (``123``, ``123_4``), else a DamagedRecord
+    (exit 3: the ids come from hpctf's own records, not the user's input).
 
     Every job id a Slurm command gets passes here first: the ids come from a run's journal,
     which is data anyone who can write the run directory controls. Unchecked, a journal entry
@@ -93,7 +157,7 @@ def checked_job_ids(job_ids: Sequence[str]) -> list[str]:
     ids = [str(job_id) for job_id in job_ids]
     for job_id in ids:
         if not _JOB_ID.fullmatch(job_id):
-            raise UserError(
+            raise DamagedRecord(
                 f"{job_id[:60]!r} is not a Slurm job id (digits, or <job>_<task> for an array "
                 "task): the run's journal is damaged or was edited; hpctf passes no such value "
                 "to Slurm"
@@ -102,26 +166,39 @@ def checked_job_ids(job_ids: Sequence[str]) -> list[str]:
 
 
 def failure(argv: Sequence[str], returncode: int, stdout: str, stderr: str) -> SlurmFailure:
-    """The error for a failed Slurm command, by whose fault it is."""
+    """The error for a failed Slurm command, typed by its cause (:data:`_CAUSES`)."""
     said = f"{stdout}\n{stderr}".lower()
-    refused = any(words.lower() in said for words in _REFUSALS)
-    kind = SlurmRefused if refused else SlurmError
-    return kind(argv, returncode, stdout, stderr)
+    for kind, texts in _CAUSES:
+        if any(text.lower() in said for text in texts):
+            return kind(argv, returncode, stdout, stderr)
+    return SlurmError(argv, returncode, stdout, stderr)
 
 
-def run_command(
-    argv: Sequence[str],
-    env: Mapping[str, str] | None = None,
-    timeout: float = 60.0,
-) -> str:
-    """Run one Slurm command; return its stdout, or raise SlurmRefused (the request was wrong)
-    or SlurmError (Slurm failed)."""
-    if shutil.which(argv[0], path=(env or {}).get("PATH")) is None:
-        raise UserError(
-            f"{argv[0]} not found on PATH: run this on a Slurm login node, or use --site local"
-        )
-    try:
-        proc = subprocess.run(
+class Transport(Protocol):
+    """Where a Slurm command runs: :data:`HERE` (a subprocess on this machine). The seam for a
+    remote site: an SSH transport runs the same argv on the cluster's login node and answers
+    with the same :class:`subprocess.CompletedProcess` (or raises the same TimeoutExpired and
+    OSError), so every cause below is read the same way."""
+
+    def has(self, command: str, env: Mapping[str, str] | None) -> bool:
+        """Whether ``command`` can be run (on PATH) where this transport runs it."""
+        ...
+
+    def run(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` (never through a shell) and capture its output as text."""
+        ...
+
+
+class _Here:
+    def has(self, command: str, env: Mapping[str, str] | None) -> bool:
+        return shutil.which(command, path=(env or {}).get("PATH")) is not None
+
+    def run(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             list(argv),
             capture_output=True,
             text=True,
@@ -129,8 +206,27 @@ def run_command(
             timeout=timeout,
             check=False,
         )
+
+
+HERE: Transport = _Here()
+
+
+def run_command(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    transport: Transport = HERE,
+) -> str:
+    """Run one Slurm command through ``transport``; return its stdout, or raise its
+    :class:`SlurmFailure` by cause: SlurmRefused (the request was wrong, exit 2), else a
+    SlurmError (exit 3): SlurmMissing, SlurmTransient, SlurmGone, SlurmNotPending,
+    SlurmAlreadyPending, SlurmNoAccounting."""
+    if not transport.has(argv[0], env):
+        raise SlurmMissing(argv[0])
+    try:
+        proc = transport.run(argv, env, timeout)
     except subprocess.TimeoutExpired as exc:
-        raise SlurmError(argv, -1, "", f"timed out after {timeout:.0f} s") from exc
+        raise SlurmTransient(argv, -1, "", f"timed out after {timeout:.0f} s") from exc
     except OSError as exc:  # found on PATH a moment ago, but not executable or gone
         raise SlurmError(argv, -1, "", str(exc)) from exc
     if proc.returncode != 0:
@@ -151,28 +247,30 @@ def without_sbatch_overrides(env: Mapping[str, str]) -> tuple[dict[str, str], li
 
 
 def sbatch(
-    script: Path, env: Mapping[str, str], extra: Sequence[str] = ()
+    script: Path, env: Mapping[str, str], extra: Sequence[str] = (), transport: Transport = HERE
 ) -> tuple[str, list[str]]:
     """Submit ``script`` with ``extra`` sbatch options (e.g. ``--exclude=node7``); return the job
     id (``sbatch --parsable`` prints ``id[;cluster]``) and the ``SBATCH_*`` variables of
     ``env`` that were left out (:func:`without_sbatch_overrides`)."""
     clean, dropped = without_sbatch_overrides(env)
-    out = run_command(["sbatch", "--parsable", *extra, str(script)], env=clean)
+    out = run_command(["sbatch", "--parsable", *extra, str(script)], clean, transport=transport)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(["sbatch"], 0, out, "sbatch --parsable printed no job id")
     return job_id, dropped
 
 
-def job_info(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
+def job_info(
+    job_id: str, env: Mapping[str, str] | None = None, transport: Transport = HERE
+) -> dict[str, str] | None:
     """``scontrol show job -o`` as a dict, or None once Slurm has forgotten the job."""
     (checked,) = checked_job_ids([job_id])
     try:
-        out = run_command(["scontrol", "show", "job", "-o", "--", checked], env=env)
-    except SlurmFailure as exc:
-        if "Invalid job id" in exc.stderr:
-            return None
-        raise
+        out = run_command(
+            ["scontrol", "show", "job", "-o", "--", checked], env, transport=transport
+        )
+    except SlurmGone:
+        return None
     info: dict[str, str] = {}
     for field in out.split():
         key, sep, value = field.partition("=")
@@ -295,9 +393,11 @@ def exclude_nodes(job_id: str, nodes: Sequence[str], env: Mapping[str, str] | No
     )
 
 
-def cancel(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+def cancel(
+    job_ids: Sequence[str], env: Mapping[str, str] | None = None, transport: Transport = HERE
+) -> None:
     if job_ids:
-        run_command(["scancel", "--", *checked_job_ids(job_ids)], env=env)
+        run_command(["scancel", "--", *checked_job_ids(job_ids)], env, transport=transport)
 
 
 def test_only(script: str, env: Mapping[str, str] | None = None) -> None:

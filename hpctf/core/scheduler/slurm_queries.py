@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from hpctf.core.scheduler.slurm import (
     FINAL_STATES,
     SlurmError,
-    SlurmFailure,
+    SlurmGone,
+    SlurmNoAccounting,
+    SlurmTransient,
     checked_job_ids,
     run_command,
 )
@@ -46,18 +48,6 @@ class JobRecord:
 SQUEUE_FIELDS = ("%i", "%T", "%r", "%S", "%M", "%N")
 SACCT_FIELDS = ("JobIDRaw", "State", "Reason", "ExitCode", "Start", "End", "Elapsed", "NodeList")
 
-# Words of a Slurm client that could not get an answer this time (the controller busy, the RPC
-# rate limit, a failover), worth another try: slurm_errno.c and the client's error lines.
-TRANSIENT = (
-    "Socket timed out",
-    "Unable to contact slurm controller",
-    "Connection refused",
-    "Connection timed out",
-    "Resource temporarily unavailable",
-    "Zero Bytes were transmitted",
-    "Too many RPCs",
-    "slurmdbd: Connection",
-)
 # Pauses between tries after a transient failure (a couple of retries, then give up).
 RETRY_PAUSES_S = (1.0, 3.0)
 # A failure that took this long is not tried again (measured: squeue against a slurmctld that
@@ -121,20 +111,20 @@ def query(
     budget_s: float = 40.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """:func:`run_command` for a read-only query, tried again after quick :data:`TRANSIENT`
-    failures (pausing :data:`RETRY_PAUSES_S`) while ``budget_s`` seconds last; the last failure
-    is raised. A command that ran out of time, or took :data:`SLOW_FAILURE_S` or more to fail
-    (the client had already retried: an unreachable slurmctld takes MessageTimeout and more),
-    is not tried again: a slow controller gets no more load from us, nor the user a longer wait."""
+    """:func:`run_command` for a read-only query, tried again after quick
+    :class:`~hpctf.core.scheduler.slurm.SlurmTransient` failures (pausing
+    :data:`RETRY_PAUSES_S`) while ``budget_s`` seconds last; the last failure is raised. A
+    command that ran out of time, or took :data:`SLOW_FAILURE_S` or more to fail (the client
+    had already retried: an unreachable slurmctld takes MessageTimeout and more), is not tried
+    again: a slow controller gets no more load from us, nor the user a longer wait."""
     deadline = time.monotonic() + budget_s
     pauses = list(RETRY_PAUSES_S)
     while True:
         began = time.monotonic()
         try:
             return run_command(argv, env=env, timeout=max(deadline - began, 1.0))
-        except SlurmError as exc:
-            said = f"{exc.stdout}\n{exc.stderr}"
-            transient = exc.returncode > 0 and any(word in said for word in TRANSIENT)
+        except SlurmTransient as exc:
+            transient = exc.returncode > 0  # not one that ran out of time
             quick = time.monotonic() - began < SLOW_FAILURE_S
             if not (transient and quick and pauses) or time.monotonic() + pauses[0] >= deadline:
                 raise
@@ -161,11 +151,8 @@ def squeue_jobs(
     ]
     try:
         out = query(argv, env=env)
-    except SlurmFailure as exc:
-        # Every id forgotten: squeue exits 1 ("slurm_load_jobs error: Invalid job id specified").
-        if "Invalid job id" in exc.stderr:
-            return {}
-        raise
+    except SlurmGone:  # every id forgotten: squeue exits 1 (Invalid job id specified)
+        return {}
     return {job_id: job for job_id, job in parse_squeue(out).items() if job_id in ids}
 
 
@@ -189,10 +176,8 @@ def sacct_jobs(
     ]
     try:
         out = query(argv, env=env)
-    except SlurmFailure as exc:
-        if "accounting storage is disabled" in f"{exc.stdout}\n{exc.stderr}":
-            return {}
-        raise
+    except SlurmNoAccounting:
+        return {}
     return {job_id: job for job_id, job in parse_sacct(out).items() if job_id in ids}
 
 
@@ -211,10 +196,8 @@ def sacct_runs(job_id: str, env: Mapping[str, str] | None = None) -> list[JobRec
     ]
     try:
         out = query(argv, env=env, budget_s=10.0)
-    except SlurmFailure as exc:
-        if "accounting storage is disabled" in f"{exc.stdout}\n{exc.stderr}":
-            return []
-        raise
+    except SlurmNoAccounting:
+        return []
     runs = []
     for line in out.splitlines():
         record = parse_sacct(line).get(job_id)

@@ -55,6 +55,10 @@ ExtraSbatch = Annotated[
 ]
 
 
+# What a site's request defaults say of themselves (the experiment's own value wins key by key).
+_DEFAULT = "the default of the experiment's `resources` key of the same name"
+
+
 # --- models --------------------------------------------------------------------------------
 
 
@@ -65,21 +69,27 @@ class Resources(Strict):
     a key given in the experiment (even as ``null``) wins over the site's default.
     """
 
-    nodes: int = Field(1, ge=1, le=100_000)
-    tasks_per_node: int = Field(1, ge=1, le=1024)
+    nodes: int = Field(1, ge=1, le=100_000, description="--nodes: one or more workers on each")
+    tasks_per_node: int = Field(
+        1, ge=1, le=1024, description="workers per node (one per GPU, or one driving them all)"
+    )
     gpus_per_node: int | None = Field(None, ge=0, le=64, description="default: the site's")
-    cpus_per_task: int = Field(1, ge=1, le=4096)
+    cpus_per_task: int = Field(
+        1, ge=1, le=4096, description="cores per worker (its input pipeline); default: the site's"
+    )
     mem: Mem | None = Field(None, description="--mem per node, e.g. 64G; 0 is all of it")
     time: Time = "01:00:00"
     partition: Partition | None = Field(None, description="default: the site's")
-    account: SlurmName | None = None
-    qos: SlurmName | None = None
-    constraint: Constraint | None = None
-    reservation: SlurmName | None = None
-    exclusive: Exclusive = False
-    mail_type: MailTypes = Field(default_factory=list)
-    mail_user: MailUser | None = None
-    dependency: Dependency | None = None
+    account: SlurmName | None = Field(None, description="--account; null drops the site's")
+    qos: SlurmName | None = Field(None, description="--qos")
+    constraint: Constraint | None = Field(None, description="--constraint: node features")
+    reservation: SlurmName | None = Field(None, description="--reservation")
+    exclusive: Exclusive = Field(False, description="--exclusive: true, user or mcs")
+    mail_type: MailTypes = Field(default_factory=list, description="--mail-type, e.g. [END, FAIL]")
+    mail_user: MailUser | None = Field(None, description="--mail-user")
+    dependency: Dependency | None = Field(
+        None, description="--dependency, beside the singleton hpctf always asks for"
+    )
     extra_sbatch: ExtraSbatch = Field(default_factory=list)
 
 
@@ -111,14 +121,25 @@ class Train(Strict):
         "imported), whose model.fit works under MultiWorkerMirroredStrategy; script only; "
         "install hpctf[keras2]",
     )
-    args: dict[str, Any] = Field(default_factory=dict)
-    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
-    epochs: int | None = Field(None, ge=1, le=MAX_EPOCHS)
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the entry's keyword arguments, checked against its signature at validate",
+    )
+    steps: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description="train this many steps; or give epochs"
+    )
+    epochs: int | None = Field(
+        None, ge=1, le=MAX_EPOCHS, description="passes over train_data; or give steps"
+    )
     global_batch_size: int | None = Field(
         None, ge=1, le=MAX_BATCH, description="required with entry"
     )
-    log_every_steps: int = Field(10, ge=1, le=MAX_STEPS)
-    seed: int = Field(0, ge=-(2**63), le=2**63 - 1)  # TensorFlow's seeds are int64
+    log_every_steps: int = Field(
+        10, ge=1, le=MAX_STEPS, description="the chief's progress line and metrics.jsonl record"
+    )
+    seed: int = Field(  # TensorFlow's seeds are int64
+        0, ge=-(2**63), le=2**63 - 1, description="the input's shuffle seed, the same on every rank"
+    )
     python_path: list[str] = Field(
         default_factory=lambda: ["."],
         description="directories put on sys.path for the entry, relative to the experiment file",
@@ -239,11 +260,13 @@ class Checkpoint(Strict):
 class Experiment(Strict):
     """One experiment.yaml."""
 
-    name: Name
+    name: Name = Field(description="names the job and the run directory")
     site: str | None = Field(None, description="default site (name or .yaml path); --site wins")
     resources: Resources = Field(default_factory=Resources)
     train: Train
-    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    checkpoint: Checkpoint = Field(
+        default_factory=Checkpoint, description="when the workers save, and how many are kept"
+    )
     tracking: Tracking = Field(default_factory=Tracking)
     env: dict[str, EnvValue] = Field(
         default_factory=dict, description="exported after the site's env; values are literal"
@@ -265,8 +288,12 @@ class Preemption(Strict):
     """
 
     # Not USR1: NCCL uses SIGUSR1 itself. The worker handles exactly these two.
-    signal: Literal["USR2", "TERM"] = "USR2"
-    warning_seconds: int = Field(300, ge=1, le=65535)
+    signal: Literal["USR2", "TERM"] = Field(
+        "USR2", description="the warning signal, --signal=SIG@warning_seconds"
+    )
+    warning_seconds: int = Field(
+        300, ge=1, le=65535, description="how long before the time limit Slurm warns"
+    )
     max_requeues: int = Field(
         20, ge=0, description="requeues of one run after a warned preemption or walltime"
     )
@@ -303,26 +330,28 @@ class Sweep(Strict):
 class Site(Strict):
     """One site_configs/<name>.yaml: what is true of a cluster for every experiment on it."""
 
-    name: Name
-    description: str = ""
+    name: Name = Field(description="the name --site and experiment files use")
+    description: str = Field("", description="one line, shown by hpctf sites")
     extends: str | None = Field(
         None, description="a site name, or a .yaml path relative to this file, to start from"
     )
-    scheduler: Literal["slurm", "local"]
+    scheduler: Literal["slurm", "local"] = Field(
+        description="slurm: sbatch; local: the workers as processes on this machine"
+    )
     # Defaults for the experiment's resources (the experiment's own value wins key by key).
-    partition: Partition | None = None
-    account: SlurmName | None = None
-    qos: SlurmName | None = None
-    constraint: Constraint | None = None
-    reservation: SlurmName | None = None
-    gpus_per_node: int = Field(0, ge=0, le=64)
-    tasks_per_node: int | None = Field(None, ge=1, le=1024)
-    cpus_per_task: int | None = Field(None, ge=1, le=4096)
-    mem: Mem | None = None
-    time: Time | None = None
-    exclusive: Exclusive | None = None
-    mail_type: MailTypes | None = None
-    mail_user: MailUser | None = None
+    partition: Partition | None = Field(None, description=_DEFAULT)
+    account: SlurmName | None = Field(None, description=_DEFAULT)
+    qos: SlurmName | None = Field(None, description=_DEFAULT)
+    constraint: Constraint | None = Field(None, description=_DEFAULT)
+    reservation: SlurmName | None = Field(None, description=_DEFAULT)
+    gpus_per_node: int = Field(0, ge=0, le=64, description=_DEFAULT)
+    tasks_per_node: int | None = Field(None, ge=1, le=1024, description=_DEFAULT)
+    cpus_per_task: int | None = Field(None, ge=1, le=4096, description=_DEFAULT)
+    mem: Mem | None = Field(None, description=_DEFAULT)
+    time: Time | None = Field(None, description=_DEFAULT)
+    exclusive: Exclusive | None = Field(None, description=_DEFAULT)
+    mail_type: MailTypes | None = Field(None, description=_DEFAULT)
+    mail_user: MailUser | None = Field(None, description=_DEFAULT)
     extra_sbatch: ExtraSbatch = Field(
         default_factory=list, description="written before the experiment's extra_sbatch"
     )
@@ -342,7 +371,11 @@ class Site(Strict):
         None, description="interpreter on compute nodes; default: the one running hpctf submit"
     )
     venv: str | None = Field(None, description="a virtualenv activated on compute nodes")
-    port_range: tuple[int, int] = (20000, 30000)
+    port_range: tuple[int, int] = Field(
+        (20000, 30000),
+        description="[low, high]: each task of a job takes one port from this window; keep it "
+        "outside Linux's ephemeral ports 32768-60999",
+    )
     min_cpus_per_gpu: int | None = Field(
         None, ge=1, le=1024, description="validate warns below this many cores per GPU"
     )

@@ -16,21 +16,20 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
-from hpctf import __version__
 from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
-from hpctf.core.errors import UserError
-from hpctf.core.safe_files import open_append, umask, write_atomic
+from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.safe_files import umask, write_atomic
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.hostnames import expand_nodelist
 from hpctf.core.scheduler.launcher import launcher_for
@@ -40,10 +39,13 @@ from hpctf.core.settings.config import Experiment, ResolvedConfig, Resources, Si
 from hpctf.core.settings.replicas import expected_replicas
 from hpctf.core.settings.sites import read_site
 from hpctf.core.settings.sources import Origin
+from hpctf.core.version import VERSION
 from hpctf.login.doctor.verdict import evaluate, format_table, verdict_document
 from hpctf.login.resolving.resolve import ConfigProblems, merge_resources, resolve
-from hpctf.login.submitting.local import task_environment
-from hpctf.login.submitting.render import ENVIRONMENT, ShellCode
+from hpctf.login.submitting.launchers import slurm_jobs
+from hpctf.login.submitting.local import spawn_tasks, stop_tasks
+from hpctf.login.submitting.pipeline import submit
+from hpctf.login.templating import ENVIRONMENT, ShellCode
 
 TEMPLATE = "doctor.sh.j2"
 # Options of the training job that a doctor job leaves out: it is not requeued, warned,
@@ -100,7 +102,7 @@ def render_script(config: ResolvedConfig, directory: Path) -> str:
     """The doctor's batch script, through the one Jinja environment (its quoting rules)."""
     res = config.experiment.resources
     context = {
-        "version": __version__,
+        "version": VERSION,
         "site": config.site.name,
         "sbatch_options": [
             (flag, value)
@@ -121,13 +123,16 @@ def render_script(config: ResolvedConfig, directory: Path) -> str:
     return ENVIRONMENT.get_template(TEMPLATE).render(context)
 
 
-def prepare_directory(config: ResolvedConfig, directory: Path, timeout: int) -> Path:
-    """Create the doctor directory with its settings and script; return the script's path."""
+def prepare_directory(
+    config: ResolvedConfig, directory: Path, timeout: int, script_text: str | None = None
+) -> Path:
+    """Create the doctor directory with its settings and script (``script_text``, rendered
+    here when not given); return the script's path."""
     try:
         for sub in ("logs", RESULTS_DIR, NCCL_DIR):
             (directory / sub).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"cannot create {directory}: {exc.strerror or exc}") from None
+        raise EnvironmentProblem(f"cannot create {directory}: {exc.strerror or exc}") from exc
     res = config.experiment.resources
     settings = {
         "site": config.site.model_dump(mode="json"),
@@ -142,7 +147,8 @@ def prepare_directory(config: ResolvedConfig, directory: Path, timeout: int) -> 
     # The site's env goes into the script as it is: yours alone when it holds a secret
     # (hpctf.core.secrets), else executable as the umask allows.
     mode = 0o700 if secret_env(config.site.env) else 0o777 & ~umask()
-    write_atomic(script, render_script(config, directory), mode=mode)
+    text = script_text if script_text is not None else render_script(config, directory)
+    write_atomic(script, text, mode=mode)
     return script
 
 
@@ -166,24 +172,13 @@ def read_reports(directory: Path) -> list[dict[str, Any]]:
 
 
 def run_local(config: ResolvedConfig, directory: Path, env: Mapping[str, str], timeout: int) -> int:
-    """The tasks as processes on this machine (as :mod:`hpctf.login.submitting.local` starts
-    workers); returns how many ran. Unlike a training run, one task failing stops none of the
-    others."""
+    """The tasks as processes on this machine, by the local spawner that starts a run's
+    workers (:func:`hpctf.login.submitting.local.spawn_tasks`); returns how many ran. Unlike a
+    training run, one task failing stops none of the others."""
     ntasks = config.ntasks
-    base = {**env, **config.site.env}
-    job_id = os.getpid()
-    procs = []
-    for rank in range(ntasks):
-        with open_append(directory / "logs" / f"rank-{rank}.log") as log_file:
-            procs.append(
-                subprocess.Popen(
-                    [config.python, "-m", "hpctf", "preflight", str(directory)],
-                    env=task_environment(base, job_id, ntasks, rank),
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+    preflight = [config.python, "-m", "hpctf", "preflight", str(directory)]
+    logs = directory / "logs"
+    procs = spawn_tasks(preflight, ntasks, {**env, **config.site.env}, _rank_log(logs))
     deadline = time.monotonic() + timeout
     try:
         for proc in procs:
@@ -192,20 +187,19 @@ def run_local(config: ResolvedConfig, directory: Path, env: Mapping[str, str], t
             except subprocess.TimeoutExpired:
                 break
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_tasks(procs)
     return ntasks
 
 
+def _rank_log(logs: Path) -> Callable[[int], Path]:
+    return lambda rank: logs / f"rank-{rank}.log"
+
+
 def run_slurm(
-    directory: Path, script: Path, env: Mapping[str, str], timeout: int
+    site: Site, directory: Path, script: Path, env: Mapping[str, str], timeout: int
 ) -> tuple[str, list[str] | None, tuple[str, str] | None]:
     """Submit the doctor's job and wait for it: (job id, its nodes, a job-level problem)."""
-    job_id, dropped = slurm.sbatch(script, env)
-    if dropped:
-        click.echo(f"doctor: left out {', '.join(dropped)} from your shell", err=True)
+    job_id = slurm_jobs(site).submit_script(script)
     click.echo(f"doctor: submitted job {job_id}; results in {directory}", err=True)
     info = slurm.wait_for_job(job_id, timeout, env=env)
     problem: tuple[str, str] | None = None
@@ -268,6 +262,63 @@ def run_here(
     return None
 
 
+@dataclass(frozen=True)
+class DoctorJob:
+    """The doctor's test job, through the submission pipeline
+    (:func:`hpctf.login.submitting.pipeline.submit`): its directory planned, its script
+    rendered once, the directory created, and the job started by the site's launcher (local
+    processes, sbatch) or, with ``here``, inside the current allocation. The start's result:
+    (job id, the nodes expected, a job-level problem)."""
+
+    config: ResolvedConfig
+    env: Mapping[str, str]
+    timeout: int
+    here: bool = False
+
+    def plan(self) -> Path:
+        return plan_directory(self.config)
+
+    def render(self, planned: Path) -> str:
+        return render_script(self.config, planned)
+
+    def create(self, planned: Path, script: str) -> Path:
+        prepare_directory(self.config, planned, self.timeout, script)
+        return planned
+
+    def start(self, created: Path) -> tuple[str | None, list[str] | None, tuple[str, str] | None]:
+        config, env, timeout = self.config, self.env, self.timeout
+        script = created / "doctor.sh"
+        if not launcher_for(config.site).slurm:
+            click.echo(f"doctor: {config.ntasks} local task(s); results in {created}", err=True)
+            run_local(config, created, env, timeout)
+            return None, ["localhost"], None
+        if not self.here:
+            return run_slurm(config.site, created, script, env, timeout)
+        nodes = config.experiment.resources.nodes
+        click.echo(f"doctor: job {env['SLURM_JOB_ID']}, {nodes} node(s); in {created}", err=True)
+        problem = run_here(script, env, timeout, created)
+        allocation = env.get("SLURM_JOB_NODELIST", "")
+        expected = None
+        if allocation and str(nodes) == env.get("SLURM_JOB_NUM_NODES"):
+            expected = expand_nodelist(allocation)
+        return env["SLURM_JOB_ID"], expected, problem
+
+
+def _allocation_nodes(
+    site: Site, slurm_site: bool, nodes: int | None, env: Mapping[str, str]
+) -> int:
+    """``--here``: the nodes to check inside the current allocation, or a UserError."""
+    if not slurm_site:
+        raise UserError(f"--here runs inside a Slurm allocation; site {site.name} is local")
+    if not env.get("SLURM_JOB_ID"):
+        raise UserError(
+            "--here runs inside an allocation, but SLURM_JOB_ID is not set: start one "
+            "(salloc -N 2 ...) and run hpctf doctor --here in it, or leave out --here"
+        )
+    allocated = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
+    return nodes or (int(allocated) if allocated.isdigit() else 1)
+
+
 @click.command()
 @click.option(
     "--site",
@@ -307,35 +358,14 @@ def doctor(site_name: str, nodes: int | None, here: bool, as_json: bool, timeout
     site, _ = read_site(site_name, env)
     slurm_site = launcher_for(site).slurm
     if here:
-        if not slurm_site:
-            raise UserError(f"--here runs inside a Slurm allocation; site {site.name} is local")
-        if not env.get("SLURM_JOB_ID"):
-            raise UserError(
-                "--here runs inside an allocation, but SLURM_JOB_ID is not set: start one "
-                "(salloc -N 2 ...) and run hpctf doctor --here in it, or leave out --here"
-            )
-        allocated = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
-        nodes = nodes or (int(allocated) if allocated.isdigit() else 1)
-    config = doctor_config(site, nodes or 2, timeout, env)
-    directory = plan_directory(config)
-    script = prepare_directory(config, directory, timeout)
+        nodes = _allocation_nodes(site, slurm_site, nodes, env)
+    job = DoctorJob(doctor_config(site, nodes or 2, timeout, env), env, timeout, here)
+    done = submit(job)
+    directory = done.planned
+    assert done.result is not None  # not a dry run
+    job_id, expected_nodes, problem = done.result
+    config = job.config
     logs = str(directory / "logs")
-    job_id: str | None = None
-    expected_nodes: list[str] | None = None
-    problem: tuple[str, str] | None = None
-    if not slurm_site:
-        click.echo(f"doctor: {config.ntasks} local task(s); results in {directory}", err=True)
-        run_local(config, directory, env, timeout)
-        expected_nodes = ["localhost"]
-    elif here:
-        click.echo(f"doctor: job {env['SLURM_JOB_ID']}, {nodes} node(s); in {directory}", err=True)
-        job_id = env["SLURM_JOB_ID"]
-        problem = run_here(script, env, timeout, directory)
-        allocation = env.get("SLURM_JOB_NODELIST", "")
-        if allocation and str(nodes) == env.get("SLURM_JOB_NUM_NODES"):
-            expected_nodes = expand_nodelist(allocation)
-    else:
-        job_id, expected_nodes, problem = run_slurm(directory, script, env, timeout)
     verdict = evaluate(
         read_reports(directory),
         config.ntasks,

@@ -23,7 +23,7 @@ from hpctf.login.resolving.arg_types import type_problems
 from hpctf.login.resolving.readings import Readings
 from hpctf.login.resolving.resolve import ConfigProblems, Loaded, read_experiment, resolve
 from hpctf.login.resolving.tracking_check import tracking_problems
-from hpctf.login.submitting.render import check_site_template
+from hpctf.login.templating import site_template
 
 
 def entry_problem(config: ResolvedConfig) -> str | None:
@@ -219,6 +219,39 @@ def load_config(
     the answer and the errors are the same as without.
     """
     readings = readings or Readings()
+    experiment, experiment_origins, site, site_origins, choice = _read_inputs(
+        experiment_file, site_name, overrides, env, readings
+    )
+    try:
+        loaded = resolve(
+            experiment_file,
+            experiment,
+            experiment_origins,
+            site,
+            site_origins,
+            choice,
+            python,
+            env,
+            readings.real,
+        )
+    except ConfigProblems as exc:
+        lines = [
+            _located(exc.origins, path, message, experiment_file) for path, message in exc.problems
+        ]
+        raise UserError("\n".join(lines)) from None
+    _check_resolved(loaded, experiment_file, readings)
+    return loaded
+
+
+def _read_inputs(
+    experiment_file: Path,
+    site_name: str | None,
+    overrides: Sequence[str],
+    env: Mapping[str, str],
+    readings: Readings,
+) -> tuple[Experiment, Origins, Site, Origins, Origin]:
+    """The experiment (``overrides`` applied) and its site, each with its origins, and where
+    the site was chosen; one UserError with the problems of both."""
     problems: list[str] = []
     experiment: Experiment | None = None
     experiment_origins: Origins = {}
@@ -236,48 +269,33 @@ def load_config(
             problems.append(str(exc))
     if problems or experiment is None or site is None:
         raise UserError("\n".join(problems))
-
     if env.get("HPCTF_RUNS_ROOT"):
         site = site.model_copy(update={"runs_root": env["HPCTF_RUNS_ROOT"]})
         site_origins[("runs_root",)] = Origin(
             "environment", key="runs_root", detail="HPCTF_RUNS_ROOT"
         )
-    try:
-        loaded = resolve(
-            experiment_file,
-            experiment,
-            experiment_origins,
-            site,
-            site_origins,
-            choice,
-            python,
-            env,
-            readings.real,
-        )
-    except ConfigProblems as exc:
-        origins = exc.origins
-        lines = [
-            _located(origins, path, message, experiment_file) for path, message in exc.problems
-        ]
-        raise UserError("\n".join(lines)) from None
+    return experiment, experiment_origins, site, site_origins, choice
+
+
+def _check_resolved(loaded: Loaded, experiment_file: Path, readings: Readings) -> None:
+    """The checks of a resolved config: the site's template (parsed here once, for render),
+    the training entry and its ``train.args``, the trackers; a UserError at the first kind
+    that fails, each problem located."""
     config, origins = loaded.config, loaded.origins
     if config.site.template:
         try:
-            check_site_template(config.site.template)
+            site_template(config.site.template)  # parsed once: render uses it
         except UserError as exc:
             raise UserError(_located(origins, ("template",), str(exc), experiment_file)) from None
     problem, tree = readings.entry(_entry_key(config), lambda: _entry_source(config))
     if problem:
         raise UserError(_located(origins, ("train", "entry"), problem, experiment_file))
-    if tree is not None and (wrong := args_problems(config, tree)):
+    wrong = args_problems(config, tree) if tree is not None else []
+    wrong = wrong or tracking_problems(config)
+    if wrong:
         raise UserError(
             "\n".join(_located(origins, path, message, experiment_file) for path, message in wrong)
         )
-    if wrong := tracking_problems(config):
-        raise UserError(
-            "\n".join(_located(origins, path, message, experiment_file) for path, message in wrong)
-        )
-    return loaded
 
 
 def _located(origins: Mapping[KeyPath, Origin], path: KeyPath, message: str, file: Path) -> str:

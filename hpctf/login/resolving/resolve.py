@@ -26,6 +26,7 @@ from hpctf.core.settings.config import (
     ResolvedConfig,
     Resources,
     Site,
+    Train,
 )
 from hpctf.core.settings.replicas import batch_split_problem, expected_replicas
 from hpctf.core.settings.sbatch_options import option_name
@@ -298,25 +299,52 @@ def resolve(
     work.
     """
     env = os.environ if env is None else env
-    base = real(experiment_file).parent
-    python_path = [str(real(base / p)) for p in experiment.train.python_path]
-    train_update: dict[str, Any] = {"python_path": python_path}
-    script_problem = None
-    if experiment.train.script is not None:
-        script = real(base / experiment.train.script)
-        train_update["script"] = str(script)
-        script_problem = check_script(script, python_path)
-    train = experiment.train.model_copy(update=train_update)
+    train, script_problem = _train_paths(experiment, real(experiment_file).parent, real)
     resources, origins = merge_resources(
         experiment.resources, site, experiment_origins, site_origins
     )
     origins.update(_other_origins(experiment, experiment_origins, site, site_origins, site_choice))
+    problems = _combination_problems(experiment, resources, site)
+    if script_problem:
+        problems.append((("train", "script"), script_problem))
+    experiment = experiment.model_copy(update={"train": train, "resources": resources})
+    site_update, path_problems = expand_site_paths(site, env)
+    problems.extend(path_problems)
+    if problems:
+        raise ConfigProblems(experiment_file, problems, origins)
+    site = site.model_copy(update=site_update)
+    config = ResolvedConfig(
+        experiment=experiment,
+        site=site,
+        experiment_file=str(real(experiment_file)),
+        python=_interpreter(site, python),
+    )
+    return Loaded(config, origins)
+
+
+def _train_paths(
+    experiment: Experiment, base: Path, real: Callable[[Path], Path]
+) -> tuple[Train, str | None]:
+    """``train`` with its python_path and script absolute (from the experiment file's
+    directory ``base``), and why the script cannot be run (or None)."""
+    python_path = [str(real(base / p)) for p in experiment.train.python_path]
+    update: dict[str, Any] = {"python_path": python_path}
+    script_problem = None
+    if experiment.train.script is not None:
+        script = real(base / experiment.train.script)
+        update["script"] = str(script)
+        script_problem = check_script(script, python_path)
+    return experiment.train.model_copy(update=update), script_problem
+
+
+def _combination_problems(
+    experiment: Experiment, resources: Resources, site: Site
+) -> list[tuple[KeyPath, str]]:
+    """What cannot work in the experiment's request on ``site`` (``resources``: merged)."""
     problems = resource_conflicts(resources, site)
     batch = experiment.train.global_batch_size
     if batch and (split := batch_split_problem(batch, expected_replicas(resources))):
         problems.append((("train", "global_batch_size"), split))
-    if script_problem:
-        problems.append((("train", "script"), script_problem))
     if experiment.train.restart_every_steps and not launcher_for(site).slurm:
         problems.append(
             (
@@ -325,22 +353,13 @@ def resolve(
                 "processes, which are not started again: leave it out there",
             )
         )
-    experiment = experiment.model_copy(update={"train": train, "resources": resources})
-    site_update, path_problems = expand_site_paths(site, env)
-    problems.extend(path_problems)
-    if problems:
-        raise ConfigProblems(experiment_file, problems, origins)
-    site = site.model_copy(update=site_update)
+    return problems
+
+
+def _interpreter(site: Site, python: str | None) -> str:
+    """The Python the workers run: the site's, its venv's, or this one (``python``)."""
     if site.python:
-        interpreter = site.python
-    elif site.venv:
-        interpreter = str(Path(site.venv) / "bin" / "python")
-    else:
-        interpreter = python or sys.executable
-    config = ResolvedConfig(
-        experiment=experiment,
-        site=site,
-        experiment_file=str(real(experiment_file)),
-        python=interpreter,
-    )
-    return Loaded(config, origins)
+        return site.python
+    if site.venv:
+        return str(Path(site.venv) / "bin" / "python")
+    return python or sys.executable

@@ -1,5 +1,6 @@
-"""The login-node commands: validate, render, submit, schema, sites, init, resubmit (status,
-runs, logs, cancel and plot are in the modules of those names). None of them imports
+"""The login-node commands: validate, render, submit, schema, sites, init (resubmit, which also
+takes a sweep directory, is :mod:`hpctf.login.sweeps.resubmit_command`'s; status, runs, logs,
+cancel and plot are in the modules of those names). None of them imports
 TensorFlow; each raises UserError or EnvironmentProblem and leaves the reporting to the CLI edge
 (:mod:`hpctf.cli`)."""
 
@@ -12,8 +13,7 @@ from pathlib import Path
 
 import click
 
-from hpctf.core.errors import UserError
-from hpctf.core.run.rundir import create_run_dir, plan_run_dir
+from hpctf.core.run.rundir import plan_run_dir
 from hpctf.core.safe_files import umask, write_atomic
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import Experiment, Site
@@ -21,12 +21,9 @@ from hpctf.core.settings.sites import describe_site, listing, read_site, search_
 from hpctf.login.resolving.advice import advice
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting import scaffold
-from hpctf.login.submitting.launch import submit_config, warn_if_writable_by_others, warn_left_out
+from hpctf.login.submitting.pipeline import RunJob, submit_run
 from hpctf.login.submitting.render import explain as explain_script
 from hpctf.login.submitting.render import render
-from hpctf.login.submitting.resubmit import resubmit_run
-from hpctf.login.sweeps.commands import sweep_resubmit
-from hpctf.login.sweeps.sweep_dir import is_sweep_dir
 
 _site_option = click.option(
     "--site",
@@ -96,16 +93,15 @@ def render_command(
     comes from the config: default, site file and line, experiment file and line, or --set.
     """
     loaded = load_config(experiment, site_name, overrides, os.environ)
-    config = loaded.config
-    run = plan_run_dir(config)
-    script = render(config, run.path)
-    shown = explain_script(script, config, loaded.origins) if explain else script
+    job = RunJob(loaded.config)
+    planned = job.plan()
+    script = job.render(planned)
+    shown = explain_script(script, loaded.config, loaded.origins) if explain else script
     if output is None:
         click.echo(shown, nl=False)
         return
-    config = create_run_dir(run, config, script)
-    warn_if_writable_by_others(run.path)
-    warn_left_out(run.path)
+    created = job.create(planned, script)  # another name when a submit of this second took it
+    run, script = created.run, created.script
     write_atomic(output, script, mode=0o777 & ~umask())  # executable, as the umask allows
     if explain:
         click.echo(shown, nl=False)
@@ -127,20 +123,19 @@ def submit(
 ) -> None:
     """Create a run directory for EXPERIMENT and start it (sbatch, or local processes)."""
     config = load_config(experiment, site_name, overrides, os.environ).config
-    run = plan_run_dir(config)
-    script = render(config, run.path)
     for line in advice(config):
         click.echo(f"warning: {line}", err=True)
-    if dry_run:
-        click.echo(script, nl=False)
-        click.echo(
-            f"# dry run: nothing written, nothing submitted (run directory would be {run.path})",
-            err=True,
-        )
-        if launcher_for(config.site).test_only(script):  # a SlurmFailure carries its words
-            click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
-        return
-    sys.exit(submit_config(config)[1])
+    submitted = submit_run(config, dry_run=dry_run)
+    if not dry_run:
+        sys.exit(submitted.result)
+    click.echo(submitted.script, nl=False)
+    click.echo(
+        "# dry run: nothing written, nothing submitted (run directory would be "
+        f"{submitted.planned.run.path})",
+        err=True,
+    )
+    if launcher_for(config.site).test_only(submitted.script):  # a SlurmFailure says why not
+        click.echo("# sbatch --test-only: Slurm accepts this job", err=True)
 
 
 @click.command()
@@ -194,65 +189,6 @@ def init(directory: Path, site_name: str, name: str | None, force: bool) -> None
     click.echo(f"next: hpctf validate {written[0]} && hpctf submit {written[0]}")
 
 
-@click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
-@click.option(
-    "--exclude",
-    metavar="NODES",
-    help="Leave these nodes out of the new job (a Slurm node list, e.g. node[3-4],node7), as "
-    "well as the nodes that failed under the run's earlier jobs.",
-)
-@click.option(
-    "--retry-failed-nodes",
-    is_flag=True,
-    help="Do not leave out the nodes that failed under the run's earlier jobs.",
-)
-@click.option(
-    "--update-code",
-    is_flag=True,
-    help="Copy the code from the experiment's python_path again (by default every start runs "
-    "the copy taken at submit).",
-)
-@click.option(
-    "--from-scratch",
-    is_flag=True,
-    help="Start again from step 0: the run's checkpoints are moved aside to "
-    "checkpoints-discarded-<time>/ (nothing is deleted).",
-)
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY.PATH=VALUE",
-    help="Continue the run with a new train.steps (or epochs, log/eval cadence, "
-    "checkpoint.every_steps, keep), also a done one (repeatable).",
-)
-def resubmit(
-    run_dir: Path,
-    exclude: str | None,
-    retry_failed_nodes: bool,
-    update_code: bool,
-    from_scratch: bool,
-    overrides: tuple[str, ...],
-) -> None:
-    """Start a new job on RUN_DIR; it resumes from the latest checkpoint. On a sweep
-    directory: one new job array over the points that did not finish.
-
-    With --set, continue the run (done or stopped) with keys that change neither the model nor
-    the batch script: train.steps (more steps than it has), train.epochs,
-    train.log_every_steps, train.eval_every_steps, checkpoint.every_steps, checkpoint.keep.
-    The change is recorded in the run's journal; `hpctf status` shows it."""
-    if is_sweep_dir(run_dir):
-        if from_scratch or overrides:
-            raise UserError("--from-scratch and --set take one run directory, not a sweep")
-        options = {"--exclude": exclude, "--retry-failed-nodes": retry_failed_nodes}
-        sweep_resubmit(run_dir, {**options, "--update-code": update_code})
-        return
-    sys.exit(
-        resubmit_run(run_dir, exclude, retry_failed_nodes, update_code, from_scratch, overrides)
-    )
-
-
 COMMANDS = (
     validate,
     render_command,
@@ -260,5 +196,4 @@ COMMANDS = (
     schema,
     sites,
     init,
-    resubmit,
 )

@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import IO
 
 from hpctf.core.errors import PREEMPTED_EXIT, UserError, shell_status
@@ -142,6 +143,51 @@ def _warn(run: RunDir, job_id: int, procs: list[subprocess.Popen[bytes]], signum
     )
 
 
+def spawn_tasks(
+    argv: Sequence[str],
+    ntasks: int,
+    base: Mapping[str, str],
+    log_of: Callable[[int], Path],
+    launcher: int | None = None,
+) -> list[subprocess.Popen[bytes]]:
+    """The ``ntasks`` tasks of a one-node job as processes of this one, each running ``argv``
+    with srun's environment for its rank (:func:`task_environment`, job id: this process's
+    pid) and its output appended to ``log_of(rank)``; each in a session of its own, out of
+    the terminal's process group, so that a Ctrl-C reaches this process alone, which decides
+    what the tasks get. With ``launcher`` (this process's pid) each task ends with it
+    (:func:`_end_with`). A task that cannot be started stops those started before it.
+    The one local spawner: a run's workers (:func:`launch`) and ``hpctf doctor``'s checks."""
+    job_id = os.getpid()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(ntasks):
+            with open_append(log_of(rank)) as log_file:
+                procs.append(
+                    subprocess.Popen(
+                        list(argv),
+                        env=task_environment(base, job_id, ntasks, rank),
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=None if launcher is None else _end_with(launcher),
+                    )
+                )
+    except BaseException:
+        stop_tasks(procs)
+        raise
+    return procs
+
+
+def stop_tasks(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL to every task still running (each one's whole session), and wait for them."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
 class Interrupted(Exception):
     """:func:`launch` with ``interrupt``: a SIGINT stopped the run (after the workers' save
     and the recorded end), for a caller that raises KeyboardInterrupt."""
@@ -177,31 +223,15 @@ def launch(
     status = 0
     sink: IO[str] | None = echo
     try:
-        for rank in range(ntasks):
-            with open_append(run.rank_log(rank)) as log_file:
-                procs.append(
-                    subprocess.Popen(
-                        [config.python, "-m", "hpctf", "worker", str(run.path)],
-                        env=task_environment(base, job_id, ntasks, rank),
-                        stdout=log_file,
-                        stderr=subprocess.STDOUT,
-                        # Out of the terminal's process group: a Ctrl-C reaches the launcher
-                        # alone, which decides what the workers get.
-                        start_new_session=True,
-                        preexec_fn=_end_with(job_id),
-                    )
-                )
+        worker = [config.python, "-m", "hpctf", "worker", str(run.path)]
+        procs = spawn_tasks(worker, ntasks, base, run.rank_log, launcher=job_id)
         status = _supervise(run, job_id, procs, stop, sink)
     except KeyboardInterrupt:
         status = 128 + (stop.first or signal.SIGINT)
     finally:
         # SIGKILL, as srun does after KillWait: once the strategy exists TensorFlow's own
         # handler swallows SIGTERM, so a polite signal may never end a worker.
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        for proc in procs:
-            proc.wait()
+        stop_tasks(procs)
         stop.restore()
     status = shell_status(status or next((p.returncode for p in procs if p.returncode), 0))
     reason = run.record_end(str(job_id), status, config.site.preemption.signal)

@@ -18,13 +18,13 @@ from hpctf.core.run.jobs import jobs_of
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir, with_snapshot
 from hpctf.core.run.runstate import run_state
-from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.extend import extend_run, extended_config
-from hpctf.login.submitting.launch import CLI, Caller, start_run
+from hpctf.login.submitting.launchers import CLI, Caller, JobLauncher, job_launcher
 from hpctf.login.submitting.local_control import local_launcher, wait_for_old_workers
+from hpctf.login.submitting.pipeline import start
 
 # A Slurm node list as scontrol writes one: names, ranges in brackets, commas.
 _NODELIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*")
@@ -48,6 +48,31 @@ def resubmit_run(
     check_not_a_copy(run)  # a copy's script would start the original
     run.check_journal()  # which jobs may still run must come from a whole journal
     config = run.load_config()
+    _check_request(run, config, exclude, from_scratch, overrides)
+    launcher = job_launcher(config.site)
+    _check_not_running(run, launcher)
+    claim = _claim(run, launcher.facts.slurm)
+    try:
+        status = _start_again(
+            run, config, exclude, retry_failed_nodes, update_code, from_scratch, overrides, caller
+        )
+    except BaseException:
+        ownership.give_up(run.path, claim)
+        raise
+    if launcher.facts.slurm:
+        submitted = [e for e in run.events() if e.get("event") == journal.SUBMITTED]
+        ownership.hand_over(run.path, claim, str(submitted[-1]["job_id"]))
+    return status
+
+
+def _check_request(
+    run: RunDir,
+    config: ResolvedConfig,
+    exclude: str | None,
+    from_scratch: bool,
+    overrides: Sequence[str],
+) -> None:
+    """A UserError when what was asked cannot be done to ``run``; writes nothing."""
     if overrides:
         if from_scratch:
             raise UserError("--set continues a run from its checkpoint; not with --from-scratch")
@@ -59,46 +84,44 @@ def resubmit_run(
         )
     if exclude is not None and not _NODELIST.fullmatch(exclude):
         raise UserError(f"--exclude {exclude!r} is not a Slurm node list, e.g. node[3-4],node7")
-    launcher = launcher_for(config.site)
-    launcher.check_exclude(exclude, run.path)
-    if launcher.slurm:
-        # Two jobs on one run directory would write the same checkpoints.
-        for job in jobs_of(run.events()):
-            if job.ended:
-                continue
-            info = slurm.job_info(job.job_id)
-            state = info.get("JobState", "") if info else ""
-            if state and state not in FINAL_STATES:
-                raise UserError(
-                    f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
-                    f"stop it with: hpctf cancel {run.path}"
-                )
-    elif local_launcher(run) is None:
-        # A killed local launcher's workers save and end on their own (launcher_watch): wait
-        # for them rather than start a second set beside them. A live launcher: refused below.
-        wait_for_old_workers(run)
-    # Atomic, unlike the check above: of two resubmits at one instant, one goes on. On Slurm
-    # the claim passes to the job sbatch gives; a local run is this process's own.
-    claim = ownership.claim_of("submit" if launcher.slurm else "local")
+    launcher_for(config.site).check_exclude(exclude, run.path)
+
+
+def _check_not_running(run: RunDir, launcher: JobLauncher) -> None:
+    """A UserError while a job of ``run`` may still run: two jobs on one run directory would
+    write the same checkpoints. A killed local launcher's workers save and end on their own
+    (launcher_watch): waited for rather than a second set started beside them (a live
+    launcher is refused by the claim)."""
+    if not launcher.facts.slurm:
+        if local_launcher(run) is None:
+            wait_for_old_workers(run)
+        return
+    for job in jobs_of(run.events()):
+        if job.ended:
+            continue
+        info = launcher.describe(job.job_id)
+        state = info.get("JobState", "") if info else ""
+        if state and state not in FINAL_STATES:
+            raise UserError(
+                f"job {job.job_id} of {run.path} is still {state}; wait for it, or "
+                f"stop it with: hpctf cancel {run.path}"
+            )
+
+
+def _claim(run: RunDir, slurm_jobs: bool) -> ownership.Claim:
+    """This resubmit's claim on ``run``: atomic, unlike the check before it (of two resubmits
+    at one instant, one goes on). On Slurm the claim passes to the job sbatch gives; a local
+    run is this process's own."""
+    claim = ownership.claim_of("submit" if slurm_jobs else "local")
     owner = ownership.take(run.path, claim, ownership.alive, wait_for_submit_s=0)
     if owner is not None:
         stop = (
             f"stop it with: hpctf cancel {run.path}"
-            if launcher.slurm
+            if slurm_jobs
             else "stop its launcher (Ctrl-C in its terminal, or kill its pid)"
         )
         raise UserError(f"{owner.describe()} owns {run.path}; wait for it, or {stop}")
-    try:
-        status = _start_again(
-            run, config, exclude, retry_failed_nodes, update_code, from_scratch, overrides, caller
-        )
-    except BaseException:
-        ownership.give_up(run.path, claim)
-        raise
-    if launcher.slurm:
-        submitted = [e for e in run.events() if e.get("event") == journal.SUBMITTED]
-        ownership.hand_over(run.path, claim, str(submitted[-1]["job_id"]))
-    return status
+    return claim
 
 
 def _start_again(
@@ -135,7 +158,7 @@ def _start_again(
             err=True,
         )
         exclude = leave_out
-    return start_run(run, config, exclude, caller)
+    return start(run, config, exclude, caller)
 
 
 def discard_checkpoints(run: RunDir) -> None:

@@ -11,7 +11,6 @@ On a local site the points run one after another, each as ``hpctf submit`` would
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -31,7 +30,8 @@ from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
 from hpctf.core.settings.config import ResolvedConfig
-from hpctf.login.submitting.launch import CLI, Caller, start_run
+from hpctf.login.submitting.launchers import CLI, Caller, slurm_jobs
+from hpctf.login.submitting.pipeline import start
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
@@ -47,7 +47,7 @@ def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
         return config.site.sweep.max_array_size, f"site {config.site.name}: sweep.max_array_size"
     try:
         return slurm_queries.max_array_size(), "the cluster's MaxArraySize"
-    except (SlurmFailure, UserError) as exc:
+    except SlurmFailure as exc:
         if not dry_run:
             raise
         return SLURM_DEFAULT_MAX_ARRAY_SIZE, f"Slurm's default MaxArraySize (not asked: {exc})"
@@ -96,9 +96,7 @@ def submit_arrays(
             f"afterany:{ids[-1]}" if ids else "",
         ]
         extra = [f"--dependency={','.join(d for d in dependency if d)}"] if ids else []
-        job_id, dropped = slurm.sbatch(path, os.environ, extra)
-        if dropped and not ids:
-            click.echo(f"note: left out {', '.join(dropped)} from your shell", err=True)
+        job_id = slurm_jobs(config.site).submit_script(path, extra, quiet=bool(ids))
         _record_submitted([Path(run_dirs[i]) for i in chunk_indices], job_id)
         sweep.data.setdefault("arrays", []).append(
             {"job_id": job_id, "indices": list(chunk_indices), "script": str(path)}
@@ -140,7 +138,7 @@ def _run_locally(sweep: SweepDir, indices: Sequence[int], caller: Caller = CLI) 
         point = sweep.points[index]
         run = RunDir.open(Path(point["run_dir"]))
         click.echo(f"point {index}: {' '.join(f'{k}={v}' for k, v in point['values'].items())}")
-        status = start_run(run, run.load_config(), caller=caller)
+        status = start(run, run.load_config(), caller=caller)
         if status == 130:
             return status
         first_failure = first_failure or status

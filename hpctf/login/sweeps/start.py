@@ -16,12 +16,15 @@ from typing import Any
 
 import click
 
-from hpctf.core.run.rundir import RunDir, create_run_dirs_sharing_code
 from hpctf.core.run.snapshot import CODE_DIR
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.settings.config import ResolvedConfig
-from hpctf.login.submitting.launch import CLI, Caller, warn_if_writable_by_others, warn_left_out
-from hpctf.login.submitting.render import render
+from hpctf.login.submitting.launchers import CLI, Caller
+from hpctf.login.submitting.pipeline import (
+    create_points,
+    warn_if_writable_by_others,
+    warn_left_out,
+)
 from hpctf.login.sweeps import commands  # the array's parts (looked up at each call)
 from hpctf.login.sweeps.plan import (
     DEFAULT_MAX_POINTS,
@@ -109,23 +112,13 @@ def create_sweep(
                        for p, d in zip(points, run_dirs, strict=True)],
             "arrays": [],
         })  # fmt: skip
-        scripts = point_scripts(configs, run_dirs)
-        create_run_dirs_sharing_code(
-            [(RunDir(path), config, script) for path, config, script in
-             zip(run_dirs, configs, scripts, strict=True)],
-            sweep_path / CODE_DIR,
-        )  # fmt: skip
+        create_points(configs, run_dirs, sweep_path / CODE_DIR)
         record.write()
     except BaseException:
         shutil.rmtree(sweep_path, ignore_errors=True)  # nothing was submitted from it yet
         raise
     warn_left_out(run_dirs[0])
     return record
-
-
-def point_scripts(configs: Sequence[ResolvedConfig], run_dirs: Sequence[Path]) -> list[str]:
-    """Each point's own batch script (``hpctf resubmit POINT`` submits it alone)."""
-    return [render(config, path) for config, path in zip(configs, run_dirs, strict=True)]
 
 
 @click.command()

@@ -210,7 +210,8 @@ def find_sweeps(root: Path) -> list[SweepDir]:
 def claim_sweep_dir(plan: Callable[[], Path]) -> Path:
     """Create the sweep directory ``plan()`` names (with its ``logs/``), or the next one it
     names when another sweep of the same experiment took that name in the same second: the
-    mkdir is the claim, as for a run directory (:func:`hpctf.login.submitting.launch.new_run`)."""
+    mkdir is the claim, as for a run directory
+    (:meth:`hpctf.login.submitting.pipeline.RunJob.create`)."""
     for _ in range(100):
         path = plan()
         try:

@@ -10,7 +10,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.run import journal
 from hpctf.core.run.jobs import open_jobs as open_jobs_of
 from hpctf.core.run.run_identity import check_not_a_copy
-from hpctf.core.scheduler import slurm
+from hpctf.login.submitting.launchers import job_launcher
 from hpctf.login.submitting.local_control import (
     CANCEL_WAIT_S,
     cancel_local,
@@ -52,12 +52,11 @@ def cancel_run(run_dir: Path) -> list[str]:
     run = Run.read(run_dir)
     check_not_a_copy(run.run)  # a copy's journal names the original's jobs
     run.run.check_journal()  # which jobs are open must come from a whole journal
+    launcher = job_launcher(run.config.site)
     if not run.slurm:
-        stopped = cancel_local(run.run)
-        return [] if stopped is None else [stopped[0]]
-    open_jobs = open_jobs_of(run.events)
+        return launcher.cancel(run.run, [])  # its launcher records the cancel
+    open_jobs = launcher.cancel(run.run, open_jobs_of(run.events))
     if open_jobs:
-        slurm.cancel(open_jobs)  # scancel of a job that has just ended succeeds too
         journal.record_cancelled(run.run, open_jobs)
     return open_jobs
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import click
 
-from hpctf.core.errors import UserError
 from hpctf.core.run.jobs import cancelled_by_user
 from hpctf.core.scheduler.slurm import SlurmFailure
 from hpctf.core.scheduler.slurm_queries import JobRecord, sacct_jobs, squeue_jobs
@@ -44,14 +43,14 @@ def slurm_records(job_ids: Sequence[str], env: Mapping[str, str] | None = None) 
     answered = True
     try:
         records.update(squeue_jobs(ids, env))
-    except (SlurmFailure, UserError) as exc:
+    except SlurmFailure as exc:
         problems.append(f"squeue: {exc}")
         answered = False
     missing = [i for i in ids if i not in records]
     if missing:
         try:
             records.update(sacct_jobs(missing, env))
-        except (SlurmFailure, UserError) as exc:
+        except SlurmFailure as exc:
             problems.append(f"sacct: {exc}")
     problem = ""
     if problems:
