@@ -1,30 +1,64 @@
 """The sweep section: planning a 2,500-point sweep (`hpctf sweep ... --dry-run`, whole process)
-against rendering one point (`hpctf render`), alternated."""
+against rendering one point (`hpctf render`), alternated; submitting a 1,000-point sweep (each
+phase timed: benchmarks/sweep_phases.py) to the Slurm cluster SLURM_CONF names when one
+answers (the test cluster: `tests/slurm/cluster.sh start`), else to a stand-in sbatch, and the
+files each point holds; a 100,000-point dry run's time and peak memory."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from harness import DIGITS, BenchError, Harness, median, say
+from harness import DIGITS, HERE, BenchError, Harness, median, say
 
 SWEEP_POINTS = 2500  # issue #21: "a 2,500-point dry run within 1 s here"
+SUBMIT_POINTS = 1000  # issue #34: "submit of 1,000 points <= 3 s"
+DRY_POINTS = 100_000  # issue #31: "a 100,000-point sweep dry run in at most 30 s"
+PHASES = ("planning", "rendering", "creation", "sbatch", "records")
 
 
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Run ``argv`` to the end, output discarded: (wall seconds, CPU seconds, user + system,
-    of that process alone; on a loaded machine the wall time is mostly waiting for a core)."""
+def timed_usage(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
+    """Run ``argv`` to the end, stdout discarded: wall seconds, CPU seconds (user + system,
+    of that process and the children it waited for; on a loaded machine the wall time is
+    mostly waiting for a core), its peak RSS in MB (the largest process) and its stderr."""
     started = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    errors = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
-    errors = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if proc.returncode != 0:
         raise BenchError(f"{' '.join(argv)} failed (exit {proc.returncode}):\n{errors[-3000:]}")
-    return wall, usage.ru_utime + usage.ru_stime
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, errors
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """:func:`timed_usage`'s wall and CPU seconds."""
+    wall, cpu, _, _ = timed_usage(argv, env)
+    return wall, cpu
+
+
+def slurm_conf() -> str | None:
+    """SLURM_CONF when it names a cluster that answers (``scontrol ping``), else None."""
+    conf = os.environ.get("SLURM_CONF")
+    if not conf or not shutil.which("sbatch") or not shutil.which("scontrol"):
+        return None
+    try:
+        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return conf if proc.returncode == 0 and "UP" in proc.stdout else None
+
+
+def entries(path: Path) -> int:
+    """``path`` and everything below it (links not followed): the metadata a point costs."""
+    return 1 + sum(len(dirs) + len(files) for _, dirs, files in os.walk(path))
 
 
 class SweepBench(Harness):
@@ -62,7 +96,11 @@ class SweepBench(Harness):
             met=cpu["sweep"] <= 1.0,
         )
         say(f"sweep: {cpu['sweep']:.2f} s CPU, {wall['sweep']:.2f} s wall for {SWEEP_POINTS}")
+        submitted = self.sweep_submit(work, sites)
+        dry = self.sweep_dry_run(work, env)
         return {
+            "submit": submitted,
+            "dry_run": dry,
             "points": SWEEP_POINTS,
             "sweep_wall_s": [round(w, 3) for w, _ in samples["sweep"]],
             "sweep_cpu_s": [round(c, 3) for _, c in samples["sweep"]],
@@ -70,3 +108,103 @@ class SweepBench(Harness):
             "render_cpu_s": [round(c, 3) for _, c in samples["render"]],
             "load_average": round(load, 2),
         }
+
+    def sweep_submit(self, work: Path, sites: Path) -> dict[str, Any]:
+        """``hpctf sweep`` of 1,000 points, each phase timed, every task held back by a
+        dependency on a held job (nothing trains), then cancelled; the files of a point."""
+        conf = slurm_conf()
+        env = {**self.env(work / "submit-runs"), "HPCTF_SITE_PATH": str(sites)}
+        if conf is not None:
+            env["SLURM_CONF"] = conf
+            hold = subprocess.run(
+                ["sbatch", "--parsable", "--hold", "--partition=debug", "--output=/dev/null",
+                 "--wrap=true"], env=env, capture_output=True, text=True, check=True,
+            ).stdout.strip()  # fmt: skip
+            site, where = "local-slurm", f"the Slurm cluster of {conf}"
+        else:
+            fake = work / "stand-in"
+            fake.mkdir(exist_ok=True)
+            (fake / "sbatch").write_text("#!/bin/sh\necho 4242\n")
+            (fake / "sbatch").chmod(0o755)
+            env["PATH"] = f"{fake}:{env.get('PATH', '')}"
+            hold, site, where = "1", "bench", "a stand-in sbatch (no Slurm cluster answers)"
+        seeds = ",".join(map(str, range(SUBMIT_POINTS)))
+        argv = [sys.executable, str(HERE / "sweep_phases.py"), str(DIGITS), "--site", site,
+                "--grid", f"train.seed={seeds}", "--max-running", "2",
+                "--set", f"resources.dependency=afterok:{hold}"]  # fmt: skip
+        walls, cpus, phases = [], [], []
+        try:
+            for index in range(self.sizes.sweep_rounds):
+                env["HPCTF_RUNS_ROOT"] = str(work / f"submit-runs-{index}")
+                wall, cpu, _, errors = timed_usage(argv, env)
+                walls.append(wall)
+                cpus.append(cpu)
+                phases.append(json.loads(errors.strip().splitlines()[-1])["seconds"])
+                if conf is not None:  # the held array(s) of this round, gone
+                    (made,) = Path(env["HPCTF_RUNS_ROOT"]).iterdir()
+                    arrays = json.loads((made / "sweep.json").read_text())["arrays"]
+                    ids = [str(a["job_id"]) for a in arrays]
+                    subprocess.run(["scancel", *ids], env=env, check=False)
+        finally:
+            if conf is not None:
+                subprocess.run(["scancel", hold], env=env, check=False)
+        (sweep,) = (work / f"submit-runs-{len(walls) - 1}").iterdir()
+        point = next(p for p in sorted(sweep.iterdir()) if (p / "config.json").is_file())
+        own = entries(point)
+        shared = entries(sweep / "code") - 1  # the store itself is the sweep's, not a point's
+        per_phase = {name: median([p.get(name, 0.0) for p in phases]) for name in PHASES}
+        load = os.getloadavg()[0]
+        self.row(
+            benchmark=f"sweep submit: `hpctf sweep` of {SUBMIT_POINTS:,} points to {where}, "
+            f"one throttled array ({len(walls)} round(s), load average {load:.1f})",
+            hpctf=f"{median(walls):.2f} s wall ({median(cpus):.2f} s CPU): "
+            + ", ".join(f"{name} {per_phase[name]:.2f} s" for name in PHASES),
+            baseline="-",
+            result=f"{median(walls):.2f} s",
+            goal="<= 3 s",
+            met=median(walls) <= 3.0,
+        )
+        self.row(
+            benchmark=f"sweep files: what one point of {SUBMIT_POINTS:,} holds (its code a link "
+            "to the sweep's one snapshot)",
+            hpctf=f"{own} files and directories a point; {shared} shared by all",
+            baseline=f"its own copy of the code: {own - 1 + shared} a point",
+            result=f"{own / (own - 1 + shared):.2f} x",
+            goal="no code file in a point",
+            met=(point / "code").is_symlink(),
+        )
+        say(f"sweep submit: {median(walls):.2f} s wall, {own} files a point")
+        return {
+            "points": SUBMIT_POINTS,
+            "slurm": conf is not None,
+            "wall_s": [round(w, 3) for w in walls],
+            "cpu_s": [round(c, 3) for c in cpus],
+            "phases_s": [{k: round(v, 3) for k, v in p.items()} for p in phases],
+            "files_per_point": own,
+            "shared_files": shared,
+        }
+
+    def sweep_dry_run(self, work: Path, env: dict[str, str]) -> dict[str, Any]:
+        """``hpctf sweep --dry-run`` of 100,000 points (--tiny: 2,000): time and peak RSS. The
+        points are as many seeds as it takes, times 100 values of log_every_steps."""
+        points = self.sizes.sweep_dry_points
+        full = points == DRY_POINTS
+        seeds = ",".join(map(str, range(points // 100)))
+        logs = ",".join(map(str, range(1, 101)))
+        argv = [*self.hpctf, "sweep", str(DIGITS), "--site", "bench",
+                "--grid", f"train.seed={seeds}", "--grid", f"train.log_every_steps={logs}",
+                "--max-points", str(points), "--dry-run"]  # fmt: skip
+        wall, cpu, rss, _ = timed_usage(argv, {**env, "HPCTF_RUNS_ROOT": str(work / "dry")})
+        load = os.getloadavg()[0]
+        self.row(
+            benchmark=f"sweep dry run: `hpctf sweep --dry-run`, {points:,} points (load average "
+            f"{load:.1f})",
+            hpctf=f"{wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {rss:.0f} MB",
+            baseline="issue #31: 113 s and 858 MB (100,000 points)",
+            result=f"{wall:.1f} s, {rss:.0f} MB",
+            goal="<= 30 s, far under 858 MB" if full else f"(at {DRY_POINTS:,} points)",
+            met=(wall <= 30 and rss <= 300) if full else None,
+        )
+        say(f"sweep dry run: {points} points in {wall:.1f} s wall, {rss:.0f} MB")
+        return {"points": points, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                "peak_rss_mb": round(rss, 1)}  # fmt: skip

@@ -53,6 +53,7 @@ class Sizes:
     listing_points: int  # points of the sweep `hpctf status SWEEP` shows
     listing_rounds: int  # timed runs of each listing command (after the one that indexes)
     listing_cold: bool  # drop the page cache before each `status SWEEP` (root; a full run only)
+    sweep_dry_points: int  # the big dry run (issue #31: 100,000 points in at most 30 s)
     resolver_nodes: tuple[int, ...]
     resolver_repeat: int
     runtime_steps: int
@@ -91,6 +92,7 @@ FULL = Sizes(
     listing_points=1_000,
     listing_rounds=3,
     listing_cold=True,
+    sweep_dry_points=100_000,
     resolver_nodes=(10, 1000, 4000, 10000),
     resolver_repeat=50,
     runtime_steps=2000,
@@ -133,6 +135,7 @@ TINY = replace(
     listing_points=20,
     listing_rounds=1,
     listing_cold=False,
+    sweep_dry_points=2_000,
     resolver_nodes=(10, 4000),
     resolver_repeat=1,
     runtime_steps=200,

@@ -30,7 +30,10 @@ and noisy: absolute numbers move, ratios much less):
               sweep from a cold page cache, whole processes (goal: <= 2 s and <= 300 MB;
               <= 1 s for the sweep)
   sweep       a 2,500-point `hpctf sweep --dry-run` against one `hpctf render`, whole
-              processes, alternated (goal: <= 1 s of CPU)
+              processes, alternated (goal: <= 1 s of CPU); `hpctf sweep` of 1,000 points,
+              each phase timed, to the cluster SLURM_CONF names (else a stand-in sbatch)
+              (goal: <= 3 s), the files a point holds, and a 100,000-point dry run
+              (goal: <= 30 s)
   soak        one job of 100,000 steps (--tiny: 1,000) of the smallest step, 2 workers:
               threads, RSS and steps/s at its start and end (goal: flat)
 

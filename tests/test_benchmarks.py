@@ -71,7 +71,7 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
     assert [row["section"] for row in table] == [
         *["login"] * 3,
         *["listing"] * 3,
-        "sweep",
+        *["sweep"] * 4,  # the 2,500-point plan, the 1,000-point submit, its files, the dry run
         "resolver",
         *["runtime"] * 2,  # against the tutorial's loop, and a loop of 10 steps per call
         *["preemption"] * 3,
@@ -252,6 +252,18 @@ def check_sweep(tiny: tuple[dict[str, Any], str]) -> None:
     # A process's CPU time cannot exceed its wall time by much (one thread does the work).
     cpu, wall = sweep["sweep_cpu_s"], sweep["sweep_wall_s"]
     assert all(c <= w * 1.5 + 0.05 for c, w in zip(cpu, wall, strict=True))
+    # The 1,000-point submit: every phase timed in every round, within the whole; a point holds
+    # its own files only (its code a link to the one snapshot of the sweep).
+    submit = sweep["submit"]
+    assert submit["points"] == 1000 and len(submit["wall_s"]) == rounds
+    for phases, wall in zip(submit["phases_s"], submit["wall_s"], strict=True):
+        assert {"planning", "rendering", "creation", "sbatch", "records", "total"} <= set(phases)
+        assert positive(*phases.values()) and phases["total"] <= wall
+        assert sum(v for k, v in phases.items() if k != "total") <= phases["total"]
+    assert submit["files_per_point"] == 9 and submit["shared_files"] >= 3
+    dry = sweep["dry_run"]
+    assert dry["points"] == results["sizes"]["sweep_dry_points"] == 2000
+    assert positive(dry["wall_s"], dry["cpu_s"]) and 10 < dry["peak_rss_mb"] < 1000
 
 
 def check_listing(tiny: tuple[dict[str, Any], str]) -> None:

@@ -678,20 +678,67 @@ def test_sweep_points_share_one_copy_of_the_code(
     )
     assert result.exit_code == 0, result.output
     (sweep,) = runs_root.iterdir()
-    codes = sorted(sweep.glob("digits-seed*/code/0-digits/digits.py"))
-    assert len(codes) == 3
-    assert len({f.stat().st_ino for f in codes}) == 1 and codes[0].stat().st_nlink == 3
-    assert codes[0].stat().st_mode & 0o777 == 0o444
-    # A later resubmit --update-code of one point takes its own copy; the others keep theirs.
+    # One snapshot for the sweep, named by its content; each point's code/ a link to it.
+    (shared,) = (sweep / "code").iterdir()
+    assert sorted(p.name for p in shared.iterdir()) == ["0-digits", "SNAPSHOT.json"]
+    assert (shared / "0-digits" / "digits.py").stat().st_mode & 0o777 == 0o444
+    points = sorted(sweep.glob("digits-seed*"))
+    assert len(points) == 3
+    for point in points:
+        assert (point / "code").is_symlink() and (point / "code").resolve() == shared
+        # What is the point's own, and nothing else: 8 entries and the directory itself.
+        own = sorted(str(p.relative_to(point)) for p in point.rglob("*"))
+        assert [p for p in own if not p.startswith("journal/")] == [
+            "checkpoints", "code", "config.json", "job.sbatch", "journal", "logs",
+        ]  # fmt: skip
+        assert [e["event"] for e in RunDir(point).events()] == ["created", "submitted"]
+        config = json.loads((point / "config.json").read_text())
+        assert config["experiment"]["train"]["python_path"] == [str(shared / "0-digits")]
+        assert (point / "config.json").stat().st_mode & 0o777 == 0o600
+    # status reads the snapshot through the link, as for a single run.
+    shown = CliRunner().invoke(cli, ["status", str(points[1])])
+    assert f"code: {experiment.parent}: 2 files, " in shown.output, shown.output
+
+    # resubmit --update-code of one point: a copy of its own; the others keep the shared one.
     (experiment.parent / "digits.py").write_text(
         (experiment.parent / "digits.py").read_text() + "\n# changed\n"
     )
+    fake_slurm.answer("sbatch", "4300\n")
+    resubmitted = CliRunner().invoke(cli, ["resubmit", str(points[0]), "--update-code"])
+    assert resubmitted.exit_code == 0, resubmitted.output
+    assert not (points[0] / "code").is_symlink()
+    assert (points[0] / "code/0-digits/digits.py").read_text().endswith("# changed\n")
+    assert json.loads((points[0] / "config.json").read_text())["experiment"]["train"][
+        "python_path"
+    ] == [str(points[0] / "code" / "0-digits")]
+    assert not (shared / "0-digits" / "digits.py").read_text().endswith("# changed\n")
+    assert (points[1] / "code").resolve() == shared
+    # Removing a point leaves the others whole.
+    shutil.rmtree(points[2])
+    assert (points[1] / "code/0-digits/digits.py").is_file()
+
+
+def test_a_shared_snapshot_is_named_by_its_content(tmp_path: Path) -> None:
     from hpctf.core.run import snapshot
 
-    point = codes[0].parents[2]
-    snapshot.take([str(experiment.parent)], point)
-    assert (point / "code/0-digits/digits.py").read_text().endswith("# changed\n")
-    assert not codes[1].read_text().endswith("# changed\n") and codes[1].stat().st_nlink == 2
+    code = tmp_path / "src"
+    write_file = code / "model.py"
+    code.mkdir()
+    write_file.write_text("A = 1\n")
+    store = tmp_path / "sweep" / "code"
+    first, sources = snapshot.take_shared([str(code)], store)
+    again, _ = snapshot.take_shared([str(code)], store)
+    assert again == first and sorted(p.name for p in store.iterdir()) == [first.name]
+    assert sources[0].copy == str(first / "0-src") and (first / "0-src/model.py").is_file()
+    write_file.write_text("A = 2\n")
+    changed, _ = snapshot.take_shared([str(code)], store)
+    assert changed != first and (first / "0-src/model.py").read_text() == "A = 1\n"
+    assert (changed / "0-src/model.py").read_text() == "A = 2\n"
+    assert store.stat().st_mode & 0o022 == 0  # nobody else may swap a point's code here
+    run = tmp_path / "sweep" / "point"
+    run.mkdir()
+    snapshot.link(run, changed)
+    assert [s.copy for s in snapshot.read(run)] == [str(changed / "0-src")]
 
 
 def test_a_run_directory_moved_mid_run_is_an_environment_fault_and_no_stub_is_left(

@@ -367,3 +367,86 @@ def test_arrays_after_the_first_wait_for_the_one_before(
     calls = fake_slurm.calls("sbatch")
     assert len(calls) == 2 and "--dependency=afterany:4242 " in calls[1]
     assert fake_slurm.calls("scontrol") == []  # the site's limit: Slurm not asked
+
+
+# --- the points checked: the script's inputs, and forked checkers against one process --------
+
+
+def test_the_script_reads_only_what_script_inputs_names(runs_root: Path) -> None:
+    """A point whose script_inputs equal the first point's is not rendered (OneScript): that
+    holds only while render reads nothing else of the config. Everything else changed here."""
+    from hpctf.core.settings.tracking import Tracking, WandbTracking
+    from hpctf.login.resolving.loader import load_config
+    from hpctf.login.submitting.render import render
+    from hpctf.login.sweeps.points import script_inputs
+
+    config = load_config(DIGITS, "local-slurm", [], {"HOME": "/home/x"}).config
+    other = load_config(
+        DIGITS, "local-slurm",
+        ["train.steps=7", "train.seed=3", "train.args.hidden=8", "train.log_every_steps=1",
+         "checkpoint.every_steps=2", "checkpoint.keep=9", "checkpoint.asynchronous=false",
+         "train.python_path=[/tmp, .]", "site=local"],
+        {"HOME": "/home/x"},
+    ).config  # fmt: skip
+    tracked = other.experiment.model_copy(
+        update={"tracking": Tracking(wandb=WandbTracking(project="p", mode="offline"))}
+    )
+    other = other.model_copy(
+        update={"experiment": tracked, "experiment_file": "/elsewhere/experiment.yaml"}
+    )
+    assert script_inputs(other) == script_inputs(config)
+    assert render(other, Path("/r")) == render(config, Path("/r"))
+    env = config.experiment.model_copy(update={"env": {"X": "1"}})
+    assert script_inputs(config.model_copy(update={"experiment": env})) != script_inputs(config)
+
+
+def _steps_or_epochs(tmp_path: Path) -> Path:
+    """The digits experiment with neither train.steps nor train.epochs: each alone is valid,
+    both together are not (a point's problem, not a value's)."""
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    (folder / "digits.py").write_text((DIGITS.parent / "digits.py").read_text())
+    text = DIGITS.read_text().replace("  steps: 300\n", "")
+    return write(folder / "experiment.yaml", text)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (  # every point valid
+            ["--set", "train.steps=5", "--grid", "train.seed=0,1,2,3,4,5",
+             "--grid", "train.log_every_steps=1,2"],
+            None,
+        ),
+        (  # every point refused as a point: the first 10 said, in point order
+            ["--grid", "train.steps=5,6,7,8,9,10", "--grid", "train.epochs=1,2"],
+            r"point 0 \(steps=5 epochs=1\): .*give exactly one of train.steps or train.epochs"
+            r"(.|\n)*point 9 \(steps=9 epochs=2\)(.|\n)*\.\.\. and 2 more$",
+        ),
+        (  # the script changes at point 1 (env is in the script)
+            ["--set", "train.steps=5", "--grid", "train.seed=0,1,2", "--grid", "env.FOO=a,b"],
+            r"^--grid/--range env.FOO: changes the batch script",
+        ),
+    ],
+    ids=["valid", "points-refused", "script-changes"],
+)  # fmt: skip
+def test_forked_checkers_find_what_one_process_finds(
+    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],
+    expected: str | None,
+) -> None:  # fmt: skip
+    from hpctf.login.sweeps import points
+
+    experiment = _steps_or_epochs(tmp_path)
+    argv = ["sweep", str(experiment), "--site", "local-slurm", "--dry-run", *args]
+    outputs = []
+    for parallel_from in (10**9, 2):  # one process, then forked checkers (2 of them)
+        monkeypatch.setattr(points, "PARALLEL_FROM", parallel_from)
+        monkeypatch.setattr(points, "_processes", lambda: 2)
+        result = CliRunner().invoke(cli, argv)
+        outputs.append((result.exit_code, re.sub(r"sweep-\d{8}-\d{6}", "sweep-T", result.output)))
+    assert outputs[0] == outputs[1]
+    code, text = outputs[0]
+    if expected is None:
+        assert code == 0 and text.count("# point ") == 12, text
+    else:
+        assert code == 2 and re.search(expected, text.removeprefix("Error: ").strip()), text

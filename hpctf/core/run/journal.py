@@ -31,7 +31,7 @@ class RunDir(Protocol):
     @property
     def path(self) -> Path: ...
 
-    def record(self, event: str, **fields: Any) -> dict[str, Any]: ...
+    def record(self, event: str, *, sync: bool = True, **fields: Any) -> dict[str, Any]: ...
 
     def checkpoint_step(self) -> int: ...
 
@@ -178,8 +178,13 @@ def job_handle(env: Mapping[str, str]) -> str | None:
 
 
 def record_created(run: RunDir, experiment: str, site: str) -> dict[str, Any]:
+    return run.record(CREATED, **created_fields(run, experiment, site))
+
+
+def created_fields(run: RunDir, experiment: str, site: str) -> dict[str, Any]:
+    """The fields of ``created`` (a sweep's points write theirs with their directories)."""
     # run_dir: hpctf.core.run.run_identity refuses a copy of the run directory by it.
-    return run.record(CREATED, experiment=experiment, site=site, run_dir=str(run.path))
+    return {"experiment": experiment, "site": site, "run_dir": str(run.path)}
 
 
 def record_submitted(
@@ -188,11 +193,12 @@ def record_submitted(
     exclude: str | None = None,
     array_job_id: str | None = None,
     array_task_id: int | None = None,
+    sync: bool = True,
 ) -> dict[str, Any]:
     fields: dict[str, Any] = {"exclude": exclude} if exclude else {}
     if array_job_id is not None:
         fields.update(array_job_id=array_job_id, array_task_id=array_task_id)
-    return run.record(SUBMITTED, job_id=job_id, **fields)
+    return run.record(SUBMITTED, sync=sync, job_id=job_id, **fields)
 
 
 def record_code_updated(run: RunDir, sources: Sequence[str]) -> dict[str, Any]:
@@ -289,7 +295,9 @@ def record_ended(
     node_checks_failed: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """A start ended with ``exit_code`` for ``reason``, at the run's newest checkpoint step."""
-    extra = {"node_checks_failed": list(node_checks_failed)} if node_checks_failed else {}
+    extra: dict[str, Any] = (
+        {"node_checks_failed": list(node_checks_failed)} if node_checks_failed else {}
+    )
     return run.record(
         ENDED,
         job_id=job_id,

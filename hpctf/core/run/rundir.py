@@ -21,6 +21,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,9 +32,15 @@ from pydantic import ValidationError
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, secret_store, snapshot
-from hpctf.core.safe_files import NotARegularFile, read_bounded, safe_dir, umask
+from hpctf.core.safe_files import (
+    NotARegularFile,
+    read_bounded,
+    safe_dir,
+    sync_filesystem,
+    umask,
+)
 from hpctf.core.safe_files import write_atomic as write_atomic  # its old home
-from hpctf.core.secrets import secret_env, uri_passwords
+from hpctf.core.secrets import SECRETS_FILE, secret_env, uri_passwords
 from hpctf.core.settings.config import ResolvedConfig
 
 # Bounds on what a run directory may make a reader read (its files are data anyone who can
@@ -112,17 +120,16 @@ class RunDir:
         # config.json holds the secrets redacted; secrets.env (0600, the owner's) the values.
         return secret_store.restore(frozen, secret_store.read(self.path))
 
-    def record(self, event: str, **fields: Any) -> dict[str, Any]:
+    def record(self, event: str, *, sync: bool = True, **fields: Any) -> dict[str, Any]:
         """Append one event to the journal (atomic, safe from several writers at once) and
-        return it; its writers are :mod:`hpctf.core.run.journal`'s ``record_*`` functions."""
+        return it; its writers are :mod:`hpctf.core.run.journal`'s ``record_*`` functions.
+        ``sync``: as :func:`hpctf.core.safe_files.write_atomic`'s (a sweep's points: one sync
+        for all)."""
         safe_dir(self.journal)
         stamp = journal.next_stamp(os.listdir(self.journal), time.time_ns())
-        entry = {
-            "event": event,
-            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            **fields,
-        }
-        write_atomic(self.journal / journal.file_name(stamp, os.getpid(), event), json.dumps(entry))
+        name = journal.file_name(stamp, os.getpid(), event)
+        entry = journal_entry(event, fields)
+        write_atomic(self.journal / name, json.dumps(entry), sync=sync)
         return entry
 
     def events(self) -> list[dict[str, Any]]:
@@ -159,6 +166,12 @@ class RunDir:
         return events, damaged
 
 
+def journal_entry(event: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """One journal entry: the event, the writer's clock, its fields."""
+    entry = {"event": event, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {**entry, **fields}
+
+
 def runs_root(config: ResolvedConfig) -> Path:
     """The site's runs_root, as resolved (``~`` and ``$VARS`` were expanded then, once)."""
     return Path(config.site.runs_root).resolve()
@@ -190,40 +203,120 @@ def plan_run_dir(config: ResolvedConfig) -> RunDir:
     raise UserError(f"cannot find a free run directory name under {root}")
 
 
-def create_run_dir(
-    run: RunDir, config: ResolvedConfig, script: str, share_code_with: RunDir | None = None
-) -> ResolvedConfig:
+def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> ResolvedConfig:
     """Create the planned run directory: the code snapshot (:mod:`hpctf.core.run.snapshot`), the
     frozen config (its python_path pointing at the snapshot), the batch script. Returns the
     frozen config. On any failure nothing is left behind."""
+    _make_dir(run.path)
     try:
-        run.path.parent.mkdir(parents=True, exist_ok=True)
-        run.path.mkdir()
-    except FileExistsError:
-        raise RunDirTaken(
-            f"{run.path} already exists; submit again for a new run directory"
-        ) from None
+        frozen = _fill(run, config, script, lambda: with_snapshot(config, run))
+    except BaseException:
+        remove_new_run_dir(run)  # nothing half-made is left behind
+        raise
+    return frozen
+
+
+def create_run_dirs_sharing_code(
+    runs: Sequence[tuple[RunDir, ResolvedConfig, str]], store: Path, workers: int = 8
+) -> None:
+    """Create many planned run directories (a sweep's points: each with its config and
+    script) in one new directory that nothing reads yet, their code one snapshot kept in
+    ``store`` (:func:`hpctf.core.run.snapshot.take_shared`: one per distinct python_path, each
+    ``RUN_DIR/code`` a link to it). A point holds only what is its own: its directory, empty
+    ``logs/`` and ``checkpoints/``, the link, its config (and secrets), its script and its
+    journal's ``created`` record.
+
+    Each point is 8 metadata operations (a file: one open, one write): its files are new, in
+    a directory no reader knows of until the sweep is recorded, so none needs the temporary
+    file, rename and fsync of :func:`write_atomic`; the filesystem is synced once at the end.
+    The points are made by ``workers`` threads at once: on a parallel filesystem each
+    operation is a round trip to its metadata server, which one thread would wait for in
+    turn. On any failure every directory made here is removed and the error raised."""
+    snapshots: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[Path, list[snapshot.Source]]]
+    snapshots = {}
+    planned = []
+    for run, config, script in runs:
+        secrets = tuple(secret_values(config))
+        key = (tuple(config.experiment.train.python_path), secrets)
+        if key not in snapshots:
+            snapshots[key] = snapshot.take_shared(list(key[0]), store, runs_root(config), secrets)
+        code, sources = snapshots[key]
+        planned.append((run, _pointing_at(config, sources), script, code))
+    made: list[RunDir] = []  # list.append is atomic: each thread adds the directory it made
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        for future in [pool.submit(_make_point, *item, made) for item in planned]:
+            future.result()  # the first failure, raised
+        sync_filesystem(store)  # every file made here on disk, in one call
+    except BaseException:
+        pool.shutdown(cancel_futures=True)
+        for run in made:
+            remove_new_run_dir(run)
+        raise
+    finally:
+        pool.shutdown()
+
+
+def _make_point(
+    run: RunDir, frozen: ResolvedConfig, script: str, code: Path, made: list[RunDir]
+) -> None:
+    """One point of :func:`create_run_dirs_sharing_code` (added to ``made`` once its directory
+    is claimed)."""
+    _make_dir(run.path, parents=False)
+    made.append(run)
+    redacted, secrets = secret_store.split(frozen)
+    try:
+        for folder in (run.logs, run.checkpoints, run.journal):
+            folder.mkdir()
+        snapshot.link(run.path, code)
+        if secrets:  # before the config: the config is never there without them
+            _write_new(run.path / SECRETS_FILE, secret_store.text(secrets))
+        _write_new(run.config_file, redacted.model_dump_json(indent=2))
+        _write_new(run.script, script, 0o777)  # less the umask, as for any new file
+        fields = journal.created_fields(run, frozen.experiment_file, frozen.site.name)
+        name = journal.file_name(time.time_ns(), os.getpid(), journal.CREATED)
+        _write_new(run.journal / name, json.dumps(journal_entry(journal.CREATED, fields)))
     except OSError as exc:
         raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
+
+
+def _write_new(path: Path, text: str, mode: int = 0o600) -> None:
+    """A new file (never through a link: O_EXCL) holding ``text``, ``mode`` less the umask."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, mode), "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _make_dir(path: Path, parents: bool = True) -> None:
+    """The mkdir that claims a planned run directory (``parents``: making its runs root)."""
+    try:
+        if parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir()
+    except FileExistsError:
+        raise RunDirTaken(f"{path} already exists; submit again for a new run directory") from None
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot create run directory {path}: {exc.strerror}") from exc
+
+
+def _fill(
+    run: RunDir, config: ResolvedConfig, script: str, code: Callable[[], ResolvedConfig]
+) -> ResolvedConfig:
+    """A new run directory's contents: ``code()`` puts the code and the frozen config there
+    and returns that config; then the script and the journal's ``created`` record."""
     try:
         run.logs.mkdir()
         run.checkpoints.mkdir()
-        frozen = with_snapshot(config, run, share_with=share_code_with)
+        frozen = code()
         write_atomic(run.script, script, mode=0o777 & ~umask())  # as the umask allows
         journal.record_created(run, config.experiment_file, config.site.name)
-    except (OSError, EnvironmentProblem, UserError) as exc:
-        remove_new_run_dir(run)  # nothing half-made is left behind
-        if isinstance(exc, EnvironmentProblem | UserError):
-            raise
+    except OSError as exc:
         raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
     return frozen
 
 
 def with_snapshot(
-    config: ResolvedConfig,
-    run: RunDir,
-    sources: list[str] | None = None,
-    share_with: RunDir | None = None,
+    config: ResolvedConfig, run: RunDir, sources: list[str] | None = None
 ) -> ResolvedConfig:
     """Copy the code into ``run`` (from ``sources``, default the config's python_path) and
     write the config, its python_path pointing at the copies; returns that config."""
@@ -232,17 +325,21 @@ def with_snapshot(
         run.path,
         runs_root(config),
         secrets=secret_values(config),
-        share_with=share_with.path if share_with is not None else None,
     )
+    frozen = _pointing_at(config, copied)
+    secret_store.write_frozen(run.path, frozen)  # config.json redacted, secrets.env 0600
+    return frozen
+
+
+def _pointing_at(config: ResolvedConfig, copied: list[snapshot.Source]) -> ResolvedConfig:
+    """``config`` with its python_path (and ``train.script``) in the snapshot ``copied``."""
     update: dict[str, Any] = {"python_path": [s.copy for s in copied]}
     if config.experiment.train.script is not None:
         update["script"] = snapshot.copy_of(config.experiment.train.script, copied)
     train = config.experiment.train.model_copy(update=update)
-    frozen = config.model_copy(
+    return config.model_copy(
         update={"experiment": config.experiment.model_copy(update={"train": train})}
     )
-    secret_store.write_frozen(run.path, frozen)  # config.json redacted, secrets.env 0600
-    return frozen
 
 
 def secret_values(config: ResolvedConfig) -> list[str]:

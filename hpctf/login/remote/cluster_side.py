@@ -152,7 +152,7 @@ def submit_once(
     made again."""
     from hpctf.core.run.history import read_history
     from hpctf.login.resolving.loader import load_config
-    from hpctf.login.submitting.pipeline import RunJob, create_run, start
+    from hpctf.login.submitting.pipeline import RunJob, start, submit
 
     config = load_config(experiment, site, overrides, os.environ).config
     chosen = work / "run_dir"
@@ -172,9 +172,10 @@ def submit_once(
             return start(run, run.load_config())
     if run.path.exists():
         remove_new_run_dir(run)  # half-made by an earlier try of this token
-    # The pipeline's stages at the path this token chose: rendered once, created, started (a
-    # job the scheduler refused leaves no run directory behind).
-    return RunJob(config, path=run.path).start(create_run(config, run.path))
+    # The pipeline at the path this token chose: rendered once, created, started (a job the
+    # scheduler refused leaves no run directory behind).
+    result = submit(RunJob(config, path=run.path)).result
+    return 0 if result is None else result
 
 
 def _free(root: Path, run_id: str) -> Path:

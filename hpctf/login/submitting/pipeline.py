@@ -6,8 +6,8 @@ before anything is written. Two kinds of job go through it:
 - :class:`RunJob`, a run directory and its first job: ``hpctf submit`` and
   :func:`hpctf.submit` (both call :func:`submit_run`). ``hpctf resubmit`` and a sweep's local
   points start an existing run directory with :func:`start`, the same last stage; a sweep's
-  points are created with :func:`create_run` (the first three stages, no start: their job is
-  one array).
+  points are created with :func:`create_points` (the first three stages for all of them at
+  once, their code one shared snapshot; no start: their job is one array).
 - ``hpctf doctor``'s test job (:class:`hpctf.login.doctor.commands.DoctorJob`): its own
   directory and template, started by the same launchers (:mod:`.launchers`).
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -31,6 +32,7 @@ from hpctf.core.run.rundir import (
     RunDir,
     RunDirTaken,
     create_run_dir,
+    create_run_dirs_sharing_code,
     plan_run_dir,
     remove_new_run_dir,
 )
@@ -106,9 +108,8 @@ class RunJob:
 
     config: ResolvedConfig
     caller: Caller = CLI
-    share_code_with: RunDir | None = None
-    path: Path | None = None  # a sweep's point: the run directory is chosen by the sweep
-    warn: bool = True  # a sweep's point: the sweep warns once, not once per point
+    path: Path | None = None  # a run directory chosen by the caller
+    warn: bool = True  # said once by a caller that makes many
 
     def plan(self) -> NewRun:
         run = RunDir(self.path) if self.path is not None else plan_run_dir(self.config)
@@ -122,7 +123,7 @@ class RunJob:
         plans the next free name and renders for it, up to ten times."""
         for _ in range(10):
             try:
-                frozen = create_run_dir(planned.run, self.config, script, self.share_code_with)
+                frozen = create_run_dir(planned.run, self.config, script)
             except RunDirTaken:
                 if self.path is not None:
                     raise
@@ -153,12 +154,15 @@ def submit_run(
     return submit(RunJob(config, caller), dry_run)
 
 
-def create_run(config: ResolvedConfig, path: Path, share_code_with: RunDir | None = None) -> NewRun:
-    """A sweep's point: the run directory ``path`` for ``config``, rendered once and created
-    (its code hard-linked to ``share_code_with``'s), not started."""
-    job = RunJob(config, share_code_with=share_code_with, path=path, warn=False)
-    planned = job.plan()
-    return job.create(planned, job.render(planned))
+def create_points(
+    configs: Sequence[ResolvedConfig], paths: Sequence[Path], code_store: Path
+) -> None:
+    """A sweep's points: the run directory ``paths[i]`` for ``configs[i]``, each script rendered
+    once, all created at once with one code snapshot in ``code_store`` (:func:`hpctf.core.run.
+    rundir.create_run_dirs_sharing_code`), not started: their job is one array."""
+    scripts = [render(config, path) for config, path in zip(configs, paths, strict=True)]
+    points = zip(paths, configs, scripts, strict=True)
+    create_run_dirs_sharing_code([(RunDir(p), c, s) for p, c, s in points], code_store)
 
 
 def start(

@@ -11,10 +11,10 @@ On a local site the points run one after another, each as ``hpctf submit`` would
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,93 +25,21 @@ from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.hours import hours_json, hours_text, summed
 from hpctf.core.run.rundir import RunDir, runs_root
-from hpctf.core.safe_files import write_atomic
+from hpctf.core.safe_files import sync_filesystem, write_atomic
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.reading.hours_view import hours_of
 from hpctf.login.reading.slurm_view import job_states, slurm_records
-from hpctf.login.resolving.loader import load_config
-from hpctf.login.resolving.readings import Readings
 from hpctf.login.submitting.launchers import CLI, Caller, slurm_jobs
 from hpctf.login.submitting.pipeline import start
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
-    Point,
     chunks,
 )
 from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
-
-# A stand-in run directory: every point's script, rendered for it, must be the same script.
-_SAME_SCRIPT = Path("/hpctf-sweep-point")
-# Problems listed before "and N more": a bad key refuses every point alike.
-_SHOWN_PROBLEMS = 10
-
-
-def _first_line(exc: UserError) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def resolve_points(
-    experiment: Path, site_name: str | None, overrides: Sequence[str], points: Sequence[Point]
-) -> list[ResolvedConfig]:
-    """Each point's resolved config, or one UserError listing what was refused: each grid value
-    on its own first (so a bad value is named once, not once per point), then each point."""
-    readings = Readings()  # the files are read and parsed once, not once per point
-    problems: list[str] = []
-    keys: dict[str, list[str]] = {}
-    for point in points:
-        for key, value in point.values.items():
-            if value not in keys.setdefault(key, []):
-                keys[key].append(value)
-    for key, values in keys.items():
-        for value in values:
-            try:
-                load_config(
-                    experiment, site_name, [*overrides, f"{key}={value}"], os.environ,
-                    readings=readings,
-                )  # fmt: skip
-            except UserError as exc:
-                problems.append(
-                    f"--grid/--range {key}: value {value!r} refused: {_first_line(exc)}"
-                )
-                break  # an unknown key refuses every value alike: say it once
-    configs: list[ResolvedConfig] = []
-    if not problems:
-        for point in points:
-            try:
-                sets = [*overrides, *point.sets()]
-                loaded = load_config(experiment, site_name, sets, os.environ, readings=readings)
-                configs.append(loaded.config)
-            except UserError as exc:
-                problems.append(f"point {point.index} ({point.label()}): {_first_line(exc)}")
-    if problems:
-        more = len(problems) - _SHOWN_PROBLEMS
-        shown = problems[:_SHOWN_PROBLEMS] + ([f"... and {more} more"] if more > 0 else [])
-        raise UserError("\n".join(shown))
-    return configs
-
-
-def check_one_script(points: Sequence[Point], configs: Sequence[ResolvedConfig]) -> None:
-    """One job array runs one script: refuse keys that change it (an #SBATCH line, env,
-    setup, the site). Train, checkpoint and other config-only keys can be swept."""
-    first = configs[0]
-    if launcher_for(first.site).container is not None:
-        raise UserError(
-            f"site {first.site.name} runs the workers in a container; hpctf sweep does not "
-            "support containers yet: submit each point with hpctf submit --set ..."
-        )
-    script = render(first, _SAME_SCRIPT)
-    for point, config in zip(points[1:], configs[1:], strict=True):
-        if render(config, _SAME_SCRIPT) != script:
-            differ = [k for k, v in point.values.items() if points[0].values.get(k) != v]
-            raise UserError(
-                f"--grid/--range {', '.join(differ)}: changes the batch script (an #SBATCH line, "
-                "env, setup or the site), but one job array runs one script for every point; "
-                "sweep keys under train or checkpoint, or submit those points separately"
-            )
 
 
 def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
@@ -136,18 +64,20 @@ def _sweep_path(config: ResolvedConfig) -> Path:
     raise UserError(f"cannot find a free sweep directory name under {root}")
 
 
-def _array_scripts(
-    config: ResolvedConfig, sweep_path: Path, run_dirs: Sequence[Path], indices: Sequence[int],
+def array_scripts(
+    config: ResolvedConfig, sweep_path: Path, run_dirs: Sequence[str], indices: Sequence[int],
     limit: int, max_running: int | None,
-) -> list[tuple[tuple[int, ...], str]]:  # fmt: skip
-    """Each array's point indices and script."""
-    out = []
+) -> Iterator[tuple[tuple[int, ...], str]]:  # fmt: skip
+    """Each array's point indices and script, one array at a time."""
     for chunk in chunks(indices, limit):
-        array = ArrayScript(
-            chunk.spec(max_running), sweep_path / "logs", tuple(run_dirs[i] for i in chunk.indices)
-        )
-        out.append((chunk.indices, render(config, sweep_path, array)))
-    return out
+        paths = tuple(Path(run_dirs[i]) for i in chunk.indices)
+        array = ArrayScript(chunk.spec(max_running), sweep_path / "logs", paths)
+        yield chunk.indices, render(config, sweep_path, array)
+
+
+# Threads that write the points' journal records at once: each is a few metadata round trips
+# and an fsync, which on a parallel filesystem one thread would wait for 1,000 times in turn.
+RECORD_THREADS = 16
 
 
 def submit_arrays(
@@ -156,8 +86,8 @@ def submit_arrays(
     """Submit the points ``indices`` as job arrays; record each point's ``<array>_<task>`` in
     its journal and each array in sweep.json. Arrays after the first wait for the one before
     (``afterany``), so that no more than ``max_running`` points run at once across arrays."""
-    run_dirs = [Path(p["run_dir"]) for p in sweep.points]
-    scripts = _array_scripts(config, sweep.path, run_dirs, indices, limit, sweep.max_running)
+    run_dirs = [p["run_dir"] for p in sweep.points]
+    scripts = array_scripts(config, sweep.path, run_dirs, indices, limit, sweep.max_running)
     ids: list[str] = []
     for chunk_indices, script in scripts:
         path = sweep.next_script()
@@ -168,10 +98,7 @@ def submit_arrays(
         ]
         extra = [f"--dependency={','.join(d for d in dependency if d)}"] if ids else []
         job_id = slurm_jobs(config.site).submit_script(path, extra, quiet=bool(ids))
-        for task, index in enumerate(chunk_indices):
-            journal.record_submitted(
-                RunDir(run_dirs[index]), f"{job_id}_{task}", array_job_id=job_id, array_task_id=task
-            )
+        _record_submitted([Path(run_dirs[i]) for i in chunk_indices], job_id)
         sweep.data.setdefault("arrays", []).append(
             {"job_id": job_id, "indices": list(chunk_indices), "script": str(path)}
         )
@@ -183,6 +110,24 @@ def submit_arrays(
             f"{spread or chunk_indices[0]}"
         )
     return ids
+
+
+def _record_submitted(tasks: Sequence[Path], job_id: str) -> None:
+    """``submitted`` as ``<job_id>_<task>`` in the journal of each of ``tasks`` (the run
+    directory of task 0, 1, ...), by :data:`RECORD_THREADS` threads at once, and the
+    filesystem synced once."""
+
+    def record(task: int) -> None:
+        journal.record_submitted(
+            RunDir(tasks[task]), f"{job_id}_{task}", array_job_id=job_id, array_task_id=task,
+            sync=False,
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=RECORD_THREADS) as pool:
+        for done in [pool.submit(record, task) for task in range(len(tasks))]:
+            done.result()
+    if tasks:
+        sync_filesystem(tasks[0])  # each record atomic on its own, all on disk in one call
 
 
 def _run_locally(sweep: SweepDir, indices: Sequence[int], caller: Caller = CLI) -> int:

@@ -5,19 +5,26 @@ job array(s) (:func:`start_sweep`). The array's parts are in :mod:`hpctf.login.s
 
 from __future__ import annotations
 
+import math
+import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import click
 
-from hpctf.core.run.rundir import RunDir
+from hpctf.core.run.snapshot import CODE_DIR
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.launchers import CLI, Caller
-from hpctf.login.submitting.pipeline import create_run, warn_if_writable_by_others
+from hpctf.login.submitting.pipeline import (
+    create_points,
+    warn_if_writable_by_others,
+    warn_left_out,
+)
 from hpctf.login.sweeps import commands  # the array's parts (looked up at each call)
 from hpctf.login.sweeps.plan import (
     DEFAULT_MAX_POINTS,
@@ -26,21 +33,43 @@ from hpctf.login.sweeps.plan import (
     plan_points,
     run_names,
 )
+from hpctf.login.sweeps.points import check as points_checked
 from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A sweep's points, the first point's resolved config, and every point's when they were
+    kept (a dry run keeps none: each one is checked and dropped)."""
+
+    points: list[Point]
+    base: ResolvedConfig
+    configs: list[ResolvedConfig]
+
+
+def plan(
+    experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None, seed: int,
+    max_points: int, site_name: str | None, overrides: Sequence[str], keep: bool = True,
+) -> Plan:  # fmt: skip
+    """The points of a sweep (``--grid``/``--range`` texts), each resolved and checked as
+    ``hpctf submit`` checks one (every problem in one UserError), and its script checked to be
+    the first point's. Writes nothing. ``keep``: keep each point's config (a sweep to
+    create); else each is dropped once checked."""
+    parsed_grids, parsed_ranges = parse_axes(grids, ranges)
+    fixed = [item.partition("=")[0] for item in overrides]
+    points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
+    base, configs = points_checked(experiment, site_name, overrides, points, keep)
+    return Plan(points, base, configs)
 
 
 def plan_sweep(
     experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None, seed: int,
     max_points: int, site_name: str | None, overrides: Sequence[str],
 ) -> tuple[list[Point], list[ResolvedConfig]]:  # fmt: skip
-    """The points of a sweep (``--grid``/``--range`` texts) and each one's resolved config, or
-    one UserError listing every problem. Writes nothing."""
-    parsed_grids, parsed_ranges = parse_axes(grids, ranges)
-    fixed = [item.partition("=")[0] for item in overrides]
-    points = plan_points(parsed_grids, parsed_ranges, draws, seed, max_points, fixed)
-    configs = commands.resolve_points(experiment, site_name, overrides, points)
-    commands.check_one_script(points, configs)
-    return points, configs
+    """The points of a sweep and each one's resolved config (:func:`plan`), or one UserError
+    listing every problem. Writes nothing."""
+    planned = plan(experiment, grids, ranges, draws, seed, max_points, site_name, overrides)
+    return planned.points, planned.configs
 
 
 def start_sweep(
@@ -54,27 +83,42 @@ def start_sweep(
     base = configs[0]
     slurm_site = launcher_for(base.site).slurm
     limit = commands.array_size_limit(base, dry_run=False)[0] if slurm_site else 0
-    sweep_path = claim_sweep_dir(lambda: commands._sweep_path(base))  # a sweep of the same second
-    run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
-    warn_if_writable_by_others(sweep_path)
-    record = SweepDir(sweep_path, {
-        "name": base.experiment.name,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "experiment": str(experiment.resolve()), "site": base.site.name,
-        "scheduler": base.site.scheduler, **spec,
-        "points": [{"index": p.index, "values": dict(p.values), "run_dir": str(d)}
-                   for p, d in zip(points, run_dirs, strict=True)],
-        "arrays": [],
-    })  # fmt: skip
-    for config, path in zip(configs, run_dirs, strict=True):
-        # One copy of the code for every point: the later points hard-link the first's files.
-        create_run(config, path, share_code_with=RunDir(run_dirs[0]))
-    record.write()
-    click.echo(f"sweep directory: {sweep_path}")
+    record = create_sweep(experiment, points, configs, spec)
+    click.echo(f"sweep directory: {record.path}")
     if not slurm_site:
         return record, commands._run_locally(record, range(len(points)), caller)
     commands.submit_arrays(record, base, range(len(points)), limit)
     return record, 0
+
+
+def create_sweep(
+    experiment: Path, points: Sequence[Point], configs: Sequence[ResolvedConfig],
+    spec: dict[str, Any],
+) -> SweepDir:  # fmt: skip
+    """The sweep directory: sweep.json, the code once (``code/``, shared by every point) and a
+    run directory per point holding only what is its own (its config, script and journal).
+    Nothing is left behind when it fails."""
+    base = configs[0]
+    sweep_path = claim_sweep_dir(lambda: commands._sweep_path(base))  # a sweep of the same second
+    try:
+        warn_if_writable_by_others(sweep_path)
+        run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
+        record = SweepDir(sweep_path, {
+            "name": base.experiment.name,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "experiment": str(experiment.resolve()), "site": base.site.name,
+            "scheduler": base.site.scheduler, **spec,
+            "points": [{"index": p.index, "values": dict(p.values), "run_dir": str(d)}
+                       for p, d in zip(points, run_dirs, strict=True)],
+            "arrays": [],
+        })  # fmt: skip
+        create_points(configs, run_dirs, sweep_path / CODE_DIR)
+        record.write()
+    except BaseException:
+        shutil.rmtree(sweep_path, ignore_errors=True)  # nothing was submitted from it yet
+        raise
+    warn_left_out(run_dirs[0])
+    return record
 
 
 @click.command()
@@ -131,28 +175,41 @@ def sweep(
 ) -> None:  # fmt: skip
     """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
     directory of its own, all of them one Slurm job array (local sites: one after another)."""
+    if dry_run:
+        planned = plan(experiment, grids, ranges, draws, seed, max_points, site_name, overrides,
+                       keep=False)  # fmt: skip
+        show_dry_run(planned, max_running)
+        return
     points, configs = plan_sweep(experiment, grids, ranges, draws, seed, max_points, site_name,
                                  overrides)  # fmt: skip
-    base = configs[0]
-    if dry_run:
-        sweep_path = commands._sweep_path(base)
-        run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
-        click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
-        for point, path in zip(points, run_dirs, strict=True):
-            click.echo(f"# point {point.index}: {point.label()} -> {path.name}")
-        if launcher_for(base.site).slurm:
-            limit, source = commands.array_size_limit(base, dry_run=True)
-            scripts = commands._array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
-                                     max_running)  # fmt: skip
-            click.echo(f"# {len(scripts)} job array(s) of at most {limit} tasks ({source})")
-            for number, (indices, script) in enumerate(scripts):
-                click.echo(f"# ----- array-{number}.sbatch: points {indices[0]}-{indices[-1]}")
-                click.echo(script, nl=False)
-        click.echo("# dry run: nothing written, nothing submitted", err=True)
-        return
     spec = {"grid": list(grids), "range": list(ranges), "random": draws, "seed": seed,
             "set": list(overrides), "max_running": max_running}  # fmt: skip
     record, status = start_sweep(experiment, points, configs, spec)
     if not is_slurm(record.data.get("scheduler")):
         sys.exit(status)
     click.echo(f"status: hpctf status {record.path}")
+
+
+def show_dry_run(planned: Plan, max_running: int | None) -> None:
+    """What ``hpctf sweep --dry-run`` prints: each point and its run directory's name, and each
+    job array's script, written as they are made (100,000 points are 16 MB of text)."""
+    base, points = planned.base, planned.points
+    sweep_path = commands._sweep_path(base)
+    names = run_names(base.experiment.name, points)
+    click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
+    for start in range(0, len(points), 1000):
+        click.echo("".join(
+            f"# point {point.index}: {point.label()} -> {names[point.index]}\n"
+            for point in points[start : start + 1000]
+        ), nl=False)  # fmt: skip
+    if launcher_for(base.site).slurm:
+        limit, source = commands.array_size_limit(base, dry_run=True)
+        run_dirs = [f"{sweep_path}/{name}" for name in names]
+        scripts = commands.array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
+                                         max_running)  # fmt: skip
+        arrays = math.ceil(len(points) / limit)
+        click.echo(f"# {arrays} job array(s) of at most {limit} tasks ({source})")
+        for number, (indices, script) in enumerate(scripts):
+            click.echo(f"# ----- array-{number}.sbatch: points {indices[0]}-{indices[-1]}")
+            click.echo(script, nl=False)
+    click.echo("# dry run: nothing written, nothing submitted", err=True)

@@ -6,10 +6,14 @@ Layout::
       sweep.json              every point (index, values, run dir) and every array submitted
       array-<n>.sbatch        the job array scripts, in the order they were submitted
       logs/                   each array's own output (slurm-<array>_<task>.out)
-      <name>-<values>/        one ordinary run directory per point
+      code/<digest>/          the code snapshot, once for every point (named by its content:
+                              hpctf.core.run.snapshot.take_shared), read-only
+      <name>-<values>/        one ordinary run directory per point, its code/ a link to the
+                              snapshot: it holds only what is its own (config, script, journal)
 
 A point's run directory is a run like any other (config, journal, checkpoints): every command
-that takes a RUN_DIR works on it. Its jobs are recorded as ``<array>_<task>``
+that takes a RUN_DIR works on it (``hpctf resubmit POINT --update-code`` gives it a copy of
+its own). Its jobs are recorded as ``<array>_<task>``
 (:func:`hpctf.batch.commands._job_id` says why).
 """
 
