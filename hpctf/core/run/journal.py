@@ -16,8 +16,11 @@ newest checkpoint when a start ended (``ended``), the agreed step the ranks save
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -182,9 +185,25 @@ def record_created(run: RunDir, experiment: str, site: str) -> dict[str, Any]:
 
 
 def created_fields(run: RunDir, experiment: str, site: str) -> dict[str, Any]:
-    """The fields of ``created`` (a sweep's points write theirs with their directories)."""
+    """The fields of ``created``."""
     # run_dir: hpctf.core.run.run_identity refuses a copy of the run directory by it.
     return {"experiment": experiment, "site": site, "run_dir": str(run.path)}
+
+
+def created_file(run: RunDir, experiment: str, site: str) -> tuple[str, dict[str, Any]]:
+    """The file name and entry of ``created`` for a writer that makes a run directory's files
+    itself (a sweep's points, all made at once with one sync)."""
+    name = file_name(time.time_ns(), os.getpid(), CREATED)
+    return name, entry(CREATED, created_fields(run, experiment, site))
+
+
+def entry(event: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """One journal entry: the event, the writer's clock, its fields."""
+    return {
+        "event": event,
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **fields,
+    }
 
 
 def record_submitted(

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,7 @@ class RunDir:
         safe_dir(self.journal)
         stamp = journal.next_stamp(os.listdir(self.journal), time.time_ns())
         name = journal.file_name(stamp, os.getpid(), event)
-        entry = journal_entry(event, fields)
+        entry = journal.entry(event, fields)
         write_atomic(self.journal / name, json.dumps(entry), sync=sync)
         return entry
 
@@ -164,12 +164,6 @@ class RunDir:
             else:
                 damaged.append(f"{file}: {problem}")
         return events, damaged
-
-
-def journal_entry(event: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """One journal entry: the event, the writer's clock, its fields."""
-    entry = {"event": event, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    return {**entry, **fields}
 
 
 def runs_root(config: ResolvedConfig) -> Path:
@@ -273,9 +267,8 @@ def _make_point(
             _write_new(run.path / SECRETS_FILE, secret_store.text(secrets))
         _write_new(run.config_file, redacted.model_dump_json(indent=2))
         _write_new(run.script, script, 0o777)  # less the umask, as for any new file
-        fields = journal.created_fields(run, frozen.experiment_file, frozen.site.name)
-        name = journal.file_name(time.time_ns(), os.getpid(), journal.CREATED)
-        _write_new(run.journal / name, json.dumps(journal_entry(journal.CREATED, fields)))
+        name, entry = journal.created_file(run, frozen.experiment_file, frozen.site.name)
+        _write_new(run.journal / name, json.dumps(entry))
     except OSError as exc:
         raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
 
