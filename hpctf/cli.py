@@ -113,6 +113,13 @@ def _add_commands(every: bool) -> None:
             cli.add_command(command)
 
 
+def _command_named(name: str) -> click.Command:
+    command = cli.get_command(click.Context(cli), name)
+    if command is None:
+        raise AssertionError(f"no command {name!r}")
+    return command
+
+
 def _over_ssh(args: list[str]) -> list[str]:
     """The SSH path (:mod:`hpctf.login.remote`): on the cluster, ``_remote SITE_JSON ARGS``
     becomes ARGS with the laptop's site known; on a laptop, a command whose site is behind
@@ -125,7 +132,8 @@ def _over_ssh(args: list[str]) -> list[str]:
     if args and args[0] not in COMPUTE:
         from hpctf.login.remote.forward import COMMANDS, forwarded
 
-        if args[0] in COMMANDS and (status := forwarded(args, os.environ)) is not None:
+        status = forwarded(args, os.environ, _command_named) if args[0] in COMMANDS else None
+        if status is not None:
             sys.exit(status)
     return args
 

@@ -13,9 +13,10 @@ from pydantic import ValidationError
 
 from hpctf.core.errors import UserError
 from hpctf.core.settings.config import Login, Site
-from hpctf.login.remote import cluster_side, forward, remote_runs, shipping
+from hpctf.login.remote import cluster_side, forward, shipping
 from hpctf.login.remote.ssh import remote_command
 from hpctf.login.remote.where import remote_login
+from hpctf.python_api import remote_run as remote_runs
 from tests.sshd import HOSTILE
 
 

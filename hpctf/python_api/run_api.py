@@ -194,12 +194,12 @@ def submit(
     (:meth:`Run.logs`); ``echo=True`` also prints rank 0's here. Ctrl-C (SIGINT) during a
     local run: the workers save an agreed step as under ``hpctf submit``, then
     KeyboardInterrupt is raised (``hpctf resubmit`` or :meth:`Run.resubmit` resumes it)."""
-    from hpctf.login.remote import remote_runs
     from hpctf.login.resolving.loader import load_config
     from hpctf.login.submitting.launchers import Caller
     from hpctf.login.submitting.pipeline import submit_run
+    from hpctf.python_api import remote_run
 
-    remote = remote_runs.submit(Path(experiment), site, set_texts(set), os.environ)
+    remote = remote_run.submit(Path(experiment), site, set_texts(set), os.environ)
     if remote is not None:  # a site behind SSH: the run is on the cluster
         return remote
     config = load_config(Path(experiment), site, set_texts(set), os.environ).config

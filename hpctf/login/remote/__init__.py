@@ -6,7 +6,8 @@
 - :mod:`.forward`: the laptop's side of each command (which act on the cluster, which stay);
 - :mod:`.shipping`: the laptop's code snapshot, as one content-addressed tar stream;
 - :mod:`.cluster_side`: the hidden commands the cluster's hpctf runs for the laptop;
-- :mod:`.remote_runs`: the Python API's runs on a cluster (one status call per poll).
+- the Python API's runs on a cluster: :mod:`hpctf.python_api.remote_run` (one status call per
+  poll).
 
 Never imports TensorFlow (the login wing's rule).
 """

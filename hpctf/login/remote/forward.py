@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +29,18 @@ COMMANDS = ON_CLUSTER | SHIPPED
 _HELP = frozenset({"--help", "-h"})
 
 
-def _command(name: str) -> click.Command:
-    from hpctf.cli import cli
-
-    command = cli.get_command(click.Context(cli), name)
-    assert command is not None
-    return command
-
-
-def forwarded(args: Sequence[str], env: Mapping[str, str]) -> int | None:
+def forwarded(
+    args: Sequence[str], env: Mapping[str, str], command_of: Callable[[str], click.Command]
+) -> int | None:
     """Run ``hpctf ARGS`` on the cluster when its site is behind SSH and this is not its login
-    host; its exit status, or None when the command runs here."""
+    host; its exit status, or None when the command runs here. ``command_of``: the CLI's
+    command of a name (given by the CLI, which this wing does not import), to read a shipped
+    command's options as the command itself would."""
     if not args or args[0] not in COMMANDS or _HELP & set(args[1:]):
         return None
     name, rest = args[0], list(args[1:])
     if name in SHIPPED:
-        command = _command(name)
+        command = command_of(name)
         try:
             with command.make_context(name, list(rest), resilient_parsing=True) as ctx:
                 params = dict(ctx.params)
