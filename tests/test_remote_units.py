@@ -8,9 +8,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from pydantic import ValidationError
 
+from hpctf.cli import cli
 from hpctf.core.errors import UserError
 from hpctf.core.settings.config import Login, Site
 from hpctf.login.remote import cluster_side, forward, shipping
@@ -61,7 +63,8 @@ def test_a_code_stream_with_a_path_outside_is_refused() -> None:
 
 
 def test_a_shipped_sweep_keeps_its_options() -> None:
-    command = forward._command("sweep")
+    command = cli.get_command(click.Context(cli), "sweep")
+    assert command is not None
     args = ["e.yaml", "--grid", "a=1,2", "--grid", "b=3", "--seed", "7", "--site", "s"]
     with command.make_context("sweep", args, resilient_parsing=True) as ctx:
         options = forward._other_options(command, ctx.params, {"experiment", "site_name"})
@@ -107,4 +110,6 @@ def test_resubmit_update_code_from_a_laptop_is_refused_before_connecting(tmp_pat
     )
     env = {"HPCTF_SITE_PATH": str(tmp_path), "HPCTF_SITE": "far", "HOME": str(tmp_path)}
     with pytest.raises(UserError, match="--update-code"):
-        forward.forwarded(["resubmit", "/r/run", "--update-code"], env)
+        forward.forwarded(
+            ["resubmit", "/r/run", "--update-code"], env, lambda name: cli.commands[name]
+        )
