@@ -4,7 +4,7 @@
 Both sides run the digits example on the same number of workers, started directly (hpctf's
 with srun's environment, as the preemption section does: no launcher in the figure), in
 alternated pairs. Each rank says itself when its first step returned and how long each phase
-before it took, counted from its process's start in /proc (hpctf.compute.start.startup_clock;
+before it took, counted from its process's start in /proc (hpctf.compute.process.startup_clock;
 plain_mwms.py prints the same line); the ranks are then killed.
 """
 
@@ -32,7 +32,7 @@ from harness import (
 )
 from plain_mwms import free_ports
 
-from hpctf.compute.start.startup_clock import FirstStep, parse  # pure, no TensorFlow
+from hpctf.compute.process.startup_clock import FirstStep, parse  # pure, no TensorFlow
 
 
 def phase_medians(runs: list[dict[str, Any]]) -> dict[str, float]:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import hostlist
 
-from hpctf.compute.start.cluster import cluster_spec
+from hpctf.compute.cluster.spec import cluster_spec
 
 PORTS = (20000, 30000)
 SCONTROL = shutil.which("scontrol")  # the real one, before the fake goes first on PATH

@@ -9,7 +9,7 @@ node you may use), from the project's virtualenv with a CUDA TensorFlow:
    interfaces and HCAs hpctf's preflight reads).
 2. Two workers on this node, started as Slurm would start 2 tasks of one step that were not
    bound (``--gpu-bind=none``: every task sees GPUs 0,1): each takes its GPU through
-   :func:`hpctf.compute.start.gpu_bind.gpu_binding`, joins MultiWorkerMirroredStrategy with
+   :func:`hpctf.compute.cluster.gpu_bind.gpu_binding`, joins MultiWorkerMirroredStrategy with
    NCCL, and times hpctf doctor's all-reduce (1 KiB to 128 MiB; bus bandwidth as nccl-tests
    defines it). Each worker reports the GPU it saw; two workers on one GPU fail the run.
 
@@ -88,8 +88,8 @@ def visibility() -> dict[str, Any]:
 
 def child(rank: int, port_low: int) -> int:
     """One worker: bind its GPU as hpctf does, then doctor's all-reduce; one JSON line."""
-    from hpctf.compute.doctor.preflight import allreduce
-    from hpctf.compute.start.cluster import cluster_spec
+    from hpctf.compute.cluster.spec import cluster_spec
+    from hpctf.compute.start.preflight import allreduce
     from hpctf.compute.start.runtime import prepare_environment
 
     spec = cluster_spec(os.environ, (port_low, port_low + 100))

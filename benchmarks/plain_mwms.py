@@ -17,7 +17,7 @@ those windows are the measurement.
 
 Rank 0 writes ``{"steps_per_s": [one per window], ...}`` to ``--out``. Every rank prints,
 after its first step, the line hpctf's worker logs there (``first step 1 after 8.12 s (3.50 s
-CPU): python 0.05 s, tensorflow import 5.10 s, ...``, :mod:`hpctf.compute.start.startup_clock`'s
+CPU): python 0.05 s, tensorflow import 5.10 s, ...``, :mod:`hpctf.compute.process.startup_clock`'s
 form), the baseline of ``bench_first_step.py``.
 
 ``make_train_step`` and ``timed_windows`` are also the plain side of ``gpu_check.py``. They
@@ -127,7 +127,7 @@ def make_multi_step(
 def process_age() -> float:
     """Seconds since this process started (the kernel's ``starttime`` in /proc/self/stat,
     counted on CLOCK_BOOTTIME), as hpctf's worker measures its own; 0 without /proc. A copy of
-    ``hpctf.compute.start.startup_clock.process_age``: this baseline imports nothing of hpctf."""
+    ``hpctf.compute.process.startup_clock.process_age``: this baseline imports nothing of hpctf."""
     try:
         with open("/proc/self/stat", encoding="ascii", errors="replace") as handle:
             fields = handle.read().rpartition(")")[2].split()
@@ -148,7 +148,7 @@ class StartClock:
         self.marks.append((phase, time.time()))
 
     def line(self, step: int) -> str:
-        """The form of hpctf's line (``hpctf.compute.start.startup_clock.summary``)."""
+        """The form of hpctf's line (``hpctf.compute.process.startup_clock.summary``)."""
         parts, before = [], self.started
         for phase, when in self.marks:
             parts.append(f"{phase} {max(when - before, 0.0):.2f} s")

@@ -21,7 +21,7 @@ and noisy: absolute numbers move, ratios much less):
               job (goal: <= 1.15)
   first_step  seconds from a worker process's start to its first trained step, `hpctf
               worker` against plain_mwms.py (digits, 2 workers, alternated), and each
-              phase's share (hpctf.compute.start.startup_clock)
+              phase's share (hpctf.compute.process.startup_clock)
   stall       seconds the loop waits for each checkpoint save against the time of a step,
               for the digits model and a ~100 MB Dense stack (benchmarks/bench_entries.py);
               the Dense stack saved asynchronously against synchronously (goal: <= 0.1)

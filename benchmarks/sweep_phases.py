@@ -18,9 +18,11 @@ from typing import Any
 
 from hpctf.core.scheduler import slurm
 from hpctf.login.submitting import pipeline
-from hpctf.login.sweeps import commands, start
+from hpctf.login.sweeps import start
 
 # Each phase: the function `hpctf sweep` calls for it, as its caller's module names it.
+from hpctf.login.sweeps import sweep_commands as commands
+
 PHASES = {
     "planning": (start, "plan"),
     "rendering": (pipeline, "render"),  # each point's own script (create_points)

@@ -9,7 +9,7 @@ where errors are turned into what the user sees, by whose fault they are:
 Each room of a wing brings its commands: :mod:`hpctf.login.submitting` (init to resubmit),
 :mod:`hpctf.login.watching` (status, runs, logs, cancel, plot), :mod:`hpctf.login.sweeps`,
 :mod:`hpctf.login.doctor`; the batch script's hooks come from :mod:`hpctf.batch`, the
-compute-node ones from :mod:`hpctf.compute.commands`. They are added when first asked for:
+compute-node ones from :mod:`hpctf.compute.worker_commands`. They are added when first asked for:
 a compute-node command imports only the compute wing's commands (see :data:`COMPUTE`).
 """
 
@@ -83,14 +83,14 @@ def cli() -> None:
 
 def _add_commands(every: bool) -> None:
     """Add the compute-node commands to :func:`cli`; with ``every``, all the others too."""
-    from hpctf.compute import commands as compute_commands
+    from hpctf.compute import worker_commands as compute_commands
 
     found: list[click.Command] = list(compute_commands.COMMANDS)
     if every:
-        from hpctf.batch import commands as batch
-        from hpctf.login.doctor.commands import doctor
+        from hpctf.batch import job_commands as batch
+        from hpctf.login.doctor.doctor_commands import doctor
         from hpctf.login.remote import cluster_side
-        from hpctf.login.submitting import commands as submitting
+        from hpctf.login.submitting import submit_commands as submitting
         from hpctf.login.sweeps.resubmit_command import resubmit
         from hpctf.login.sweeps.start import sweep
         from hpctf.login.watching import cancel, logs, plot, status

@@ -1,5 +1,5 @@
 """``model.fit(..., callbacks=hpctf.keras.callbacks())``: a ``train.script`` fit script, on Keras 3
-or tf_keras, gets what hpctf's own loop has (:mod:`hpctf.compute.users_code.fit`): resume at the
+or tf_keras, gets what hpctf's own loop has (:mod:`hpctf.compute.script.fit`): resume at the
 exact step, a checkpoint every ``checkpoint.every_seconds`` (or ``every_steps``), a warned
 preemption saved at one agreed step then exit 75, progress lines, metrics.jsonl with each
 epoch's ``val_*``, and the stall watchdog fed by every batch.
@@ -22,8 +22,8 @@ def callbacks() -> list[Any]:
     run_dir = os.environ.get("HPCTF_RUN_DIR")
     if not run_dir:
         return []
-    from hpctf.compute.start.cluster import cluster_spec
-    from hpctf.compute.users_code.fit import FitCallback  # TensorFlow is imported here
+    from hpctf.compute.cluster.spec import cluster_spec
+    from hpctf.compute.script.fit import FitCallback  # TensorFlow is imported here
 
     run = RunDir(Path(run_dir))
     config = run.load_config()

@@ -189,7 +189,7 @@ def check_first_step(tiny: tuple[dict[str, Any], str]) -> None:
     assert len(first["hpctf_s"]) == len(first["plain_s"]) == sizes["first_step_rounds"]
     assert close(first["ratio"], first["hpctf_median_s"] / first["plain_median_s"])
     assert close(first["cpu_ratio"], first["hpctf_cpu_median_s"] / first["plain_cpu_median_s"])
-    # What hpctf's worker (hpctf.compute.start.startup_clock) and the plain script say they
+    # What hpctf's worker (hpctf.compute.process.startup_clock) and the plain script say they
     # did before step 1, in the order they did it; the phases add up to the total.
     hpctf_phases = ["python+hpctf", "config", "node checks", "tensorflow import"]
     hpctf_phases += ["keras and hpctf loop import", "join", "session", "model", "restore"]

@@ -470,7 +470,7 @@ def test_a_bug_in_hpctf_shows_its_traceback_and_asks_for_a_report(tmp_path: Path
     """Not a user mistake: the traceback stays, with a line saying whose it is (exit 70)."""
     code = (
         "import sys\n"
-        "import hpctf.login.submitting.commands as commands\n"
+        "import hpctf.login.submitting.submit_commands as commands\n"
         "def broken(*args, **kwargs):\n"
         "    raise RuntimeError('an internal bug')\n"
         "commands.load_config = broken\n"

@@ -20,15 +20,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctf.cli import cli
-from hpctf.compute.doctor.node_checks import check_port_free
-from hpctf.compute.start.cluster import (
+from hpctf.compute.cluster.gpu_bind import gpu_binding
+from hpctf.compute.cluster.spec import (
     ClusterSpec,
     cluster_spec,
     expand_tasks_per_node,
     layout,
     port_window,
 )
-from hpctf.compute.start.gpu_bind import gpu_binding
+from hpctf.compute.doctor.node_checks import check_port_free
 from hpctf.compute.start.runtime import check_resolves, prepare_environment, startup_checks
 from hpctf.core.errors import SlurmEnvironmentProblem, UserError
 from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodelist

@@ -1,5 +1,5 @@
 """The train step's collectives keep the instance keys they got when traced
-(hpctf/compute/start/joining.py, ``fixed_instance_keys``): MWMS otherwise takes a new key per
+(hpctf/compute/cluster/joining.py, ``fixed_instance_keys``): MWMS otherwise takes a new key per
 call, and TensorFlow keeps state for every key (RSS +3.4 MB per 1,000 steps on 2 RING workers).
 In a fresh process: a strategy configures TensorFlow's collectives once per process."""
 

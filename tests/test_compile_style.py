@@ -122,7 +122,7 @@ def test_a_loss_returning_one_value_per_batch_is_refused_in_one_line() -> None:
 
     from hpctf.api import Task
     from hpctf.compute.loop.training import make_train_step
-    from hpctf.compute.users_code.user_code import region
+    from hpctf.compute.users_code.attribution import region
 
     model = keras.Sequential([keras.Input(shape=(1,)), keras.layers.Dense(1)])
     task = Task(

@@ -26,11 +26,11 @@ from hpctf.compute.doctor.node_checks import (
     read_infiniband,
     scan_nccl_log,
 )
-from hpctf.compute.doctor.preflight import busbw_gbps, error_line
+from hpctf.compute.start.preflight import busbw_gbps, error_line
 from hpctf.core.errors import UserError
 from hpctf.core.scheduler import slurm
 from hpctf.core.settings.sites import load_named_site
-from hpctf.login.doctor.commands import doctor_config, prepare_directory, render_script
+from hpctf.login.doctor.doctor_commands import doctor_config, prepare_directory, render_script
 from hpctf.login.doctor.verdict import evaluate, format_table, merge_allreduce, verdict_document
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting.render import render

@@ -189,7 +189,7 @@ def test_a_resumed_fit_passes_over_the_batches_trained_before(
     step: int, continues: bool, legacy: bool, initial: int, expected: tuple[int, int]
 ) -> None:
     from hpctf.compute.compat.keras_fit import FitInput
-    from hpctf.compute.users_code.fit import passed_over
+    from hpctf.compute.script.fit import passed_over
 
     assert passed_over(step, 8, FitInput(continues, initial), legacy) == expected
 

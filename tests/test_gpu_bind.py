@@ -1,4 +1,4 @@
-"""GPU binding under every --gpu-bind (hpctf/compute/start/gpu_bind.py): for each case the
+"""GPU binding under every --gpu-bind (hpctf/compute/cluster/gpu_bind.py): for each case the
 environments of ALL tasks of one node are built the way Slurm's gres/gpu plugin writes them
 (src/plugins/gres/gpu/gres_gpu.c, gres/common/gres_common.c), and the GPUs the tasks end with
 must be disjoint and cover the node's. Then `hpctf tfconfig` itself, on 8 faked tasks.
@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.compute.start.gpu_bind import Binding, gpu_bind_mode, gpu_binding
+from hpctf.compute.cluster.gpu_bind import Binding, gpu_bind_mode, gpu_binding
 from hpctf.core.errors import UserError
 
 GPUS = 8  # a DGX H100: GPUs 0-3 on NUMA node 0, 4-7 on NUMA node 1

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hpctf.compute.start.gpus import Grant, check_gpus, granted_gpus
+from hpctf.compute.cluster.gpus import Grant, check_gpus, granted_gpus
 from hpctf.core.errors import UserError
 from tests.conftest import REPO
 

@@ -204,7 +204,7 @@ def test_a_sweep_that_loses_its_name_to_another_takes_the_next(
 ) -> None:
     """Two sweeps of one experiment in the same second plan one name; the one whose mkdir loses
     plans again (it failed with `File exists`)."""
-    from hpctf.login.sweeps import commands as sweep_commands
+    from hpctf.login.sweeps import sweep_commands
 
     plan = sweep_commands._sweep_path
     taken: list[Path] = []

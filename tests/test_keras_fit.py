@@ -30,7 +30,7 @@ def test_outside_hpctf_the_script_runs_without_callbacks(monkeypatch: pytest.Mon
 def test_fit_resumes_at_the_epoch_and_the_step_inside_it(
     step: int, per_epoch: int, initial: int, position: tuple[int, int]
 ) -> None:
-    from hpctf.compute.users_code.fit import resume_position  # imports TensorFlow
+    from hpctf.compute.script.fit import resume_position  # imports TensorFlow
 
     assert resume_position(step, per_epoch, initial) == position
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctf.compute.start.startup_clock import parse
+from hpctf.compute.process.startup_clock import parse
 from hpctf.core.run.rundir import RunDir
 from tests.conftest import (
     DIGITS,

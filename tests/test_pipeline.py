@@ -174,8 +174,8 @@ def test_a_rank_that_cannot_join_the_cluster_is_an_environment_fault_naming_the_
 ) -> None:
     import tensorflow as tf
 
-    from hpctf.compute.start import joining
-    from hpctf.compute.start.cluster import cluster_spec
+    from hpctf.compute.cluster import joining
+    from hpctf.compute.cluster.spec import cluster_spec
     from hpctf.core.settings.config import Train
 
     variables = {

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from hpctf import __version__
+from hpctf.compute.cluster.spec import ClusterSpec, cluster_spec
 from hpctf.compute.doctor.nccl_env import read_interfaces
 from hpctf.compute.doctor.node_checks import Check
 from hpctf.compute.doctor.versions import version_check
-from hpctf.compute.start.cluster import ClusterSpec, cluster_spec
 from hpctf.compute.start.quick_preflight import (
     before_tensorflow,
     check_node,

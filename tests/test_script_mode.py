@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.compute.start.cluster import cluster_spec
-from hpctf.compute.users_code.script import call_script, exit_status, script_environment
+from hpctf.compute.cluster.spec import cluster_spec
+from hpctf.compute.script.entry import call_script, exit_status, script_environment
 from hpctf.core.run.rundir import RunDir
 from tests.conftest import write
 
@@ -234,7 +234,7 @@ def test_copy_of_maps_a_source_file_into_its_copy_and_keeps_a_copy() -> None:
 
 
 def test_keras_2_without_tf_keras_is_one_line_before_the_script() -> None:
-    from hpctf.compute.users_code.script import check_keras
+    from hpctf.compute.script.entry import check_keras
     from hpctf.core.errors import UserError
     from hpctf.core.settings.config import Train
 

@@ -870,7 +870,7 @@ def test_the_doctor_script_holding_a_site_token_is_yours_alone(
     runs_root: Path, tmp_path: Path
 ) -> None:
     from hpctf.core.settings.sites import load_named_site
-    from hpctf.login.doctor.commands import doctor_config, prepare_directory
+    from hpctf.login.doctor.doctor_commands import doctor_config, prepare_directory
 
     sites = tmp_path / "sites"
     sites.mkdir()

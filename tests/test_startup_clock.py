@@ -1,4 +1,4 @@
-"""hpctf.compute.start.startup_clock: the worker's one line about where its start went."""
+"""hpctf.compute.process.startup_clock: the worker's one line about where its start went."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import time
 
 import pytest
 
-from hpctf.compute.start import startup_clock
+from hpctf.compute.process import startup_clock
 
-# /proc/PID/stat of a process named "a) (b" (field 2 may hold both), starttime (field 22) 1234
 STAT = "4242 (a) (b) S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 1234 0 0\n"
 
 

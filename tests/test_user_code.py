@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from hpctf.compute.users_code import user_code
-from hpctf.compute.users_code.user_code import UserCodeError, call, region, whose
+from hpctf.compute.users_code import attribution as user_code
+from hpctf.compute.users_code.attribution import UserCodeError, call, region, whose
 from hpctf.core.run import journal
 from hpctf.core.run.history.runstate import after_end, before_start, run_state
 from hpctf.login.reading.run_report import _end
@@ -39,7 +39,7 @@ def parse(text):
 
 
 def calls_hpctf():
-    from hpctf.compute.users_code import user_code
+    from hpctf.compute.users_code import attribution as user_code
     return user_code.culprit(None)
 """
 
@@ -137,7 +137,7 @@ def test_the_report_shows_the_users_traceback_records_and_exits_65(
     assert user_code.report(caught.value, Run(), Spec()) == 65
     shown = capsys.readouterr().out
     assert 'seq.py", line 9, in broken' in shown and "KeyError: 'lr'" in shown
-    assert "user_code.py" not in shown  # hpctf's frames around the call are left out
+    assert "attribution.py" not in shown  # hpctf's frames around the call are left out
     assert records == [
         {
             "event": journal.USER_CODE_FAILED,

@@ -1,4 +1,4 @@
-"""A worker's own temporary directory (hpctf.compute.start.worker_tmp): real processes that
+"""A worker's own temporary directory (hpctf.compute.process.worker_tmp): real processes that
 leave each way a worker can, and what they leave in ``$TMPDIR``."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 # thread while the main thread is still busy, so no atexit function runs.
 PROGRAM = """
 import os, sys, tempfile, time
-from hpctf.compute.start.worker_tmp import use_own_tmp
-from hpctf.compute.start.leaving import exit_later, leave
+from hpctf.compute.process.worker_tmp import use_own_tmp
+from hpctf.compute.process.leaving import exit_later, leave
 before = os.environ["TMPDIR"]
 own = use_own_tmp(1)
 assert own is not None and own.parent == __import__("pathlib").Path(before), own
@@ -64,7 +64,7 @@ def test_without_a_usable_tmp_the_worker_goes_on(tmp_path: Path) -> None:
     program = (
         "import logging, tempfile\n"
         "logging.basicConfig()\n"
-        "from hpctf.compute.start.worker_tmp import use_own_tmp\n"
+        "from hpctf.compute.process.worker_tmp import use_own_tmp\n"
         f"tempfile.tempdir = {str(tmp_path / 'gone')!r}\n"
         "assert use_own_tmp(0) is None\n"
         "print(tempfile.gettempdir())\n"
@@ -84,8 +84,8 @@ def test_autograph_sources_go_with_the_bounded_exit(tmp_path: Path) -> None:
     from atexit: the bounded exit skips that, and the worker's tmp removal catches it."""
     program = (
         "import time\n"
-        "from hpctf.compute.start.worker_tmp import use_own_tmp\n"
-        "from hpctf.compute.start.leaving import exit_later\n"
+        "from hpctf.compute.process.worker_tmp import use_own_tmp\n"
+        "from hpctf.compute.process.leaving import exit_later\n"
         "own = use_own_tmp(0)\n"
         "import tensorflow as tf\n"
         "@tf.function\n"
@@ -123,7 +123,7 @@ def test_a_killed_workers_tmp_goes_when_the_next_worker_starts(tmp_path: Path) -
     env = {**os.environ, "TMPDIR": str(node_tmp)}
     hold = (
         "import sys, time, tempfile\n"
-        "from hpctf.compute.start.worker_tmp import use_own_tmp\n"
+        "from hpctf.compute.process.worker_tmp import use_own_tmp\n"
         "own = use_own_tmp(int(sys.argv[1]))\n"
         "tempfile.NamedTemporaryFile(prefix='__autograph_generated_file', delete=False)\n"
         "print(own, flush=True)\n"
@@ -145,8 +145,8 @@ def test_a_killed_workers_tmp_goes_when_the_next_worker_starts(tmp_path: Path) -
         unlocked.mkdir()
         assert killed_dir.is_dir() and live_dir.is_dir()
         nxt = (
-            "from hpctf.compute.start.leaving import leave\n"
-            "from hpctf.compute.start.worker_tmp import use_own_tmp\n"
+            "from hpctf.compute.process.leaving import leave\n"
+            "from hpctf.compute.process.worker_tmp import use_own_tmp\n"
             "use_own_tmp(2)\n"
             "leave(0)\n"
         )
@@ -165,7 +165,7 @@ def test_a_killed_workers_tmp_goes_when_the_next_worker_starts(tmp_path: Path) -
 def test_only_this_hosts_directories_are_swept(tmp_path: Path) -> None:
     """On a $TMPDIR shared by nodes, flock may be node-local: another host's directory whose
     lock looks free here is left alone; this host's is removed."""
-    from hpctf.compute.start import worker_tmp
+    from hpctf.compute.process import worker_tmp
 
     host = worker_tmp._host()
     mine = tmp_path / f"hpctf-rank0-{host}-abcd_123"

@@ -162,7 +162,7 @@ def test_float16_training_gets_loss_scaling(float16_policy: None) -> None:
     """Gradients of 1e-8 underflow in float16: without loss scaling the weights never move."""
     import keras
 
-    from hpctf.compute.start.joining import with_loss_scaling
+    from hpctf.compute.cluster.joining import with_loss_scaling
 
     plain = keras.optimizers.SGD(1e6)
     assert _tiny_step(plain, 1e-8) == 0.0  # the defect: a plain optimizer's scale is 1
@@ -330,8 +330,8 @@ CHIEF_FROZEN = (
 def test_a_lost_peer_is_named_by_rank_and_host(
     rank: int, code: str, message: str, named: str | None
 ) -> None:
-    from hpctf.compute.start.cluster import cluster_spec
-    from hpctf.compute.start.peers import PeerLost, lost_peer
+    from hpctf.compute.cluster.peers import PeerLost, lost_peer
+    from hpctf.compute.cluster.spec import cluster_spec
     from hpctf.core.errors import ENVIRONMENT_EXIT
     from hpctf.login.submitting.local import task_environment
 

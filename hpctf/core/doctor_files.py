@@ -4,7 +4,7 @@ settings, writes its results)::
 
     <runs_root>/doctor-<site>-<time>/
         doctor.json            the settings every task reads
-        results/rank-<N>.json  what task N found (hpctf.compute.doctor.preflight.Report)
+        results/rank-<N>.json  what task N found (hpctf.compute.start.preflight.Report)
         gate/rank-<N>.ok|.blocked   whether task N may join the all-reduce
         nccl/rank-<N>.log      NCCL's log of task N (NCCL_DEBUG=INFO)
 """

@@ -8,11 +8,11 @@ Four causes, each caught in one place (the CLI edge, :mod:`hpctf.cli`; the worke
   and each of its failures typed, :mod:`hpctf.core.scheduler.slurm`; a full or read-only
   filesystem; a damaged journal, :class:`DamagedRecord`; a run directory another submit took;
   a rank that could not join the cluster or another rank that stopped answering:
-  :class:`hpctf.compute.start.peers.PeerLost`). One line, the cause kept (``raise ... from``); exit
-  3.
+  :class:`hpctf.compute.cluster.peers.PeerLost`). One line, the cause kept (``raise ...
+  from``); exit 3.
 - user code: an exception raised in the user's own code (entry, data functions, loss,
   metrics, callbacks, script) is theirs: the traceback and one line naming file:line
-  (:mod:`hpctf.compute.users_code.user_code`); exit :data:`USER_CODE_EXIT`.
+  (:mod:`hpctf.compute.users_code.attribution`); exit :data:`USER_CODE_EXIT`.
 - anything else is a bug in hpctf: the traceback, and a line asking to report it; exit 70.
 
 The worker's own statuses (preempted after a checkpoint, stopped by its watchdog) are here too:

@@ -27,7 +27,7 @@ Checked against (the names this module replaces):
 ========================= ==================================================================
 keras 3.15.1              ``TensorFlowTrainer._maybe_symbolic_build``, ``_symbolic_build``,
                           ``trainer.reduce_per_replica``, ``steps_per_execution``; for a resume
-                          (:mod:`hpctf.compute.users_code.fit`) ``Model._initial_epoch``,
+                          (:mod:`hpctf.compute.script.fit`) ``Model._initial_epoch``,
                           ``metrics_variables`` and the ``seed_generator_state`` variables
 tf_keras 2.21.0           ``training.reduce_per_replica``, ``Model.fit``,
                           ``Model._training_state``

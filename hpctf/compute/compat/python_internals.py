@@ -9,7 +9,7 @@ bounded exit        ``atexit._run_exitfuncs``   CPython 3.10.13, 3.11.7,      th
                                                                               functions
 =================== =========================== ============================= =================
 
-Without it, :func:`hpctf.compute.start.leaving.leave` still leaves within its bound through
+Without it, :func:`hpctf.compute.process.leaving.leave` still leaves within its bound through
 ``os._exit``: its own temporary directory (where TensorFlow's autograph files are) is removed
 first as always, and every checkpoint was waited for before (``Session.close``), so what the
 skipped ``atexit`` functions would have done is only TensorFlow's own tidying.

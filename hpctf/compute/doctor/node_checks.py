@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.compute.start.gpus import Grant, check_gpus
+from hpctf.compute.cluster.gpus import Grant, check_gpus
+from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.core.errors import UserError
 
 IB_ROOT = Path("/sys/class/infiniband")
@@ -341,7 +341,7 @@ def check_port_free(host: str, port: int) -> None:
     127.0.0.1 only) it fails with just "UNKNOWN: Could not start gRPC server", naming neither
     port nor host (measured with TF 2.21). The test socket binds the same wildcard address and
     is closed again at once (a small race remains; ports come from a window that moves with the
-    job id, see :func:`hpctf.compute.start.cluster.port_window`).
+    job id, see :func:`hpctf.compute.cluster.spec.port_window`).
     """
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -367,7 +367,7 @@ def check_tensorflow_gpus(grant: Grant) -> None:
     Runs after :func:`prepare_environment` (CUDA_VISIBLE_DEVICES is final) and before the
     strategy exists; listing physical devices does not create TensorFlow's context, so MWMS
     still configures the devices afterwards. The decision is
-    :func:`hpctf.compute.start.gpus.check_gpus`.
+    :func:`hpctf.compute.cluster.gpus.check_gpus`.
     """
     import tensorflow as tf  # the worker imports it next anyway (hpctf.compute.loop.training)
 

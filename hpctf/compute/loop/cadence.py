@@ -1,7 +1,7 @@
 """What a finished step calls for: a progress line, a checkpoint, the ranks' agreement on a
 preemption warning. Pure (:meth:`Cadence.due`), so the rules are table-tested, and shared by
 :class:`hpctf.compute.loop.session.Session` and ``model.fit``'s callback
-(:class:`hpctf.compute.users_code.fit.FitCallback`); imports no TensorFlow."""
+(:class:`hpctf.compute.script.fit.FitCallback`); imports no TensorFlow."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import tensorflow as tf
 
 from hpctf.api import DataSource, Files
-from hpctf.compute.users_code.user_code import call
+from hpctf.compute.users_code.attribution import call
 from hpctf.core.errors import UserError
 
 log = logging.getLogger("hpctf.worker")

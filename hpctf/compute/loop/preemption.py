@@ -17,7 +17,7 @@ import signal
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from hpctf.compute.start.launcher_watch import LAUNCHER_PID_ENV
+from hpctf.compute.process.launcher_watch import LAUNCHER_PID_ENV
 from hpctf.core.errors import PREEMPTED_EXIT
 from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.rundir import RunDir
@@ -64,7 +64,7 @@ def install_early_handlers() -> SignalRecorder:
     """Catch a warning that arrives while the worker starts; returns the recorder.
 
     Installed for the rest of the worker's life, not restored: the worker ends with
-    ``os._exit`` (:mod:`hpctf.compute.start.leaving`), and a local launcher repeats its warning
+    ``os._exit`` (:mod:`hpctf.compute.process.leaving`), and a local launcher repeats its warning
     until the workers have exited, so a default SIGTERM action while leaving would turn an exit 75
     into a death by signal. :class:`PreemptionWatch` replaces it during training and puts it back.
     """

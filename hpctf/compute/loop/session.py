@@ -34,6 +34,8 @@ import keras
 import tensorflow as tf
 
 from hpctf.api import DataSource
+from hpctf.compute.cluster.joining import Connection, connect
+from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.compat.keras_fit import random_state_variables
 from hpctf.compute.doctor.procstat import process_usage
 from hpctf.compute.loop.cadence import (
@@ -47,13 +49,11 @@ from hpctf.compute.loop.data import cardinality, evaluation_dataset, plan_shards
 from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather
 from hpctf.compute.loop.step_flags import StepFlags
 from hpctf.compute.loop.watchdog import ProgressWatchdog
+from hpctf.compute.process import startup_clock
+from hpctf.compute.process.launcher_watch import LAUNCHER_PID_ENV
+from hpctf.compute.process.leaving import exit_later
 from hpctf.compute.records.checkpoints import Checkpointer, checkpoint_of
 from hpctf.compute.records.chief_records import ChiefRecords
-from hpctf.compute.start import startup_clock
-from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.compute.start.joining import Connection, connect
-from hpctf.compute.start.launcher_watch import LAUNCHER_PID_ENV
-from hpctf.compute.start.leaving import exit_later
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.history import read_history
@@ -72,9 +72,9 @@ def open_session(
     warning_seconds: int | None = None,
     config: ResolvedConfig | None = None,
 ) -> Iterator[Session]:
-    """Join the cluster (:func:`hpctf.compute.start.joining.connect`), then a :class:`Session` with
-    its watchdog and preemption watch for as long as the block runs; on leaving, the watchdog
-    is stopped and the signal handlers the watch replaced are back.
+    """Join the cluster (:func:`hpctf.compute.cluster.joining.connect`), then a
+    :class:`Session` with its watchdog and preemption watch for as long as the block runs; on
+    leaving, the watchdog is stopped and the signal handlers the watch replaced are back.
 
     ``warning_seconds``: how long before the time limit Slurm warns (None off Slurm); it
     bounds how long a warning may wait for the ranks' agreement, in seconds. ``config``: the
@@ -194,7 +194,7 @@ class Session:
         ):
             log.warning(
                 "mixed_float16 without loss scaling: small gradients underflow to zero; wrap "
-                "the optimizer with hpctf.compute.start.joining.with_loss_scaling(optimizer, "
+                "the optimizer with hpctf.compute.cluster.joining.with_loss_scaling(optimizer, "
                 "session.precision_policy)"
             )
         restored = self._checkpointer.restore_agreed(self._gather)
@@ -422,7 +422,7 @@ class Session:
         collective, entered only after every other one, so no rank leaves while a peer still
         needs it (the chief's checkpoint and records included). A peer that passed it first
         and left makes it fail here: harmless, said in one line. The caller then leaves at
-        once (:func:`hpctf.compute.start.leaving.leave`)."""
+        once (:func:`hpctf.compute.process.leaving.leave`)."""
         if self._watchdog is not None:
             self._watchdog.stop()
         started = time.perf_counter()

@@ -20,17 +20,17 @@ import keras
 import tensorflow as tf
 
 from hpctf.api import DataSource, Task
+from hpctf.compute.cluster.joining import with_loss_scaling
+from hpctf.compute.cluster.peers import PeerLost, lost_peer
+from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.compat import tensorflow_internals
 from hpctf.compute.loop.preemption import Preempted
 from hpctf.compute.loop.session import Session, open_session
 from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
+from hpctf.compute.process import startup_clock
+from hpctf.compute.process.leaving import exit_later, hold_until_exit
 from hpctf.compute.records.final_model import save_final_model
-from hpctf.compute.start import startup_clock
-from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.compute.start.joining import with_loss_scaling
-from hpctf.compute.start.leaving import exit_later, hold_until_exit
-from hpctf.compute.start.peers import PeerLost, lost_peer
-from hpctf.compute.users_code import user_code
+from hpctf.compute.users_code import attribution as user_code
 from hpctf.compute.users_code.compile_style import (
     metric_directions,
     resolve_loss,
@@ -64,7 +64,7 @@ def load_entry(entry: str | None) -> Callable[..., Any]:
 
 def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     """Run (or resume) training; 0 when complete, 75 when preempted after a checkpoint.
-    A peer that stops answering is :class:`hpctf.compute.start.peers.PeerLost` (exit 3)."""
+    A peer that stops answering is :class:`hpctf.compute.cluster.peers.PeerLost` (exit 3)."""
     settings = config.experiment.train
     warning = launcher_for(config.site).warning_seconds
     with open_session(
@@ -79,7 +79,7 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
             raise lost from exc
 
 
-# The gRPC statuses of TF's errors when a peer goes away, by the names hpctf.compute.start.peers
+# The gRPC statuses of TF's errors when a peer goes away, by the names hpctf.compute.cluster.peers
 # uses.
 _PEER_LOSS_STATUSES = {
     tf.errors.UNAVAILABLE: "UNAVAILABLE",

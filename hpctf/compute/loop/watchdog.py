@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from hpctf.compute.start.leaving import exit_now
+from hpctf.compute.process.leaving import exit_now
 from hpctf.core.errors import STALLED_EXIT
 
 log = logging.getLogger("hpctf.worker")

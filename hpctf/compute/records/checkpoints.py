@@ -32,8 +32,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.compat import tensorflow_internals
-from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files
 from hpctf.core.safe_files import write_atomic

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from hpctf import __version__
+from hpctf.compute.cluster.gpus import Grant
+from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.doctor.nccl_env import hca_rails_check, read_interfaces, socket_ifname_check
 from hpctf.compute.doctor.node_checks import (
     Check,
@@ -41,8 +43,6 @@ from hpctf.compute.doctor.node_checks import (
 )
 from hpctf.compute.doctor.verbs import load_verbs, verbs_check
 from hpctf.compute.doctor.versions import version_check
-from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.compute.start.gpus import Grant
 from hpctf.core.errors import NODE_CHECK_EXIT
 from hpctf.core.run import journal
 from hpctf.core.run.history import read_history

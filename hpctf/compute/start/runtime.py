@@ -1,9 +1,9 @@
 """``hpctf worker``: what runs on every task of the job, before TensorFlow is imported.
 
 Reads the run's frozen config, turns the SLURM environment into a cluster spec
-(:func:`hpctf.compute.start.cluster.cluster_spec`, pure), checks what only this machine can check
+(:func:`hpctf.compute.cluster.spec.cluster_spec`, pure), checks what only this machine can check
 (the addresses resolve, this task's port is free), sets TF_CONFIG and CUDA_VISIBLE_DEVICES, checks
-that TensorFlow can use the GPUs Slurm gave the task (:mod:`hpctf.compute.start.gpus`), then hands
+that TensorFlow can use the GPUs Slurm gave the task (:mod:`hpctf.compute.cluster.gpus`), then hands
 over to
 :mod:`hpctf.compute.loop.training`. TensorFlow is imported only from :func:`run_worker` on, never
 on the login path.
@@ -18,14 +18,15 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from hpctf.compute.cluster.gpus import granted_gpus
+from hpctf.compute.cluster.spec import ClusterSpec, cluster_spec
 from hpctf.compute.doctor.node_checks import check_port_free, check_tensorflow_gpus
 from hpctf.compute.loop.preemption import install_early_handlers
-from hpctf.compute.start import quick_preflight, startup_clock
-from hpctf.compute.start.cluster import ClusterSpec, cluster_spec
-from hpctf.compute.start.gpus import granted_gpus
-from hpctf.compute.start.launcher_watch import launcher_ended, watch_launcher
-from hpctf.compute.start.worker_tmp import use_own_tmp
-from hpctf.compute.users_code.script import keras_environment, run_script
+from hpctf.compute.process import startup_clock
+from hpctf.compute.process.launcher_watch import launcher_ended, watch_launcher
+from hpctf.compute.process.worker_tmp import use_own_tmp
+from hpctf.compute.script.entry import keras_environment, run_script
+from hpctf.compute.start import quick_preflight
 from hpctf.core.errors import UserError
 from hpctf.core.run.history import record_end_read
 from hpctf.core.run.run_identity import check_not_a_copy

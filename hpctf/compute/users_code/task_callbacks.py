@@ -47,7 +47,7 @@ from typing import Any
 
 import keras
 
-from hpctf.compute.users_code import user_code
+from hpctf.compute.users_code import attribution as user_code
 from hpctf.core.errors import UserError
 
 log = logging.getLogger("hpctf.worker")

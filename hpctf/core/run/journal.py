@@ -168,7 +168,7 @@ def job_handle(env: Mapping[str, str]) -> str | None:
     last task to start gets the array's own id, and ``scontrol requeue <array id>`` requeued
     every task of the array on the test cluster (Slurm 22.05), as scancel and ``scontrol
     update`` act on all of them: the trap of Lightning-AI/pytorch-lightning#15022. The batch
-    shell (job-start, job-end, the requeue), every rank (:class:`hpctf.compute.start.cluster.
+    shell (job-start, job-end, the requeue), every rank (:class:`hpctf.compute.cluster.spec.
     ClusterSpec`) and ``hpctf cancel`` all use this handle."""
     array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
     if array and task:

@@ -2,7 +2,7 @@
 site's ``hostname_template`` (how a Slurm node name becomes the address in TF_CONFIG).
 
 The site schema validates the template on the login node and the cluster spec
-(:mod:`hpctf.compute.start.cluster`) checks it again on every task, from the same code; ``hpctf
+(:mod:`hpctf.compute.cluster.spec`) checks it again on every task, from the same code; ``hpctf
 doctor`` and the cluster spec expand nodelists with the same function.
 """
 

@@ -78,7 +78,7 @@ PREEMPTION_GRACE_S = 60.0
 # How long the workers may take, once warned by the launcher, to reach the next agreed step,
 # save it and exit (the agreement comes every train.preemption_check_every_steps steps).
 WARNED_GRACE_S = 120.0
-# The worker's fallback watch on its launcher (hpctf.compute.start.launcher_watch) reads this.
+# The worker's fallback watch on its launcher (hpctf.compute.process.launcher_watch) reads this.
 LAUNCHER_PID_ENV = "HPCTF_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

@@ -27,7 +27,7 @@ from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.rundir import RunDir
 
 # The workers of a killed launcher save and exit within the launcher watch's deadline
-# (hpctf.compute.start.launcher_watch.DEADLINE_S, 8 s) after noticing; with their exit, this.
+# (hpctf.compute.process.launcher_watch.DEADLINE_S, 8 s) after noticing; with their exit, this.
 OLD_WORKERS_S = 30.0
 # How long ``hpctf cancel`` waits for the launcher to record the end after its SIGINT: the
 # launcher's own bound on the workers' save (hpctf.login.submitting.local.WARNED_GRACE_S) and

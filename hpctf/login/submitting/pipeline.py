@@ -8,7 +8,7 @@ before anything is written. Two kinds of job go through it:
   points start an existing run directory with :func:`start`, the same last stage; a sweep's
   points are created with :func:`create_points` (the first three stages for all of them at
   once, their code one shared snapshot; no start: their job is one array).
-- ``hpctf doctor``'s test job (:class:`hpctf.login.doctor.commands.DoctorJob`): its own
+- ``hpctf doctor``'s test job (:class:`hpctf.login.doctor.doctor_commands.DoctorJob`): its own
   directory and template, started by the same launchers (:mod:`.launchers`).
 
 The script is rendered once per submit; only a lost race for the planned run directory (two

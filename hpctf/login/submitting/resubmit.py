@@ -1,7 +1,7 @@
 """``hpctf resubmit RUN`` and :meth:`hpctf.Run.resubmit`: a new job on a run directory,
 resuming from its latest checkpoint (``--from-scratch``: from step 0; ``--set``: continued
 with more steps, :mod:`hpctf.login.submitting.extend`). A sweep directory is
-:func:`hpctf.login.sweeps.commands.sweep_resubmit`'s."""
+:func:`hpctf.login.sweeps.sweep_commands.sweep_resubmit`'s."""
 
 from __future__ import annotations
 

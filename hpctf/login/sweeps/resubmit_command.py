@@ -1,6 +1,6 @@
 """``hpctf resubmit``: a run directory (:func:`hpctf.login.submitting.resubmit.resubmit_run`)
-or a sweep directory (:func:`hpctf.login.sweeps.commands.sweep_resubmit`). Here, in the sweeps'
-room, because it tells the two apart: the submitting room knows nothing of sweeps."""
+or a sweep directory (:func:`hpctf.login.sweeps.sweep_commands.sweep_resubmit`). Here, in the
+sweeps' room, because it tells the two apart: the submitting room knows nothing of sweeps."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.login.submitting.resubmit import resubmit_run
-from hpctf.login.sweeps.commands import sweep_resubmit
+from hpctf.login.sweeps.sweep_commands import sweep_resubmit
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
 
 

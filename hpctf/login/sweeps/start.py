@@ -1,6 +1,7 @@
 """``hpctf sweep``, and starting a sweep for it and :func:`hpctf.sweep` alike: its points planned
 and resolved (:func:`plan_sweep`), then its sweep directory, a run directory per point and the
-job array(s) (:func:`start_sweep`). The array's parts are in :mod:`hpctf.login.sweeps.commands`.
+job array(s) (:func:`start_sweep`). The array's parts are in
+:mod:`hpctf.login.sweeps.sweep_commands`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hpctf.login.submitting.pipeline import (
     warn_if_writable_by_others,
     warn_left_out,
 )
-from hpctf.login.sweeps import commands  # the array's parts (looked up at each call)
+from hpctf.login.sweeps import sweep_commands as commands
 from hpctf.login.sweeps.plan import (
     DEFAULT_MAX_POINTS,
     Point,

@@ -14,7 +14,7 @@ Layout::
 A point's run directory is a run like any other (config, journal, checkpoints): every command
 that takes a RUN_DIR works on it (``hpctf resubmit POINT --update-code`` gives it a copy of
 its own). Its jobs are recorded as ``<array>_<task>``
-(:func:`hpctf.batch.commands._job_id` says why).
+(:func:`hpctf.batch.job_commands._job_id` says why).
 """
 
 from __future__ import annotations

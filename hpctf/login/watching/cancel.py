@@ -16,7 +16,7 @@ from hpctf.login.submitting.local_control import (
     cancel_local,
     local_launcher,
 )
-from hpctf.login.sweeps.commands import sweep_cancel
+from hpctf.login.sweeps.sweep_commands import sweep_cancel
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
 
 

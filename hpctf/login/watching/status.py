@@ -38,7 +38,7 @@ from hpctf.login.reading.runs import (
 from hpctf.login.reading.slurm_view import (
     job_states,
 )
-from hpctf.login.sweeps.commands import sweep_status
+from hpctf.login.sweeps.sweep_commands import sweep_status
 from hpctf.login.sweeps.sweep_dir import (
     SweepDir,
     find_sweeps,

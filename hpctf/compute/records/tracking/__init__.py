@@ -10,7 +10,7 @@ per hpctf run, across every requeue and resubmit.
   A failed call is retried (``RETRIES``, with a pause), said once in the rank log, and after
   ``MAX_FAILURES`` failed calls the tracker is off for the rest of this start. At exit (DONE,
   or an agreed preemption save) what is queued is sent for at most ``FLUSH_S`` (the worker
-  leaves within 4 s of the end of training: :data:`hpctf.compute.start.leaving.LEAVE_WITHIN_S`),
+  leaves within 4 s of the end of training: :data:`hpctf.compute.process.leaving.LEAVE_WITHIN_S`),
   and the tracker run is marked finished (DONE) or stopped, to be resumed.
 - A tracker is one small class behind :class:`~.tracker.Backend`: MLflow
   (:mod:`.mlflow_run`, the extra ``hpctf[mlflow]``) and Weights & Biases (:mod:`.wandb_run`,

@@ -3,12 +3,12 @@
 Each task (started by srun, or as a local process on a local site) runs the node checks of
 :mod:`hpctf.compute.doctor.node_checks` (tensorflow, memlock, infiniband, hostnames, port), then
 ``allreduce``: one all-reduce across all tasks through MultiWorkerMirroredStrategy, made as the
-training makes it (:func:`hpctf.compute.start.joining.make_strategy`: NCCL on GPUs, RING on CPUs),
+training makes it (:func:`hpctf.compute.cluster.joining.make_strategy`: NCCL on GPUs, RING on CPUs),
 at a few message sizes, timed; with NCCL, its log (NCCL_DEBUG=INFO, into a file) scanned for a
 fallback to TCP sockets (``nccl``). Each task writes what it found to
 ``DOCTOR_DIR/results/rank-<N>.json`` (:mod:`hpctf.core.doctor_files`);
-:mod:`hpctf.login.doctor.commands` reads every task's file and judges them together (versions equal
-everywhere, every node reported, the site's bandwidth threshold).
+:mod:`hpctf.login.doctor.doctor_commands` reads every task's file and judges them together
+(versions equal everywhere, every node reported, the site's bandwidth threshold).
 
 The file is written after the checks that need no TensorFlow, again after TensorFlow's, and
 last after the all-reduce (``pending`` until then), so a task that hangs or dies still leaves
@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctf import __version__
+from hpctf.compute.cluster.gpus import granted_gpus
+from hpctf.compute.cluster.spec import ClusterSpec, cluster_spec
 from hpctf.compute.doctor.node_checks import (
     Check,
     node_addresses,
@@ -44,8 +46,6 @@ from hpctf.compute.doctor.node_checks import (
     scan_nccl_log,
     tensorflow_check,
 )
-from hpctf.compute.start.cluster import ClusterSpec, cluster_spec
-from hpctf.compute.start.gpus import granted_gpus
 from hpctf.compute.start.quick_preflight import before_tensorflow
 from hpctf.compute.start.runtime import log_to_stdout, prepare_environment
 from hpctf.core.doctor_files import GATE_DIR, NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
@@ -106,12 +106,12 @@ def allreduce(spec: ClusterSpec, join_timeout: int) -> dict[str, Any]:
     """
     import tensorflow as tf
 
-    from hpctf.compute.start.joining import configure_failure_detection, make_strategy
+    from hpctf.compute.cluster.joining import configure_failure_detection, make_strategy
     from hpctf.core.settings.config import Train
 
     gpus = len(tf.config.list_physical_devices("GPU"))
     settings = Train(
-        entry="hpctf.compute.doctor.preflight:allreduce",
+        entry="hpctf.compute.start.preflight:allreduce",
         global_batch_size=1,
         steps=1,
         startup_timeout_seconds=join_timeout,

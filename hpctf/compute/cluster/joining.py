@@ -2,7 +2,7 @@
 the strategy, and the process-wide settings a training needs (mixed precision, the seed).
 
 :func:`connect` is the first half of a training session; :mod:`hpctf.compute.loop.session` is the
-rest. ``hpctf doctor``'s all-reduce (:mod:`hpctf.compute.doctor.preflight`) joins the same way.
+rest. ``hpctf doctor``'s all-reduce (:mod:`hpctf.compute.start.preflight`) joins the same way.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.compat import probe, tensorflow_internals
-from hpctf.compute.start.cluster import ClusterSpec
 from hpctf.core.errors import EnvironmentProblem, UserError, one_line
 from hpctf.core.settings.config import Train
 from hpctf.core.settings.replicas import batch_split_problem

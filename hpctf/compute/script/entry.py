@@ -42,11 +42,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.compat import probe
 from hpctf.compute.compat.keras_fit import prepare_fit
 from hpctf.compute.loop.preemption import early_signal, leaving_words
-from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.compute.users_code import user_code
+from hpctf.compute.users_code import attribution as user_code
 from hpctf.core.errors import (
     BUG_EXIT,
     ENVIRONMENT_EXIT,
@@ -98,7 +98,7 @@ def script_environment(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -
 
 def working_directory(run: RunDir, spec: ClusterSpec) -> Path:
     """The run directory on the chief; on every other rank a scratch directory of its own inside
-    the worker's temporary directory (:mod:`hpctf.compute.start.worker_tmp`, removed on exit),
+    the worker's temporary directory (:mod:`hpctf.compute.process.worker_tmp`, removed on exit),
     so a relative path the script writes on every rank (``model.save("final.keras")``) lands
     once in the run, never twice at the same place."""
     if spec.is_chief:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hpctf.compute.start.gpu_bind import gpu_binding
+from hpctf.compute.cluster.gpu_bind import gpu_binding
 from hpctf.core.errors import SlurmEnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodelist
@@ -48,7 +48,7 @@ class ClusterSpec:
     numbering; when ``bind_gpus`` is true the worker must set CUDA_VISIBLE_DEVICES to them
     before TensorFlow starts (one worker per GPU). ``gpu_devices`` are the node's device
     numbers of the same GPUs, ``gpu_how`` the binding they came from
-    (:mod:`hpctf.compute.start.gpu_bind`).
+    (:mod:`hpctf.compute.cluster.gpu_bind`).
     """
 
     workers: tuple[str, ...]

@@ -21,7 +21,7 @@ import threading
 from typing import NoReturn
 
 from hpctf.compute.compat import python_internals
-from hpctf.compute.start.worker_tmp import remove_own_tmp
+from hpctf.compute.process.worker_tmp import remove_own_tmp
 
 
 def exit_now(code: int) -> NoReturn:

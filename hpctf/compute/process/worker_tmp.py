@@ -6,7 +6,7 @@ ranks' throwaway checkpoints (:mod:`hpctf.compute.records.checkpoints`) and what
 code asks ``tempfile`` for. It is removed on every way out: the normal exit and an
 exception's (an ``atexit`` function, registered before TensorFlow is imported so it runs after
 TensorFlow's own), and the bounded exit that skips ``atexit``
-(:func:`hpctf.compute.start.leaving.exit_now`).
+(:func:`hpctf.compute.process.leaving.exit_now`).
 
 Why: autograph deletes each source it wrote with an ``atexit`` function of its own, which the
 bounded exit skips. On a loaded 2-node test cluster that bound fired after DONE, and the job's

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from hpctf.compute.start.leaving import exit_now
+from hpctf.compute.process.leaving import exit_now
 
 log = logging.getLogger("hpctf.worker")
 

@@ -1,5 +1,5 @@
 """The GPUs of one task: how many Slurm gave it (:func:`granted_gpus`; which ones:
-:mod:`hpctf.compute.start.gpu_bind`), and whether TensorFlow got them (:func:`check_gpus`).
+:mod:`hpctf.compute.cluster.gpu_bind`), and whether TensorFlow got them (:func:`check_gpus`).
 Pure: no TensorFlow, no os.environ.
 
 A CPU-only TensorFlow (``tensorflow-cpu``, or PyPI's ``tensorflow`` for aarch64 Linux, whose
@@ -41,7 +41,7 @@ def granted_gpus(
     """The GPUs this task was given.
 
     ``gpus`` are the task's GPUs from its cluster spec
-    (:attr:`hpctf.compute.start.cluster.ClusterSpec.gpus`: CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS,
+    (:attr:`hpctf.compute.cluster.spec.ClusterSpec.gpus`: CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS,
     this task's share when one worker runs per GPU). When Slurm says ``NoDevFiles`` there is no
     list to count: the run's ``gpus_per_node`` over its ``tasks_per_node`` is what Slurm
     allocated to the task (at least one when any).

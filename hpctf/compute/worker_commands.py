@@ -21,7 +21,7 @@ from hpctf.core.settings.sites import load_named_site
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 def worker(run_dir: Path) -> None:
     """Train one task of RUN_DIR (started by srun on every task)."""
-    from hpctf.compute.start.leaving import leave
+    from hpctf.compute.process.leaving import leave
     from hpctf.compute.start.runtime import run_worker
 
     path = run_dir.resolve()
@@ -37,7 +37,7 @@ def worker(run_dir: Path) -> None:
             f"back and continue with: hpctf resubmit {path}"
         ) from exc
     # Not sys.exit: the interpreter's teardown of TensorFlow can wait many seconds on peers
-    # that have already left (hpctf.compute.start.leaving).
+    # that have already left (hpctf.compute.process.leaving).
     leave(status)
 
 
@@ -65,7 +65,7 @@ def tfconfig(run_dir: Path | None, site_name: str | None, check: bool) -> None:
     task (node, local id, GPUs) goes to stderr. Without --run-dir or --site the defaults are
     used: port_range 20000-30000 and hostname_template {host}.
     """
-    from hpctf.compute.start.cluster import cluster_spec
+    from hpctf.compute.cluster.spec import cluster_spec
 
     if run_dir is not None and site_name:
         raise UserError("give at most one of --run-dir and --site")
@@ -90,7 +90,7 @@ def tfconfig(run_dir: Path | None, site_name: str | None, check: bool) -> None:
 @click.argument("doctor_dir", type=click.Path(path_type=Path, file_okay=False))
 def preflight(doctor_dir: Path) -> None:
     """Run `hpctf doctor`'s checks on this task; write them to DOCTOR_DIR/results/."""
-    from hpctf.compute.doctor.preflight import run_preflight
+    from hpctf.compute.start.preflight import run_preflight
 
     sys.exit(run_preflight(doctor_dir, os.environ))
 

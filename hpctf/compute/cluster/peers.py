@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from hpctf.compute.start.cluster import ClusterSpec
+from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.core.errors import EnvironmentProblem
 
 _TASK = re.compile(r"/job:worker(?:/replica:\d+)?/task:(\d+)")

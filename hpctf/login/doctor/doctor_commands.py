@@ -2,7 +2,7 @@
 
 Renders a short job for the site (``templates/doctor.sh.j2``: the site's partition, account,
 GPUs, modules, venv, env and setup lines, as the training job gets them) that runs ``hpctf
-preflight`` (:mod:`hpctf.compute.doctor.preflight`) on every task, and submits it; or runs it inside
+preflight`` (:mod:`hpctf.compute.start.preflight`) on every task, and submits it; or runs it inside
 the current allocation (``--here``), or as local processes on a local site. Every task writes
 its results to ``<runs_root>/doctor-<site>-<time>/results/rank-<N>.json``; this module reads
 them and :mod:`hpctf.login.doctor.verdict` judges them together.
@@ -67,7 +67,7 @@ def doctor_config(site: Site, nodes: int, timeout: int, env: Mapping[str, str]) 
         name="hpctf-doctor",
         resources=resources,
         train=Train(
-            entry="hpctf.compute.doctor.preflight:run_preflight", global_batch_size=batch, steps=1
+            entry="hpctf.compute.start.preflight:run_preflight", global_batch_size=batch, steps=1
         ),
     )
     if env.get("HPCTF_RUNS_ROOT"):

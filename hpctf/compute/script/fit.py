@@ -36,6 +36,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.compat.keras_fit import FitInput, fit_input, random_state_variables
 from hpctf.compute.doctor.procstat import process_usage
 from hpctf.compute.loop.cadence import AgreementClock, Cadence
@@ -46,10 +47,9 @@ from hpctf.compute.loop.preemption import (
     make_gather,
 )
 from hpctf.compute.loop.watchdog import ProgressWatchdog
+from hpctf.compute.process.leaving import exit_later
 from hpctf.compute.records.checkpoints import Checkpointer, checkpoint_of
 from hpctf.compute.records.chief_records import ChiefRecords
-from hpctf.compute.start.cluster import ClusterSpec
-from hpctf.compute.start.leaving import exit_later
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
