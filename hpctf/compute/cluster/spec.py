@@ -304,11 +304,7 @@ def cluster_spec(
     takes GPUs from CUDA_VISIBLE_DEVICES or SLURM_STEP_GPUS. Anything missing, malformed or
     inconsistent is a SlurmEnvironmentProblem (exit 3) with a one-line reason; not being
     in a job step at all is a UserError.
-
-    Ports: while the step's tasks fit in ``port_range``, task ``rank`` gets slot ``rank``, so
-    every (host, port) pair is distinct even when all nodes share one IP address (as on the
-    test cluster). A step with more tasks than the range holds gets slot SLURM_LOCALID instead:
-    distinct per node, which is enough on a real cluster where each node has its own address.
+    Each task's port: :func:`_port_slots`.
     """
     job_id, step_id = _require_step(env)
     try:
@@ -325,7 +321,7 @@ def cluster_spec(
             f"{per_node} tasks per node need more ports than port_range {low}-{high} holds"
         )
     node_of, local_of = layout(counts, _plane_size(env.get("SLURM_DISTRIBUTION", ""), env))
-    slots = range(ntasks) if ntasks <= span else local_of
+    slots = _port_slots(ntasks, span, local_of)
     workers = _worker_addresses(
         hosts, node_of, slots, hostname_template, port_window(job_id, step_id, port_range)
     )
@@ -354,6 +350,15 @@ def cluster_spec(
         gpu_devices=binding.devices,
         gpu_how=binding.how,
     )
+
+
+def _port_slots(ntasks: int, span: int, local_of: Sequence[int]) -> Sequence[int]:
+    """Each task's slot in the port window: while the step's tasks fit in the range, task
+    ``rank`` gets slot ``rank``, so every (host, port) pair is distinct even when all nodes
+    share one IP address (as on the test cluster). A step with more tasks than the range holds
+    gets slot SLURM_LOCALID instead: distinct per node, which is enough on a real cluster where
+    each node has its own address."""
+    return range(ntasks) if ntasks <= span else local_of
 
 
 def _worker_addresses(

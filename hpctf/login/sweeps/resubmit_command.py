@@ -67,8 +67,7 @@ def resubmit(
         if from_scratch or overrides:
             raise UserError("--from-scratch and --set take one run directory, not a sweep")
         options = {"--exclude": exclude, "--retry-failed-nodes": retry_failed_nodes}
-        sweep_resubmit(run_dir, {**options, "--update-code": update_code})
-        return
+        sys.exit(sweep_resubmit(run_dir, {**options, "--update-code": update_code}))
     sys.exit(
         resubmit_run(run_dir, exclude, retry_failed_nodes, update_code, from_scratch, overrides)
     )

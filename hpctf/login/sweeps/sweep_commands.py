@@ -11,7 +11,6 @@ On a local site the points run one after another, each as ``hpctf submit`` would
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -201,9 +200,10 @@ def sweep_cancel(path: Path) -> None:
     )
 
 
-def sweep_resubmit(path: Path, extra_options: dict[str, Any]) -> None:
+def sweep_resubmit(path: Path, extra_options: dict[str, Any]) -> int:
     """``hpctf resubmit SWEEP_DIR``: a new array over the points that did not finish (same
-    throttle); points still queued or running in Slurm are left alone."""
+    throttle); points still queued or running in Slurm are left alone. The exit status: a
+    local sweep's points', else 0."""
     record = SweepDir.read(path)
     given = [name for name, value in extra_options.items() if value]
     if given:
@@ -212,10 +212,10 @@ def sweep_resubmit(path: Path, extra_options: dict[str, Any]) -> None:
     unfinished = [i for i, run in enumerate(runs) if not run.run.done.exists()]
     if not unfinished:
         click.echo(f"every point of {record.path} is done: nothing to resume")
-        return
+        return 0
     config = runs[unfinished[0]].config
     if not launcher_for(config.site).slurm:
-        sys.exit(_run_locally(record, unfinished))
+        return _run_locally(record, unfinished)
     current = {i: job for i in unfinished if (job := runs[i].job)}
     view = slurm_records(list(current.values()))
     if view.problem:
@@ -226,5 +226,6 @@ def sweep_resubmit(path: Path, extra_options: dict[str, Any]) -> None:
         click.echo(f"note: points {', '.join(map(str, busy))} are still in Slurm; left alone")
     todo = [i for i in unfinished if i not in busy]
     if not todo:
-        return
+        return 0
     submit_arrays(record, config, todo, array_size_limit(config, dry_run=False)[0])
+    return 0
