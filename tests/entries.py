@@ -17,7 +17,7 @@ import keras
 import loop
 
 import hpctf
-from hpctf.compute.loop.session import Session
+from hpctf import Session
 
 
 def digits_with_schedule(

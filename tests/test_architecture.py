@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import ast
 import itertools
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -165,3 +169,17 @@ def test_the_checks_find_what_they_look_for() -> None:
     assert [c.name for c in commands] == ["g"]
     assert room_of("hpctf.compute.loop.session") == "hpctf.compute.loop"
     assert room_of("hpctf.cli") == "hpctf"
+
+
+@pytest.mark.tf
+def test_a_custom_loop_imports_session_from_hpctf_itself() -> None:
+    """``from hpctf import Session`` is the public door (examples/custom_loop), and ``import
+    hpctf`` alone still imports no TensorFlow."""
+    code = (
+        "import sys, hpctf\n"
+        "assert 'tensorflow' not in sys.modules and 'Session' in hpctf.__all__\n"
+        "from hpctf import Session\n"
+        "from hpctf.compute.loop import session\n"
+        "assert Session is session.Session\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)

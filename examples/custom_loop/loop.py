@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 
-from hpctf.compute.loop.session import Session
+from hpctf import Session
 
 
 def main(session: Session, learning_rate: float = 0.1) -> None:

@@ -5,7 +5,7 @@ the data position, the chief's records and the preemption hook. hpctf's built-in
 (:mod:`hpctf.compute.loop.training`) is one client; a user with a loop of their own
 (``train.loop: custom``) gets the same session, so their script has the same guarantees::
 
-    def main(session: hpctf.compute.loop.session.Session, **args) -> None:
+    def main(session: hpctf.Session, **args) -> None:
         with session.strategy.scope():
             model, optimizer = build(...)
         start = session.track(model=model, optimizer=optimizer)   # restores, returns the step
