@@ -37,7 +37,7 @@ from hpctf.core.scheduler.slurm import SlurmError
 from hpctf.core.scheduler.slurm_queries import JobRecord
 from hpctf.login.reading import progress
 from hpctf.login.reading.run_report import TABLE_COLUMNS
-from hpctf.login.reading.runs import Run, epoch_seconds
+from hpctf.login.reading.runs import RunRecord, epoch_seconds
 from hpctf.login.watching import plot
 from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
 from tests.fake_slurm import FakeSlurm, new_run, sacct_line, squeue_line
@@ -961,7 +961,7 @@ def test_plot_titles_a_run_with_the_state_status_shows(
     fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "BeginTime", ""))
     (run,) = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)["runs"]
     assert run["state"] == "requeued"
-    assert plot.title(Run.read(path)) == f"{path.name}: requeued, 1 start(s)"
+    assert plot.title(RunRecord.read(path)) == f"{path.name}: requeued, 1 start(s)"
 
 
 def test_plot_of_a_run_without_metrics_says_so(runs_root: Path, fake_slurm: FakeSlurm) -> None:

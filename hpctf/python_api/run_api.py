@@ -52,7 +52,7 @@ class Run:
     every method reads the directory (and asks Slurm) afresh."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        from hpctf.login.reading.runs import Run as RunRecord
+        from hpctf.login.reading.runs import RunRecord
 
         self.path = Path(path).resolve()
         RunRecord.read(self.path)  # a UserError now, when it is not a run directory
@@ -75,7 +75,7 @@ class Run:
         from hpctf.core.run.hours import hours_json
         from hpctf.login.reading.hours_view import hours_of
         from hpctf.login.reading.run_report import full_document
-        from hpctf.login.reading.runs import Run as RunRecord
+        from hpctf.login.reading.runs import RunRecord
         from hpctf.login.reading.slurm_view import job_states
 
         record = RunRecord.read(self.path)
@@ -112,7 +112,7 @@ class Run:
     def logs(self, rank: int = 0, job: str | None = None) -> str:
         """One rank's log across every start (``hpctf logs RUN --rank N [--job ID]``), with
         the separator line where each start begins."""
-        from hpctf.login.reading.runs import Run as RunRecord
+        from hpctf.login.reading.runs import RunRecord
         from hpctf.login.watching.logs import LogReader
 
         record = RunRecord.read(self.path)

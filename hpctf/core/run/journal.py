@@ -27,7 +27,7 @@ from typing import Any, Final, Protocol
 from hpctf.core.version import VERSION
 
 
-class RunDir(Protocol):
+class JournalDir(Protocol):
     """What the writers need of a run directory (:class:`hpctf.core.run.rundir.RunDir` has it):
     a protocol, so that the run directory may use this module to read its journal."""
 
@@ -180,17 +180,17 @@ def job_handle(env: Mapping[str, str]) -> str | None:
 # the entry it wrote (a command reading on extends its history with it).
 
 
-def record_created(run: RunDir, experiment: str, site: str) -> dict[str, Any]:
+def record_created(run: JournalDir, experiment: str, site: str) -> dict[str, Any]:
     return run.record(CREATED, **created_fields(run, experiment, site))
 
 
-def created_fields(run: RunDir, experiment: str, site: str) -> dict[str, Any]:
+def created_fields(run: JournalDir, experiment: str, site: str) -> dict[str, Any]:
     """The fields of ``created``."""
     # run_dir: hpctf.core.run.run_identity refuses a copy of the run directory by it.
     return {"experiment": experiment, "site": site, "run_dir": str(run.path)}
 
 
-def created_file(run: RunDir, experiment: str, site: str) -> tuple[str, dict[str, Any]]:
+def created_file(run: JournalDir, experiment: str, site: str) -> tuple[str, dict[str, Any]]:
     """The file name and entry of ``created`` for a writer that makes a run directory's files
     itself (a sweep's points, all made at once with one sync)."""
     name = file_name(time.time_ns(), os.getpid(), CREATED)
@@ -207,7 +207,7 @@ def entry(event: str, fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def record_submitted(
-    run: RunDir,
+    run: JournalDir,
     job_id: str,
     exclude: str | None = None,
     array_job_id: str | None = None,
@@ -220,20 +220,22 @@ def record_submitted(
     return run.record(SUBMITTED, sync=sync, job_id=job_id, **fields)
 
 
-def record_code_updated(run: RunDir, sources: Sequence[str]) -> dict[str, Any]:
+def record_code_updated(run: JournalDir, sources: Sequence[str]) -> dict[str, Any]:
     return run.record(CODE_UPDATED, sources=list(sources))
 
 
-def record_extended(run: RunDir, changes: Mapping[str, Any], previous_done: Any) -> dict[str, Any]:
+def record_extended(
+    run: JournalDir, changes: Mapping[str, Any], previous_done: Any
+) -> dict[str, Any]:
     return run.record(EXTENDED, changes=dict(changes), previous_done=previous_done)
 
 
-def record_checkpoints_discarded(run: RunDir, moved_to: str) -> dict[str, Any]:
+def record_checkpoints_discarded(run: JournalDir, moved_to: str) -> dict[str, Any]:
     return run.record(CHECKPOINTS_DISCARDED, moved_to=moved_to)
 
 
 def record_started(
-    run: RunDir,
+    run: JournalDir,
     job_id: str,
     nodes: str | None,
     walltime_signal: str,
@@ -258,40 +260,40 @@ def record_started(
     )
 
 
-def record_signalled(run: RunDir, job_id: str, signal: str) -> dict[str, Any]:
+def record_signalled(run: JournalDir, job_id: str, signal: str) -> dict[str, Any]:
     return run.record(SIGNALLED, job_id=job_id, signal=signal)
 
 
 def record_nodes_down(
-    run: RunDir, job_id: str, nodes: Sequence[str], signal: str
+    run: JournalDir, job_id: str, nodes: Sequence[str], signal: str
 ) -> dict[str, Any]:
     return run.record(NODES_DOWN, job_id=job_id, nodes=list(nodes), signal=signal)
 
 
-def record_excluded(run: RunDir, job_id: str, nodes: Sequence[str]) -> dict[str, Any]:
+def record_excluded(run: JournalDir, job_id: str, nodes: Sequence[str]) -> dict[str, Any]:
     return run.record(EXCLUDED, job_id=job_id, nodes=list(nodes))
 
 
 def record_saved_on_warning(
-    run: RunDir, job_id: str, step: int | None, signal: str
+    run: JournalDir, job_id: str, step: int | None, signal: str
 ) -> dict[str, Any]:
     """The chief: every rank saved agreed step ``step`` (None: a ``train.script`` that exited
     for a requeue) after warning ``signal`` (as the site names it: USR2, TERM)."""
     return run.record(SAVED_ON_WARNING, job_id=job_id, step=step, signal=signal)
 
 
-def record_saved_for_restart(run: RunDir, job_id: str, step: int) -> dict[str, Any]:
+def record_saved_for_restart(run: JournalDir, job_id: str, step: int) -> dict[str, Any]:
     """The chief: every rank saved ``step``, a multiple of ``train.restart_every_steps``, and
     the job ends for a requeue (exit 75)."""
     return run.record(SAVED_FOR_RESTART, job_id=job_id, step=step)
 
 
-def record_environment_failed(run: RunDir, job_id: str, why: str) -> dict[str, Any]:
+def record_environment_failed(run: JournalDir, job_id: str, why: str) -> dict[str, Any]:
     return run.record(ENVIRONMENT_FAILED, job_id=job_id, why=why)
 
 
 def record_user_code_failed(
-    run: RunDir, job_id: str, node: str, rank: int, error: str, at: str | None, line: str
+    run: JournalDir, job_id: str, node: str, rank: int, error: str, at: str | None, line: str
 ) -> dict[str, Any]:
     return run.record(
         USER_CODE_FAILED, job_id=job_id, node=node, rank=rank, error=error, at=at, line=line
@@ -299,7 +301,7 @@ def record_user_code_failed(
 
 
 def record_node_check_failed(
-    run: RunDir, job_id: str, node: str, rank: int, check: str, detail: str, fix: str
+    run: JournalDir, job_id: str, node: str, rank: int, check: str, detail: str, fix: str
 ) -> dict[str, Any]:
     return run.record(
         NODE_CHECK_FAILED, job_id=job_id, node=node, rank=rank, check=check, detail=detail, fix=fix
@@ -307,7 +309,7 @@ def record_node_check_failed(
 
 
 def record_ended(
-    run: RunDir,
+    run: JournalDir,
     job_id: str,
     exit_code: int,
     reason: str,
@@ -328,7 +330,7 @@ def record_ended(
 
 
 def record_ended_by_slurm(
-    run: RunDir, job_id: str, exit_code: int | None, reason: str, slurm_state: str
+    run: JournalDir, job_id: str, exit_code: int | None, reason: str, slurm_state: str
 ) -> dict[str, Any]:
     """A start whose batch shell died without recording its end, closed at the next start from
     what Slurm's accounting says of its job (``source: sacct``)."""
@@ -343,27 +345,29 @@ def record_ended_by_slurm(
     )
 
 
-def record_released(run: RunDir, job_id: str, after_s: float) -> dict[str, Any]:
+def record_released(run: JournalDir, job_id: str, after_s: float) -> dict[str, Any]:
     return run.record(RELEASED, job_id=job_id, after_s=after_s)
 
 
-def record_not_started(run: RunDir, job_id: str, owner: str) -> dict[str, Any]:
+def record_not_started(run: JournalDir, job_id: str, owner: str) -> dict[str, Any]:
     return run.record(NOT_STARTED, job_id=job_id, owner=owner)
 
 
-def record_requeued(run: RunDir, job_id: str, why: str) -> dict[str, Any]:
+def record_requeued(run: JournalDir, job_id: str, why: str) -> dict[str, Any]:
     return run.record(REQUEUED, job_id=job_id, why=why)
 
 
-def record_gave_up(run: RunDir, job_id: str, why: str) -> dict[str, Any]:
+def record_gave_up(run: JournalDir, job_id: str, why: str) -> dict[str, Any]:
     return run.record(GAVE_UP, job_id=job_id, why=why)
 
 
-def record_cancelled(run: RunDir, jobs: Sequence[str]) -> dict[str, Any]:
+def record_cancelled(run: JournalDir, jobs: Sequence[str]) -> dict[str, Any]:
     return run.record(CANCELLED, jobs=[str(job) for job in jobs])
 
 
-def record_notified(run: RunDir, job_id: str, notice: str, start: int, via: str) -> dict[str, Any]:
+def record_notified(
+    run: JournalDir, job_id: str, notice: str, start: int, via: str
+) -> dict[str, Any]:
     """``notify:``'s message of event ``notice`` for the run's ``start``-th start (counted
     from 1) went out ``via`` a webhook: a retried job-end sends it no second time."""
     return run.record(NOTIFIED, job_id=job_id, notice=notice, start=start, via=via)

@@ -24,7 +24,7 @@ from hpctf.core.run.history import (
 from hpctf.core.run.listing import RunFacts
 from hpctf.core.scheduler import slurm
 from hpctf.login.reading.progress import code_text, duration, progress, sparkline
-from hpctf.login.reading.runs import Run, metric_records
+from hpctf.login.reading.runs import RunRecord, metric_records
 from hpctf.login.reading.slurm_view import REQUEUED_STATES, SlurmView, slurm_state, slurm_text
 
 
@@ -139,7 +139,7 @@ def _job_document(run: RunFacts, job: Job, view: SlurmView) -> dict[str, Any]:
     }
 
 
-def full_document(run: Run, view: SlurmView, now: float) -> dict[str, Any]:
+def full_document(run: RunRecord, view: SlurmView, now: float) -> dict[str, Any]:
     """:func:`run_document` of one run, with every logged loss and its last evaluation."""
     document = run_document(run.facts, view, now)
     records = metric_records(run.run.metrics, None)
@@ -224,7 +224,7 @@ def _planned(every: int | None, document: Mapping[str, Any]) -> str:
     return f"; planned restarts {document.get('planned_restarts', 0)} (every {every:,} steps)"
 
 
-def describe_run(run: Run, document: Mapping[str, Any]) -> str:
+def describe_run(run: RunRecord, document: Mapping[str, Any]) -> str:
     """The single-run view: state and why, budgets, code, Slurm, progress, each job, each
     start."""
     lines = []

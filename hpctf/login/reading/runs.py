@@ -1,5 +1,5 @@
 """A run directory as the commands after submit read it: one run read once (config and
-history, :class:`Run`), many as a listing shows them (:func:`find_runs`: their facts, through
+history, :class:`RunRecord`), many as a listing shows them (:func:`find_runs`: their facts, through
 the runs root's index).
 
 Where runs are found, without RUN arguments: ``--root DIR``, else ``$HPCTF_RUNS_ROOT`` (which
@@ -75,7 +75,7 @@ def every_runs_root(env: Mapping[str, str]) -> list[Path]:
 
 
 @dataclass
-class Run:
+class RunRecord:
     """One run directory, read once: its config and its history (the journal, typed, and the
     state derived from it)."""
 
@@ -84,7 +84,7 @@ class Run:
     history: RunHistory
 
     @classmethod
-    def read(cls, path: Path) -> Run:
+    def read(cls, path: Path) -> RunRecord:
         """The run at ``path``, or a UserError saying it is not one."""
         run = RunDir(path.resolve())
         config = run.load_config()

@@ -32,7 +32,7 @@ from hpctf.core.run.listing import RunFacts
 from hpctf.core.run.run_index import Index
 from hpctf.core.safe_files import write_atomic
 from hpctf.login.reading.run_report import format_table, run_document
-from hpctf.login.reading.runs import Run, listed
+from hpctf.login.reading.runs import RunRecord, listed
 from hpctf.login.reading.slurm_view import SlurmView, slurm_text
 
 SWEEP_FILE = "sweep.json"
@@ -84,9 +84,9 @@ class SweepDir:
     def next_script(self) -> Path:
         return self.path / f"array-{len(self.data.get('arrays', []))}.sbatch"
 
-    def runs(self) -> list[Run]:
+    def runs(self) -> list[RunRecord]:
         """Every point's run, read in full (for commands that act on them)."""
-        return [Run.read(Path(point["run_dir"])) for point in self.points]
+        return [RunRecord.read(Path(point["run_dir"])) for point in self.points]
 
     def facts(self, every_point: bool = False) -> list[RunFacts]:
         """The points, as a listing shows them, through the sweep directory's own index

@@ -9,7 +9,7 @@ import click
 from hpctf.core.errors import UserError
 from hpctf.core.run import journal, run_index
 from hpctf.core.run.run_identity import check_not_a_copy
-from hpctf.login.reading.runs import Run
+from hpctf.login.reading.runs import RunRecord
 from hpctf.login.submitting.launchers import job_launcher
 from hpctf.login.submitting.local_control import (
     CANCEL_WAIT_S,
@@ -31,13 +31,13 @@ def cancel(run_dir: Path) -> None:
     if is_sweep_dir(run_dir):
         sweep_cancel(run_dir)
         return
-    run = Run.read(run_dir)
+    run = RunRecord.read(run_dir)
     if not run.slurm:
         _cancel_local(run)
         return
     jobs = cancel_run(run_dir)
     if not jobs:
-        run = Run.read(run_dir)
+        run = RunRecord.read(run_dir)
         click.echo(
             f"nothing to cancel: no job of {run.run.path} is open (the run is {run.state.state})"
         )
@@ -46,9 +46,9 @@ def cancel(run_dir: Path) -> None:
 
 
 def cancel_run(run_dir: Path) -> list[str]:
-    """``hpctf cancel RUN`` and :meth:`hpctf.Run.cancel`: scancel the run's open jobs and
+    """``hpctf cancel RUN`` and :meth:`hpctf.RunRecord.cancel`: scancel the run's open jobs and
     record it; the jobs cancelled (none when none was open)."""
-    run = Run.read(run_dir)
+    run = RunRecord.read(run_dir)
     check_not_a_copy(run.run)  # a copy's journal names the original's jobs
     run.history.require_whole()  # which jobs are open: from a whole journal
     launcher = job_launcher(run.config.site)
@@ -61,7 +61,7 @@ def cancel_run(run_dir: Path) -> list[str]:
     return open_jobs
 
 
-def _cancel_local(run: Run) -> None:
+def _cancel_local(run: RunRecord) -> None:
     """A local run: its launcher stopped as by Ctrl-C, waited for, and the saved step said."""
     check_not_a_copy(run.run)
     run.history.require_whole()

@@ -16,7 +16,7 @@ from hpctf.core.printable import printable
 from hpctf.core.run.history import RunHistory, Start
 from hpctf.core.run.rundir import RunDir
 from hpctf.login.reading.run_report import local_launcher_gone
-from hpctf.login.reading.runs import FINAL_RUN_STATES, Run
+from hpctf.login.reading.runs import FINAL_RUN_STATES, RunRecord
 from hpctf.login.reading.slurm_view import slurm_records
 
 # The first line every worker writes at each start (hpctf.compute.start.runtime.run_worker).
@@ -102,7 +102,7 @@ def batch_output(run: RunDir, history: RunHistory, job_id: str) -> Path | None:
     return None
 
 
-def _job_alive(run: Run) -> bool | None:
+def _job_alive(run: RunRecord) -> bool | None:
     """Whether Slurm still runs or holds the run's current job (None: it did not answer)."""
     if not run.slurm or run.job is None:
         return False
@@ -127,7 +127,7 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
     failed, gave up or was cancelled (Slurm is asked at most every 30 s, and only while the
     journal alone cannot tell).
     """
-    run = Run.read(run_dir)
+    run = RunRecord.read(run_dir)
     path = run.run.rank_log(rank)
     if job_id is not None and job_id not in run.state.jobs:
         raise UserError(
@@ -151,7 +151,7 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
     gone = 0
     last_state = ""
     while True:
-        current = Run.read(run_dir)
+        current = RunRecord.read(run_dir)
         for text in reader.read(current.history):
             click.echo(text, nl=False)
         state = current.state.state
@@ -174,7 +174,7 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
                 over = gone >= 2
             next_check = time.monotonic() + (10 if stopped else 30)
         if over:
-            for text in reader.read(Run.read(run_dir).history, final=True):
+            for text in reader.read(RunRecord.read(run_dir).history, final=True):
                 click.echo(text, nl=False)
             return
         time.sleep(1)

@@ -14,7 +14,7 @@ import click
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import write_atomic
 from hpctf.login.reading.run_report import with_slurm_queue
-from hpctf.login.reading.runs import Run, metric_records
+from hpctf.login.reading.runs import RunRecord, metric_records
 from hpctf.login.reading.slurm_view import job_states, slurm_state
 
 RESTART_LABELS = {
@@ -41,7 +41,7 @@ RESTART_LABELS = {
 def plot(run_dir: Path, output: Path | None) -> None:
     """Draw RUN_DIR's loss and eval metrics against step, each restart marked with why the
     start before it ended. Needs matplotlib: pip install matplotlib (the extra hpctf[plot])."""
-    run = Run.read(run_dir)
+    run = RunRecord.read(run_dir)
     try:
         import matplotlib
 
@@ -94,7 +94,7 @@ def plot(run_dir: Path, output: Path | None) -> None:
     click.echo(f"wrote {output}")
 
 
-def default_output(run: Run) -> Path:
+def default_output(run: RunRecord) -> Path:
     """RUN_DIR/loss.png when the caller owns the run directory; else NAME-loss.png in the
     current directory: a run someone else owns is theirs to write, not ours (and whatever
     they planted in it is not ours to follow)."""
@@ -113,7 +113,7 @@ def eval_series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
     return evals
 
 
-def mark_restarts(axes: Any, run: Run) -> None:
+def mark_restarts(axes: Any, run: RunRecord) -> None:
     """A dotted line at the first step of every start after the first, named with why the
     start before it ended."""
     previous = None
@@ -134,7 +134,7 @@ def mark_restarts(axes: Any, run: Run) -> None:
         previous = start
 
 
-def title(run: Run) -> str:
+def title(run: RunRecord) -> str:
     """The plot's title: the run's state as `hpctf status` says it (Slurm's word included, one
     squeue call), and its starts."""
     facts = run.facts

@@ -30,7 +30,7 @@ from hpctf.login.reading.run_report import (
 )
 from hpctf.login.reading.runs import (
     ACTIVE_RUN_STATES,
-    Run,
+    RunRecord,
     every_runs_root,
     find_runs,
     runs_root_for,
@@ -131,7 +131,7 @@ def status(
     if sort or top:
         raise UserError("--sort and --top rank the points of one sweep: hpctf status SWEEP_DIR")
     single = len(run_dirs) == 1
-    read = [Run.read(path) for path in run_dirs]
+    read = [RunRecord.read(path) for path in run_dirs]
     sweeps: list[dict[str, Any]] = []
     if read:
         runs = [run.facts for run in read]
