@@ -17,7 +17,7 @@ from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.settings.config import Site
 from hpctf.login.remote.forward import on_cluster, ship
 from hpctf.login.remote.ssh import Connection
-from hpctf.python_api.run_api import Run, RunFailed, _ended
+from hpctf.python_api.run_api import Run, RunFailed, _ended, metrics_frame
 
 MAX_POLL = 120.0
 BACKOFF = 1.5
@@ -56,16 +56,7 @@ class RemoteRun(Run):
         )
 
     def metrics(self, frame: bool | None = None) -> Any:
-        rows = json.loads(self._hpctf("_remote-metrics", str(self.path)))
-        if frame is False:
-            return rows
-        try:
-            import pandas
-        except ImportError:
-            if frame:
-                raise UserError("metrics(frame=True) needs pandas: pip install pandas") from None
-            return rows
-        return pandas.json_normalize(rows) if rows else pandas.DataFrame()
+        return metrics_frame(json.loads(self._hpctf("_remote-metrics", str(self.path))), frame)
 
     def cancel(self) -> list[str]:
         return re.findall(r"\b(\d+)\b", self._hpctf("cancel", str(self.path)))

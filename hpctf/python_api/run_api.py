@@ -131,16 +131,7 @@ class Run:
         list, ``frame=True``: a UserError when pandas is missing."""
         from hpctf.core.run.metrics_history import by_step, metric_records
 
-        rows = by_step(metric_records(self.path / "metrics.jsonl"))
-        if frame is False:
-            return rows
-        try:
-            import pandas
-        except ImportError:
-            if frame:
-                raise UserError("metrics(frame=True) needs pandas: pip install pandas") from None
-            return rows
-        return pandas.json_normalize(rows) if rows else pandas.DataFrame()
+        return metrics_frame(by_step(metric_records(self.path / "metrics.jsonl")), frame)
 
     def cancel(self) -> list[str]:
         """``hpctf cancel RUN``: the run's open jobs cancelled and recorded; their ids."""
@@ -220,3 +211,18 @@ def runs(root: str | os.PathLike[str] | None = None, site: str | None = None) ->
 
     where = runs_root_for(None if root is None else Path(root), site, os.environ)
     return [Run(record.path) for record in find_runs(where)]
+
+
+def metrics_frame(rows: list[dict[str, Any]], frame: bool | None) -> Any:
+    """:meth:`Run.metrics`' answer from its rows: a pandas DataFrame (``eval`` flattened to
+    ``eval.NAME``) when pandas is installed and ``frame`` is not False, else the rows; a
+    UserError for ``frame=True`` without pandas."""
+    if frame is False:
+        return rows
+    try:
+        import pandas
+    except ImportError:
+        if frame:
+            raise UserError("metrics(frame=True) needs pandas: pip install pandas") from None
+        return rows
+    return pandas.json_normalize(rows) if rows else pandas.DataFrame()

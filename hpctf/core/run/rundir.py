@@ -188,13 +188,19 @@ class RunDirTaken(EnvironmentProblem):
 
 def plan_run_dir(config: ResolvedConfig) -> RunDir:
     """Choose a new run directory's path (``<runs_root>/<name>-<timestamp>``); creates nothing."""
-    root = runs_root(config)
     base = f"{config.experiment.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return RunDir(free_path(runs_root(config), base, "run directory"))
+
+
+def free_path(root: Path, base: str, what: str) -> Path:
+    """``root/base``, or ``root/base-N`` for the first N that is free (names chosen by the
+    second: two submits of one second get two names); creates nothing. A thousand taken is
+    the environment's doing (exit 3), not the user's."""
     for attempt in range(1000):
         path = root / (base if attempt == 0 else f"{base}-{attempt}")
         if not path.exists():
-            return RunDir(path)
-    raise UserError(f"cannot find a free run directory name under {root}")
+            return path
+    raise EnvironmentProblem(f"cannot find a free {what} name under {root}")
 
 
 def create_run_dir(run: RunDir, config: ResolvedConfig, script: str) -> ResolvedConfig:

@@ -29,6 +29,7 @@ import click
 
 from hpctf.core.doctor_files import NCCL_DIR, RESULTS_DIR, SETTINGS_FILE
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run.rundir import free_path, runs_root
 from hpctf.core.safe_files import umask, write_atomic
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.hostnames import expand_nodelist
@@ -89,13 +90,8 @@ def doctor_config(site: Site, nodes: int, timeout: int, env: Mapping[str, str]) 
 
 def plan_directory(config: ResolvedConfig) -> Path:
     """A new ``<runs_root>/doctor-<site>-<time>`` (not created)."""
-    root = Path(config.site.runs_root).resolve()
     base = f"doctor-{config.site.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    for attempt in range(1000):
-        path = root / (base if attempt == 0 else f"{base}-{attempt}")
-        if not path.exists():
-            return path
-    raise UserError(f"cannot find a free doctor directory name under {root}")
+    return free_path(runs_root(config), base, "doctor directory")
 
 
 def render_script(config: ResolvedConfig, directory: Path) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.run.rundir import RunDir, remove_new_run_dir, runs_root
+from hpctf.core.run.rundir import RunDir, free_path, remove_new_run_dir, runs_root
 from hpctf.core.safe_files import write_atomic
 from hpctf.login.remote.shipping import MAX_CODE_STREAM, NEEDS_CODE, tree_hash
 
@@ -159,7 +159,7 @@ def submit_once(
     if chosen.is_file():
         run = RunDir(Path(chosen.read_text(encoding="utf-8").strip()))
     else:
-        run = RunDir(_free(runs_root(config), run_id))
+        run = RunDir(free_path(runs_root(config), run_id, "run directory"))
         write_atomic(chosen, str(run.path))
     if run.config_file.is_file():
         history = read_history(run)
@@ -176,14 +176,6 @@ def submit_once(
     # scheduler refused leaves no run directory behind).
     result = submit(RunJob(config, path=run.path)).result
     return 0 if result is None else result
-
-
-def _free(root: Path, run_id: str) -> Path:
-    for attempt in range(1000):
-        path = root / (run_id if attempt == 0 else f"{run_id}-{attempt}")
-        if not path.exists():
-            return path
-    raise UserError(f"cannot find a free run directory name under {root}")
 
 
 @click.command("_remote-metrics", hidden=True)

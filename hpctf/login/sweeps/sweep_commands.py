@@ -23,7 +23,7 @@ import click
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.hours import hours_json, hours_text, summed
-from hpctf.core.run.rundir import RunDir, runs_root
+from hpctf.core.run.rundir import RunDir, free_path, runs_root
 from hpctf.core.safe_files import sync_filesystem, write_atomic
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
@@ -54,13 +54,8 @@ def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
 
 
 def _sweep_path(config: ResolvedConfig) -> Path:
-    root = runs_root(config)
     base = f"{config.experiment.name}-sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    for attempt in range(1000):
-        path = root / (base if attempt == 0 else f"{base}-{attempt}")
-        if not path.exists():
-            return path
-    raise UserError(f"cannot find a free sweep directory name under {root}")
+    return free_path(runs_root(config), base, "sweep directory")
 
 
 def array_scripts(
