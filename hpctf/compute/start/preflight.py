@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctf import __version__
 from hpctf.compute.cluster.gpus import granted_gpus
 from hpctf.compute.cluster.spec import ClusterSpec, cluster_spec
 from hpctf.compute.doctor.node_checks import (
@@ -52,6 +51,7 @@ from hpctf.core.doctor_files import GATE_DIR, NCCL_DIR, RESULTS_DIR, SETTINGS_FI
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import write_atomic
 from hpctf.core.settings.config import Site
+from hpctf.core.version import VERSION
 
 log = logging.getLogger("hpctf.preflight")
 
@@ -289,7 +289,7 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
         {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": str(nccl_log)}
     )
     report.facts.update(
-        {"python": platform.python_version(), "hpctf": __version__, "executable": sys.executable}
+        {"python": platform.python_version(), "hpctf": VERSION, "executable": sys.executable}
     )
     image = site.container.image if site.container else None
     report.checks.extend(before_tensorflow(spec, env, node_addresses(spec), image=image))

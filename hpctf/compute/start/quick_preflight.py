@@ -27,7 +27,6 @@ import resource
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from hpctf import __version__
 from hpctf.compute.cluster.gpus import Grant
 from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.doctor.nccl_env import hca_rails_check, read_interfaces, socket_ifname_check
@@ -47,6 +46,7 @@ from hpctf.core.errors import NODE_CHECK_EXIT
 from hpctf.core.run import journal
 from hpctf.core.run.history import read_history
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.version import VERSION
 
 log = logging.getLogger("hpctf.worker")
 
@@ -122,7 +122,7 @@ def check_node(
     checks = before_tensorflow(spec, env, image=image)
     if spec.is_chief:
         history = read_history(run)
-        checks.append(version_check(history, spec.journal_job, __version__, image))
+        checks.append(version_check(history, spec.journal_job, VERSION, image))
     return judge(run, spec, checks)
 
 
