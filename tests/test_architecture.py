@@ -185,3 +185,17 @@ def test_a_custom_loop_imports_session_from_hpctf_itself() -> None:
         "assert Session is session.Session\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+
+
+def test_no_room_imports_the_package_itself() -> None:
+    """The package's face (``hpctf/__init__.py``) re-exports the Python API, which imports the
+    login wing: a room that imports ``hpctf`` itself draws an arrow back up (the version comes
+    from ``hpctf.core.version``)."""
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for name, path, tree in modules()
+        if wing(room_of(name) or "") in (*WINGS, "core")
+        for target, line in imported(name, path, tree)
+        if target == "hpctf" or (target.startswith("hpctf.") and room_of(target) == "hpctf")
+    ]
+    assert not found, "imports of the package itself from inside it:\n" + "\n".join(found)
