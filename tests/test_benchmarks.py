@@ -25,6 +25,7 @@ from tests.conftest import REPO
 RUN = REPO / "benchmarks" / "run.py"
 SECTIONS = {
     "login", "listing", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak",
+    "remote",
 }  # fmt: skip
 PHASES = ["worker_up", "tensorflow_imported", "strategy", "restored", "first_step"]
 
@@ -78,6 +79,7 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
         *["first_step"] * 2,
         *["stall"] * 3,
         "soak",
+        "remote",  # status of 1,000 runs through a real sshd, against the login side
     ]
     assert all(isinstance(row["met"], bool | None) for row in table)
     assert "| benchmark | hpctf | against | result | goal | met |" in stdout
@@ -269,7 +271,10 @@ def check_sweep(tiny: tuple[dict[str, Any], str]) -> None:
 def check_listing(tiny: tuple[dict[str, Any], str]) -> None:
     results = tiny[0]
     listing, sizes = results["sections"]["listing"], results["sizes"]
-    assert (listing["runs"], listing["points"]) == (sizes["listing_runs"], sizes["listing_points"])
+    assert (listing["run_count"], listing["point_count"]) == (
+        sizes["listing_runs"],
+        sizes["listing_points"],
+    )
     for name in ("status", "runs", "sweep_status"):
         found = listing[name]
         assert len(found["samples"]) == sizes["listing_rounds"]
@@ -299,6 +304,12 @@ def check_soak(tiny: tuple[dict[str, Any], str]) -> None:
     assert soak["met"] == (soak["threads_flat"] and soak["rss_flat"] and soak["steps_per_s_flat"])
 
 
+def check_remote(tiny: tuple[dict[str, Any], str]) -> None:
+    remote = tiny[0]["sections"]["remote"]
+    assert positive(remote["median_ssh_s"], remote["median_login_s"], remote["runs"])
+    assert remote["met"] == (remote["median_ssh_s"] <= remote["goal_s"])
+
+
 CHECKS = [
     check_run_reports_every_section,
     check_login_and_resolver,
@@ -309,6 +320,7 @@ CHECKS = [
     check_sweep,
     check_listing,
     check_soak,
+    check_remote,
 ]
 
 
