@@ -160,3 +160,31 @@ def test_an_index_that_cannot_be_written_still_lists(tmp_path: Path) -> None:
     (tmp_path / run_index.INDEX_DIR).write_text("a file where the index folder goes")
     assert states(tmp_path) == {"a": "queued"}
     assert states(tmp_path) == {"a": "queued"}
+
+
+def test_an_index_folder_planted_as_a_link_is_neither_read_nor_written_through(
+    tmp_path: Path, reads: list[Path]
+) -> None:
+    """A runs root where someone made ``.hpctf-index`` a link to a folder of yours: listing
+    it writes nothing there and trusts no row found there; the runs are read themselves."""
+    root, yours = tmp_path / "root", tmp_path / "yours"
+    yours.mkdir(mode=0o700)
+    make_run(root, "a")
+    (yours / run_index.INDEX_FILE).write_text("your file")
+    (root / run_index.INDEX_DIR).symlink_to(yours)
+    for _ in range(2):
+        assert states(root) == {"a": "queued"}
+    assert (yours / run_index.INDEX_FILE).read_text() == "your file"
+    assert sorted(p.name for p in yours.iterdir()) == [run_index.INDEX_FILE]
+    assert [p.name for p in reads] == ["a", "a"]  # no index used: read each time
+
+
+def test_an_index_folder_others_may_write_is_not_trusted(tmp_path: Path, reads: list[Path]) -> None:
+    make_run(tmp_path, "a")
+    assert states(tmp_path) == {"a": "queued"}  # makes the index
+    folder = tmp_path / run_index.INDEX_DIR
+    assert (folder.stat().st_mode & 0o777) == 0o700
+    reads.clear()
+    folder.chmod(0o777)  # a row planted there could say anything of a run
+    assert states(tmp_path) == {"a": "queued"}
+    assert [p.name for p in reads] == ["a"]

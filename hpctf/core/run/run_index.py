@@ -22,6 +22,11 @@ two jobs ending at once lose nothing; a listing merges the pending rows into ``r
 (atomic replace) and removes those it merged. Two listings replacing ``runs.json`` at once, or
 a pending row replaced while merged, cost at most a row made again. A damaged or missing index
 is made again; a runs root that cannot be written is listed without one.
+
+Whose: the index is trusted (a row says a run's state) and rewritten (merged rows removed), so
+it is kept only in a runs root this user owns, in a folder only this user may write
+(:func:`private_folder`); a colleague's runs root, or an index folder someone else made or
+planted as a link, is listed from the run directories themselves and nothing is written there.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,6 +57,24 @@ VERSION = 1
 SETTLE_NS = 2 * 10**9
 # An index that makes a listing read more than this is left aside (a planted file).
 MAX_INDEX_BYTES = 1 << 30
+MAX_PENDING_BYTES = 1 << 20  # one run's row
+
+
+def private_folder(folder: Path, create: bool) -> bool:
+    """Whether an index may live in ``folder``: a real directory (made, mode 0700, when
+    ``create``, it is missing and its parent is this user's) owned by this user and writable by
+    nobody else. Never raises."""
+    try:
+        if create and not folder.exists() and folder.parent.stat().st_uid == os.geteuid():
+            folder.mkdir(mode=0o700)
+        found = os.lstat(folder)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(found.st_mode)
+        and found.st_uid == os.geteuid()
+        and not found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 def key_of(path: str) -> list[int] | None:
@@ -130,6 +154,9 @@ class Index:
         self._load()
 
     def _load(self) -> None:
+        if not private_folder(self.folder, create=False):
+            self.changed = True  # none of ours here: made (where it may be) from the runs
+            return
         try:
             with (self.folder / INDEX_FILE).open("rb") as handle:
                 data = json.loads(handle.read(MAX_INDEX_BYTES))
@@ -139,13 +166,15 @@ class Index:
                         self.rows[path] = row
         except (OSError, ValueError, AttributeError, KeyError, TypeError):
             self.changed = True  # missing or damaged: made again from the run directories
-        with contextlib.suppress(OSError):
-            for pending in os.scandir(self.folder / PENDING_DIR):
-                self._merge(Path(pending.path))
+        if private_folder(self.folder / PENDING_DIR, create=False):
+            with contextlib.suppress(OSError):
+                for pending in os.scandir(self.folder / PENDING_DIR):
+                    self._merge(Path(pending.path))
 
     def _merge(self, pending: Path) -> None:
         try:
-            data = json.loads(pending.read_bytes())
+            with pending.open("rb") as handle:
+                data = json.loads(handle.read(MAX_PENDING_BYTES))
             row = _row(data)
             path = str(data["path"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -196,8 +225,9 @@ class Index:
         if not self.changed:
             return
         document = {"version": VERSION, "rows": {n: r.to_json() for n, r in self.rows.items()}}
+        if not private_folder(self.folder, create=True):
+            return  # a runs root that is not ours, or not writable: listed without an index
         try:
-            self.folder.mkdir(exist_ok=True)
             write_atomic(self.folder / INDEX_FILE, json.dumps(document, separators=(",", ":")))
         except (OSError, EnvironmentProblem):
             return
@@ -221,8 +251,10 @@ def note(run: RunDir, config: ResolvedConfig, history: RunHistory) -> None:
         if entries[0] != len(history.events) + len(history.damaged):
             history = read_history(run)
         facts = facts_of(run, config, history)
-        folder = run.path.parent / INDEX_DIR / PENDING_DIR
-        folder.mkdir(parents=True, exist_ok=True)
+        index = run.path.parent / INDEX_DIR
+        folder = index / PENDING_DIR
+        if not (private_folder(index, create=True) and private_folder(folder, create=True)):
+            return
         name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()
         row = Row(key, entries, False, facts.to_json())
         write_atomic(folder / f"{name}.json", json.dumps({"path": path, **row.to_json()}))
