@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from hpctf.cli import cli
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.settings.config import Login, Site
 from hpctf.login.remote import cluster_side, forward, shipping
 from hpctf.login.remote.ssh import remote_command
@@ -113,3 +113,20 @@ def test_resubmit_update_code_from_a_laptop_is_refused_before_connecting(tmp_pat
         forward.forwarded(
             ["resubmit", "/r/run", "--update-code"], env, lambda name: cli.commands[name]
         )
+
+
+def test_the_code_store_is_a_folder_only_its_owner_may_write(tmp_path: Path) -> None:
+    """Shipped code runs as its owner: a store others may write, or one planted as a link, is
+    refused rather than used; a missing one is made 0700."""
+    made = cluster_side._private(tmp_path / "root", cluster_side.STORE)
+    assert made.is_dir() and (made.stat().st_mode & 0o777) == 0o700
+    open_root = tmp_path / "open"
+    (open_root / cluster_side.STORE).mkdir(parents=True)
+    (open_root / cluster_side.STORE).chmod(0o777)
+    with pytest.raises(EnvironmentProblem, match="only you may write"):
+        cluster_side._private(open_root, cluster_side.STORE)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / cluster_side.SUBMITS).symlink_to(made)
+    with pytest.raises(EnvironmentProblem, match="only you may write"):
+        cluster_side._private(linked, cluster_side.SUBMITS)

@@ -213,3 +213,20 @@ def read_bounded(path: Path, cap: int, what: str) -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+def private_folder(folder: Path, create: bool) -> bool:
+    """Whether hpctf may keep what it trusts (a runs root's index, the code shipped from a
+    laptop) in ``folder``: a real directory (made, mode 0700, when ``create``, it is missing and
+    its parent is this user's) owned by this user and writable by nobody else. Never raises."""
+    try:
+        if create and not folder.exists() and folder.parent.stat().st_uid == os.geteuid():
+            folder.mkdir(mode=0o700)
+        found = os.lstat(folder)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(found.st_mode)
+        and found.st_uid == os.geteuid()
+        and not found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )

@@ -35,7 +35,6 @@ import contextlib
 import hashlib
 import json
 import os
-import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.listing import RunFacts, facts_of, read_facts
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.safe_files import write_atomic
+from hpctf.core.safe_files import private_folder, write_atomic
 from hpctf.core.settings.config import ResolvedConfig
 
 INDEX_DIR = ".hpctf-index"
@@ -58,23 +57,6 @@ SETTLE_NS = 2 * 10**9
 # An index that makes a listing read more than this is left aside (a planted file).
 MAX_INDEX_BYTES = 1 << 30
 MAX_PENDING_BYTES = 1 << 20  # one run's row
-
-
-def private_folder(folder: Path, create: bool) -> bool:
-    """Whether an index may live in ``folder``: a real directory (made, mode 0700, when
-    ``create``, it is missing and its parent is this user's) owned by this user and writable by
-    nobody else. Never raises."""
-    try:
-        if create and not folder.exists() and folder.parent.stat().st_uid == os.geteuid():
-            folder.mkdir(mode=0o700)
-        found = os.lstat(folder)
-    except OSError:
-        return False
-    return (
-        stat.S_ISDIR(found.st_mode)
-        and found.st_uid == os.geteuid()
-        and not found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    )
 
 
 def key_of(path: str) -> list[int] | None:

@@ -24,9 +24,9 @@ from typing import Any
 
 import click
 
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.rundir import RunDir, free_path, remove_new_run_dir, runs_root
-from hpctf.core.safe_files import write_atomic
+from hpctf.core.safe_files import private_folder, write_atomic
 from hpctf.login.remote.shipping import MAX_CODE_STREAM, NEEDS_CODE, tree_hash
 
 STORE = ".hpctf-code"
@@ -37,6 +37,20 @@ def _root(site_name: str) -> Path:
     from hpctf.login.reading.runs import runs_root_for
 
     return runs_root_for(None, site_name, os.environ).resolve()
+
+
+def _private(root: Path, name: str) -> Path:
+    """``root/name``, a folder of this user's that nobody else may write (the code store, the
+    submit tokens): code another user put in a shared runs root must never run as this one."""
+    folder = root / name
+    with contextlib.suppress(OSError):  # a shared project root may be another's: ours below it
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not private_folder(folder, create=False):
+        raise EnvironmentProblem(
+            f"{folder} is not a folder of yours that only you may write: "
+            "hpctf keeps shipped code and submits there; remove it or use a runs_root of yours"
+        )
+    return folder
 
 
 def _members(data: bytes) -> Iterator[tuple[str, int, bytes]]:
@@ -56,7 +70,7 @@ def _members(data: bytes) -> Iterator[tuple[str, int, bytes]]:
 @click.argument("code")
 def remote_code(site_name: str, code: str) -> None:
     """Receive a code tree (a tar stream on stdin) into the store as ``CODE``, its hash."""
-    store = _root(site_name) / STORE
+    store = _private(_root(site_name), STORE)
     if (store / code).is_dir():
         return
     data = sys.stdin.buffer.read(MAX_CODE_STREAM + 1)
@@ -110,11 +124,11 @@ def remote_submit(site_name: str) -> None:
     if not token.isalnum() or not code.isalnum() or "/" in run_id or run_id.startswith("."):
         raise UserError("_remote-submit: the request is not one hpctf sent")
     root = _root(site_name)
-    store = root / STORE / code
+    store = _private(root, STORE) / code
     if not store.is_dir():
         sys.exit(NEEDS_CODE)
-    work = root / SUBMITS / token
-    work.mkdir(parents=True, exist_ok=True, mode=0o700)
+    work = _private(root, SUBMITS) / token
+    work.mkdir(exist_ok=True, mode=0o700)
     experiment_file = work / "experiment.yaml"
     write_atomic(experiment_file, json.dumps(_experiment(request, store)), mode=0o600)
     overrides = [str(o) for o in request.get("overrides", [])]
