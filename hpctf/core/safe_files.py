@@ -221,7 +221,7 @@ def private_folder(folder: Path, create: bool) -> bool:
     its parent is this user's) owned by this user and writable by nobody else. Never raises."""
     try:
         if create and not folder.exists() and folder.parent.stat().st_uid == os.geteuid():
-            folder.mkdir(mode=0o700)
+            folder.mkdir(mode=0o700, exist_ok=True)  # another writer may make it first
         found = os.lstat(folder)
     except OSError:
         return False
