@@ -22,6 +22,7 @@ from hpctf.core.scheduler.hostnames import check_hostname_template
 from hpctf.core.scheduler.launcher import allows_containers
 from hpctf.core.settings.container import Container
 from hpctf.core.settings.notify import Notify
+from hpctf.core.settings.search import Search
 from hpctf.core.settings.sbatch_options import normalize_sbatch_option
 from hpctf.core.settings.tracking import Tracking
 from hpctf.core.settings.values import (
@@ -292,6 +293,9 @@ class Experiment(Strict):
     setup: ShellLines = Field(
         default_factory=list,
         description="RAW SHELL run in the batch script after the site's setup lines",
+    )
+    sweep: Search | None = Field(
+        None, description="a search for `hpctf sweep`: parameters as distributions, trials"
     )
 
     _env = field_validator("env")(check_env)
