@@ -14,13 +14,25 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from hpctf.core.settings.values import Strict
 
 # A key path of the experiment a parameter sets, as --set takes it: train.args.lr.
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)+$")
 MAX_TRIALS = 100_000
+
+
+def _key_path(key: str) -> str:
+    if not _KEY.fullmatch(key):
+        raise ValueError(
+            f"{key!r} is no key path of the experiment; give the dotted path a --set would "
+            "take, e.g. train.args.lr"
+        )
+    return key
+
+
+KeyPath = Annotated[str, AfterValidator(_key_path)]
 Choice = str | int | float | bool
 
 
@@ -122,7 +134,7 @@ class Search(Strict):
     parameters."""
 
     sampler: Literal["tpe", "random", "grid"] = "tpe"
-    parameters: dict[Annotated[str, Field(pattern=_KEY.pattern)], Param] = Field(
+    parameters: dict[KeyPath, Param] = Field(
         min_length=1, description="experiment key path (train.args.lr) -> distribution"
     )
     objective: Objective
