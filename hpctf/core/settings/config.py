@@ -263,7 +263,7 @@ class Checkpoint(Strict):
         le=MAX_STEPS,
         description="also save every multiple of this step (whichever of the two comes first)",
     )
-    keep: int = Field(3, ge=1, le=1_000_000)
+    keep: int = Field(3, ge=1, le=1_000_000, description="the newest this many are kept")
     asynchronous: bool = Field(
         True,
         description="write checkpoints while training goes on (the save stalls only to copy "
