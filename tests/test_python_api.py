@@ -33,7 +33,7 @@ def test_import_hpctf_is_light_and_the_api_loads_on_first_use() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
-    assert out.split() == ["True", "hpctf.python_api.run_api", "Sweep", "False"]
+    assert out.split() == ["True", "hpctf.python_api.submit_api", "Sweep", "False"]
     with pytest.raises(AttributeError):
         hpctf.nothing  # noqa: B018
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctf.python_api.run_api import Run, Settings, _ended, set_texts, value_text
+from hpctf.python_api.run_api import Run, Settings, has_ended, set_texts, value_text
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Sweep:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             documents = self.status()
-            if all(_ended(d) for d in documents):
+            if all(has_ended(d) for d in documents):
                 return {int(d["index"]): str(d["state"]) for d in documents}
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{self.path}: points still running after {timeout} s")
