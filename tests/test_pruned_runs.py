@@ -243,3 +243,79 @@ def test_an_evaluation_without_the_objective_is_one_warning(
     with caplog.at_level(logging.WARNING, logger="hpctf.worker"):
         assert chief.report(10, 1, {"accuracy": 0.2}, ask=True) is False
     assert "has no 'eval.loss' value" in caplog.text
+
+
+# --- hpctf plot SWEEP of a search -------------------------------------------------------------
+
+
+def fake_search(sweep: Path) -> None:
+    """A search's sweep directory as its agents leave it: the study file, and trials' run
+    directories (trial.json, metrics, journal): 0 done, 1 pruned at its first evaluation,
+    2 done and better, 3 failed before evaluating, 4 with a damaged trial.json."""
+    sweep.mkdir()
+    (sweep / "study.journal").write_text("")
+    search = _search("asha")
+    curves = {0: [1.0, 0.8, 0.6], 1: [2.0], 2: [0.9, 0.5, 0.3], 3: []}
+    for number, values in curves.items():
+        run_dir = sweep / f"s-trial-{number:04d}"
+        ref = TrialRef(str(sweep / "study.journal"), "search", number, number, {}, search.objective,
+                       search.pruner)  # fmt: skip
+        run_dir.mkdir()
+        (run_dir / TRIAL_FILE).write_text(trial_ref_text(ref))
+        lines = [{"step": 10 * i, "eval": {"loss": v}} for i, v in enumerate(values, 1)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        if number == 1:
+            end: list[dict[str, Any]] = [pruned(11, 1, 2.0), ended(PRUNED, 11, code=0)]
+        elif number == 3:
+            end = [ended("failed", 0, code=1)]
+        else:
+            end = [ended("done", 30, code=0)]
+            (run_dir / "DONE").write_text("{}\n")
+        write_events(run_dir, started(), *end)
+    (sweep / "s-trial-0004").mkdir()
+    (sweep / "s-trial-0004" / TRIAL_FILE).write_text("{")
+
+
+def test_the_trials_of_a_search_with_their_curves_ends_and_best_so_far(tmp_path: Path) -> None:
+    from hpctf.login.watching.search_plot import best_so_far, is_search, search_trials
+
+    fake_search(tmp_path / "s")
+    assert is_search(tmp_path / "s") and not is_search(tmp_path / "s" / "s-trial-0000")
+    trials, ref = search_trials(tmp_path / "s")
+    assert ref is not None and ref.objective.metric == "eval.loss"
+    assert [(t.number, t.state, t.value, t.pruned_at) for t in trials] == [
+        (0, "done", 0.6, None),
+        (1, "pruned", 2.0, (10, 2.0)),  # its last evaluation before the saved step 11
+        (2, "done", 0.3, None),
+        (3, "failed", None, None),
+    ]
+    assert best_so_far(trials, "minimize") == [(0, 0.6), (2, 0.3)]
+    assert best_so_far(trials, "maximize") == [(0, 0.6), (2, 0.6)]
+
+
+def test_plot_of_a_search_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from hpctf.cli import cli
+
+    fake_search(tmp_path / "s")
+    out = tmp_path / "search.png"
+    result = CliRunner().invoke(cli, ["plot", str(tmp_path / "s"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"wrote {out}\n"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    default = CliRunner().invoke(cli, ["plot", str(tmp_path / "s")])
+    assert default.exit_code == 0 and (tmp_path / "s" / "search.png").exists()
+
+
+def test_plot_of_a_search_without_evaluations_says_so(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from hpctf.cli import cli
+
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "study.journal").write_text("")
+    result = CliRunner().invoke(cli, ["plot", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert "no trial has logged an evaluation yet; nothing to plot" in result.output
