@@ -15,7 +15,7 @@ import pytest
 
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.search.trial_ref import TRIAL_FILE
-from tests.conftest import DIGITS, HPCTF, checkpoint_steps
+from tests.conftest import DIGITS, HPCTF, REPO, checkpoint_steps
 from tests.test_pruned_runs import intermediate_values, make_trial
 
 pytestmark = pytest.mark.tf
@@ -46,10 +46,12 @@ sys.exit(job.start(created))
 """
 
 
-def _start_trial(tmp_path: Path, staged: Path, *sets: str) -> tuple[Path, str]:
+def _start_trial(
+    tmp_path: Path, staged: Path, *sets: str, script: Path = DIGITS
+) -> tuple[Path, str]:
     run_dir = tmp_path / "runs" / "trial-0"
     proc = subprocess.run(
-        [sys.executable, "-c", _START_TRIAL, str(DIGITS), str(run_dir), str(staged), *sets],
+        [sys.executable, "-c", _START_TRIAL, str(script), str(run_dir), str(staged), *sets],
         capture_output=True,
         text=True,
         timeout=300,
@@ -119,3 +121,26 @@ def test_a_trial_whose_study_is_damaged_trains_on_with_one_warning(
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert log.count("not reporting to the study") == 1, log
     assert "training goes on without pruning" in log
+
+
+def test_a_fit_scripts_trial_is_pruned_at_an_epochs_end_on_both_ranks(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """hpctf.keras.callbacks(): the epoch's val_loss is the objective's eval.loss; both ranks
+    take the chief's vote at the first epoch's end (step 8), save it and stop fit; the script
+    goes on after fit and exits 0; the run ends pruned, without DONE."""
+    ref = make_trial(tmp_path / "staged", tmp_path, "asha")
+    script = REPO / "tests" / "scripts" / "fit_matrix.py"
+    sets = ["resources.tasks_per_node=2", "checkpoint.every_steps=1000"]
+    sets.append('train.script_args=["3", "plain", "0.01", "0"]')
+    run_dir, said = _start_trial(tmp_path, tmp_path / "staged" / TRIAL_FILE, *sets, script=script)
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        assert "the search pruned this trial: saved step 8; fit stops here" in log, said
+        assert "fit ended at step 8" in log
+    assert checkpoint_steps(run_dir) == [8]
+    assert not (run_dir / "DONE").exists()
+    (record,) = [e for e in RunDir(run_dir).events() if e["event"] == "pruned"]
+    assert (record["step"], record["evaluation"]) == (8, 1)
+    assert intermediate_values(ref) == {1: record["value"]}
+    assert _status(run_dir).startswith("run: pruned (at evaluation 1 (step 8): eval.loss ")
