@@ -319,3 +319,35 @@ def test_plot_of_a_search_without_evaluations_says_so(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["plot", str(tmp_path / "s")])
     assert result.exit_code == 2
     assert "no trial has logged an evaluation yet; nothing to plot" in result.output
+
+
+def test_job_end_of_a_pruned_trial_neither_requeues_nor_gives_up(
+    runs_root: Path, fake_sbatch: Path
+) -> None:
+    """The batch side (fake Slurm commands): the workers exited 0 after the chief's record;
+    job-end records the end pruned and asks Slurm for nothing; a start of the same job again
+    (a requeue by Slurm itself) ends at once with nothing to do."""
+    from click.testing import CliRunner
+
+    from hpctf.cli import cli
+    from hpctf.core.errors import NOT_STARTING_EXIT
+    from hpctf.core.run.rundir import RunDir
+    from tests.conftest import DIGITS
+    from tests.fake_slurm import fake_checkpoint, fake_command
+
+    assert CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"]).exit_code == 0
+    (run_dir,) = runs_root.iterdir()
+    scontrol = fake_command(fake_sbatch.parent / "fakebin", "scontrol", ":")
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]"}
+    assert CliRunner().invoke(cli, ["job-start", str(run_dir)], env=env).exit_code == 0
+    fake_checkpoint(run_dir / "checkpoints", 11)
+    journal.record_pruned(RunDir(run_dir), "4242", 11, 1, "eval.loss", 2.5)
+    result = CliRunner().invoke(cli, ["job-end", str(run_dir), "--exit-code", "0"], env=env)
+    assert result.exit_code == 0, result.output
+    said = "hpctf: job 4242 ended: pruned at evaluation 1 (step 11): eval.loss 2.5\n"
+    assert result.output == said
+    assert not scontrol.exists() or "requeue" not in scontrol.read_text()
+    assert run_end(run_dir) == "pruned"
+    again = CliRunner().invoke(cli, ["job-start", str(run_dir)], env=env)
+    assert again.exit_code == NOT_STARTING_EXIT, again.output
+    assert "ends at once: the search pruned the run at evaluation 1 (step 11)" in again.output
