@@ -20,8 +20,8 @@ from hpctf.core.run.history.events import typed
 from hpctf.core.run.history.runstate import after_end, before_start, run_state
 from hpctf.core.search.outcome import eval_values, metric_in, objective_value, run_end
 from hpctf.core.search.trial_ref import TRIAL_FILE, TrialRef, trial_ref_text
-from hpctf.core.settings.search import Pruner, Search
 from tests.journal_records import BUDGETS, ended, requeued, started, write_events
+from tests.search_trials import intermediate_values, make_trial, search_of
 
 
 def pruned(step: int = 11, evaluation: int = 1, value: float | None = 2.5) -> dict[str, Any]:
@@ -114,61 +114,6 @@ def test_run_end_reads_the_journal(tmp_path: Path) -> None:
 # --- the worker's link to the study (Optuna, no TensorFlow) ------------------------------------
 
 
-def _search(kind: str) -> Search:
-    return Search.model_validate(
-        {
-            "parameters": {"train.args.lr": {"type": "float", "low": 0.001, "high": 0.1}},
-            "objective": {"metric": "eval.loss", "direction": "minimize"},
-            "trials": 10,
-            "pruner": {"kind": kind, "min_evals": 1, "reduction_factor": 3},
-        }
-    )
-
-
-def make_trial(
-    run_dir: Path, sweep_dir: Path, kind: str, better: int = 5, evals: int = 10
-) -> TrialRef:
-    """A study in ``sweep_dir`` with ``better`` completed trials far better than any real one
-    at every evaluation (so ASHA prunes a new trial at its first), and a new trial linked from
-    ``run_dir/trial.json`` (as the search's array task writes it)."""
-    optuna = pytest.importorskip("optuna")
-    from hpctf.core.search.study import JOURNAL_FILE, create_study
-
-    journal_file = sweep_dir / JOURNAL_FILE
-    search = _search(kind)
-    study = create_study(journal_file, "search", search)
-    for _ in range(better):
-        study.add_trial(
-            optuna.trial.create_trial(
-                value=0.0,
-                intermediate_values={i: 0.0 for i in range(1, evals + 1)},
-                # As ASHA leaves a trial that passed its rungs (evaluations 1, 3, 9, ...).
-                system_attrs={f"completed_rung_{rung}": 0.0 for rung in range(4)},
-            )
-        )
-    trial = study.ask()
-    ref = TrialRef(
-        journal=str(journal_file),
-        study="search",
-        number=trial.number,
-        trial_id=trial._trial_id,
-        params={},
-        objective=search.objective,
-        pruner=search.pruner,
-    )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / TRIAL_FILE).write_text(trial_ref_text(ref))
-    return ref
-
-
-def intermediate_values(ref: TrialRef) -> dict[int, float]:
-    from hpctf.core.search.study import open_study
-
-    study = open_study(Path(ref.journal), ref.study, Pruner())
-    (trial,) = [t for t in study.get_trials(deepcopy=False) if t._trial_id == ref.trial_id]
-    return dict(trial.intermediate_values)
-
-
 def test_the_chief_reports_and_asha_prunes_a_trial_far_behind(tmp_path: Path) -> None:
     from hpctf.compute.loop.pruning import trial_pruning
 
@@ -254,7 +199,7 @@ def fake_search(sweep: Path) -> None:
     2 done and better, 3 failed before evaluating, 4 with a damaged trial.json."""
     sweep.mkdir()
     (sweep / "study.journal").write_text("")
-    search = _search("asha")
+    search = search_of("asha")
     curves = {0: [1.0, 0.8, 0.6], 1: [2.0], 2: [0.9, 0.5, 0.3], 3: []}
     for number, values in curves.items():
         run_dir = sweep / f"s-trial-{number:04d}"

@@ -16,7 +16,7 @@ import pytest
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.search.trial_ref import TRIAL_FILE
 from tests.conftest import DIGITS, HPCTF, REPO, checkpoint_steps
-from tests.test_pruned_runs import intermediate_values, make_trial
+from tests.search_trials import intermediate_values, make_trial
 
 pytestmark = pytest.mark.tf
 
