@@ -5,6 +5,7 @@ the study; a study that cannot be read is one warning line and the run trains on
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -76,7 +77,8 @@ def _pruned_lines(run_dir: Path, rank: int) -> list[str]:
 def test_a_trial_far_behind_is_pruned_at_one_step_on_both_ranks(
     runs_root: Path, tmp_path: Path
 ) -> None:
-    ref = make_trial(tmp_path / "staged", tmp_path, "asha")
+    runs_root.mkdir()  # the study beside the trial's run directory, as in a search's sweep
+    ref = make_trial(tmp_path / "staged", runs_root, "asha")
     run_dir, said = _start_trial(tmp_path, tmp_path / "staged" / TRIAL_FILE, *TINY)
     # ASHA (min_evals 1) prunes at the first evaluation (step 6); the vote rides in step 7, at
     # which both ranks stop and save.
@@ -93,6 +95,12 @@ def test_a_trial_far_behind_is_pruned_at_one_step_on_both_ranks(
         [*HPCTF, "runs", "--json"], capture_output=True, text=True, check=True
     ).stdout
     assert [row["state"] for row in json.loads(runs)["runs"]] == ["pruned"], runs
+    if importlib.util.find_spec("matplotlib") is not None:  # hpctf[plot]: the pruning drawn
+        for what in (run_dir, runs_root):  # the run with its prune marked; the search
+            out = tmp_path / f"{what.name}.png"
+            drawn = subprocess.run([*HPCTF, "plot", str(what), "-o", str(out)], check=False,
+                                   capture_output=True, text=True)  # fmt: skip
+            assert drawn.stdout == f"wrote {out}\n", drawn.stdout + drawn.stderr
 
 
 def test_a_trial_no_pruner_stops_runs_to_its_end_with_every_evaluation_in_the_study(

@@ -144,7 +144,7 @@ def eval_series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
 
 def mark_restarts(axes: Any, run: RunRecord) -> None:
     """A dotted line at the first step of every start after the first, named with why the
-    start before it ended."""
+    start before it ended; a dashed one where a search pruned the run."""
     previous = None
     for number, start in enumerate(run.state.starts, 1):
         if number > 1 and previous is not None:
@@ -161,6 +161,19 @@ def mark_restarts(axes: Any, run: RunRecord) -> None:
                 color="dimgrey",
             )
         previous = start
+    last = run.state.last
+    if last is not None and last.reason == "pruned" and last.end_step is not None:
+        axes.axvline(last.end_step, color="C3", linestyle="--", linewidth=1)
+        axes.annotate(
+            f"pruned {last.pruned or ''}".strip(),
+            (last.end_step, 0.98),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+            color="C3",
+        )
 
 
 def title(run: RunRecord) -> str:
