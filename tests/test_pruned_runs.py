@@ -296,3 +296,20 @@ def test_job_end_of_a_pruned_trial_neither_requeues_nor_gives_up(
     again = CliRunner().invoke(cli, ["job-start", str(run_dir)], env=env)
     assert again.exit_code == NOT_STARTING_EXIT, again.output
     assert "ends at once: the search pruned the run at evaluation 1 (step 11)" in again.output
+
+
+def test_hyperband_takes_the_reports_of_a_trial(tmp_path: Path) -> None:
+    """Hyperband (its brackets from the study's name and the trial's number, the same in every
+    process) answers the chief at each evaluation without an error."""
+    from hpctf.compute.loop.pruning import trial_pruning
+    from hpctf.core.search.trial_ref import read_trial_ref
+
+    ref = make_trial(tmp_path / "run", tmp_path, "asha")
+    hyperband = {**ref.to_json(), "pruner": {"kind": "hyperband", "min_evals": 1, "max_evals": 9}}
+    (tmp_path / "run" / TRIAL_FILE).write_text(json.dumps(hyperband))
+    assert (linked := read_trial_ref(tmp_path / "run")) is not None
+    assert linked.pruner.kind == "hyperband"
+    chief = trial_pruning(tmp_path / "run", chief=True)
+    assert chief is not None
+    answers = [chief.report(10 * i, i, {"loss": 5.0}, ask=True) for i in (1, 2, 3)]
+    assert not chief._broken and True in answers  # far behind the 5 better trials
