@@ -13,9 +13,10 @@ index is a cache, never the truth: a row is used only while its key, the ``stat`
 ``journal/`` and ``metrics.jsonl`` (:func:`key_of`), is what it was when the row was made;
 every change of what a listing shows writes one of them, and the row is made again from the
 run directory. A settled row of an ended run (done, failed, gave up) is checked by its
-journal's time alone: nothing writes its metrics before a new journal entry. A row made within :data:`SETTLE_NS` of the newest of those times (a write in the
-same tick of a coarse file clock would not show) is checked against the journal's listing too,
-until a listing shows it settled.
+journal's time alone: nothing writes its metrics before a new journal entry. A row made
+within :data:`SETTLE_NS` of the newest of those times (a write in the same tick of a coarse
+file clock would not show) is checked against the journal's listing too, until a listing
+shows it settled.
 
 Writers never rewrite ``runs.json``: the batch script's ``job-start`` and ``job-end`` and
 ``hpctf cancel`` each write their run's row to ``pending/`` (one file per run, atomically), so
@@ -135,9 +136,9 @@ METRICS_FINAL_STATES = frozenset({"done", "failed", "gave_up"})
 
 def _metrics_final(row: Row) -> bool:
     """Whether ``row`` is of a run whose metrics.jsonl cannot have changed while its journal
-    did not: a settled row of an ended run (:data:`METRICS_FINAL_STATES`), whose key is
-    then checked by its journal's time alone (one ``stat`` a run, not two: half the disk
-    reads of `hpctf status SWEEP` of a finished sweep from a cold page cache)."""
+    did not: a settled row of an ended run (:data:`METRICS_FINAL_STATES`), whose key is then
+    checked by its journal's time alone (one ``stat`` a run, not two: `hpctf status SWEEP` of
+    a finished sweep reads half the directory blocks from a cold page cache)."""
     state = row.facts.get("state")
     return (
         row.settled is True
