@@ -499,7 +499,7 @@ def test_a_submitted_record_is_never_written_through_a_planted_link(tmp_path: Pa
 
     run = RunDir(tmp_path / "run")
     run.journal.mkdir(parents=True)
-    record_unsynced(run, journal.SUBMITTED, job_id="7_0", array_job_id="7", array_task_id=0)
+    record_unsynced(run, *journal.submitted("7_0", array_job_id="7", array_task_id=0))
     (entry,) = run.events()
     assert (entry["event"], entry["job_id"], entry["array_task_id"]) == ("submitted", "7_0", 0)
     assert [p.name for p in run.journal.iterdir() if not p.name.endswith(".json")] == []
@@ -509,5 +509,5 @@ def test_a_submitted_record_is_never_written_through_a_planted_link(tmp_path: Pa
     planted.path.mkdir()
     planted.journal.symlink_to(elsewhere)
     with pytest.raises(UserError, match="symbolic link"):
-        record_unsynced(planted, journal.SUBMITTED, job_id="7_1")
+        record_unsynced(planted, *journal.submitted("7_1"))
     assert list(elsewhere.iterdir()) == []

@@ -23,7 +23,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -315,7 +315,7 @@ def _make_point(
         raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
 
 
-def record_unsynced(run: RunDir, event: str, **fields: Any) -> None:
+def record_unsynced(run: RunDir, event: str, fields: Mapping[str, Any]) -> None:
     """One journal entry of ``run``, as :meth:`RunDir.record` writes one (the reader sees the
     whole entry or none: written beside its name, then renamed), in fewer metadata operations
     and without an fsync (the caller syncs the filesystem once for many runs: a sweep's

@@ -114,10 +114,8 @@ def _record_submitted(tasks: Sequence[Path], job_id: str) -> None:
     filesystem synced once."""
 
     def record(task: int) -> None:
-        record_unsynced(
-            RunDir(tasks[task]), journal.SUBMITTED, job_id=f"{job_id}_{task}",
-            array_job_id=job_id, array_task_id=task,
-        )  # fmt: skip
+        event = journal.submitted(f"{job_id}_{task}", array_job_id=job_id, array_task_id=task)
+        record_unsynced(RunDir(tasks[task]), *event)
 
     in_shares(record, range(len(tasks)), RECORD_THREADS)
     if tasks:
