@@ -10,7 +10,8 @@ Each room of a wing brings its commands: :mod:`hpctf.login.submitting` (init to 
 :mod:`hpctf.login.watching` (status, runs, logs, cancel, plot), :mod:`hpctf.login.sweeps`,
 :mod:`hpctf.login.doctor`; the batch script's hooks come from :mod:`hpctf.batch`, the
 compute-node ones from :mod:`hpctf.compute.worker_commands`. They are added when first asked for:
-a compute-node command imports only the compute wing's commands (see :data:`COMPUTE`).
+a compute-node command imports only the compute wing's commands (see :data:`COMPUTE`), and
+``status`` and ``runs`` only their own module (see :data:`ALONE`).
 """
 
 from __future__ import annotations
