@@ -54,6 +54,8 @@ class Sizes:
     listing_rounds: int  # timed runs of each listing command (after the one that indexes)
     listing_cold: bool  # drop the page cache before each `status SWEEP` (root; a full run only)
     sweep_dry_points: int  # the big dry run (issue #31: 100,000 points in at most 30 s)
+    submit_points: int  # the sweep submitted (issue #34: 1,000 points in at most 3 s)
+    submit_slurm: bool  # to the real Slurm test cluster, started for it where none answers
     resolver_nodes: tuple[int, ...]
     resolver_repeat: int
     runtime_steps: int
@@ -93,6 +95,8 @@ FULL = Sizes(
     listing_rounds=3,
     listing_cold=True,
     sweep_dry_points=100_000,
+    submit_points=1_000,
+    submit_slurm=True,
     resolver_nodes=(10, 1000, 4000, 10000),
     resolver_repeat=50,
     runtime_steps=2000,
@@ -136,6 +140,8 @@ TINY = replace(
     listing_rounds=1,
     listing_cold=False,
     sweep_dry_points=2_000,
+    submit_points=20,
+    submit_slurm=False,  # a stand-in sbatch: a cluster's start is 15 s
     resolver_nodes=(10, 4000),
     resolver_repeat=1,
     runtime_steps=200,

@@ -25,7 +25,7 @@ from hpctf.login.sweeps import sweep_commands as commands
 
 PHASES = {
     "planning": (start, "plan"),
-    "rendering": (pipeline, "render"),  # each point's own script (create_points)
+    "rendering": (start, "point_scripts"),  # each point's own script
     "creation": (pipeline, "create_run_dirs_sharing_code"),
     "sbatch": (slurm, "sbatch"),
     "records": (commands, "_record_submitted"),

@@ -10,11 +10,13 @@ Each room of a wing brings its commands: :mod:`hpctf.login.submitting` (init to 
 :mod:`hpctf.login.watching` (status, runs, logs, cancel, plot), :mod:`hpctf.login.sweeps`,
 :mod:`hpctf.login.doctor`; the batch script's hooks come from :mod:`hpctf.batch`, the
 compute-node ones from :mod:`hpctf.compute.worker_commands`. They are added when first asked for:
-a compute-node command imports only the compute wing's commands (see :data:`COMPUTE`).
+a compute-node command imports only the compute wing's commands (see :data:`COMPUTE`), and
+``status`` and ``runs`` only their own module (see :data:`ALONE`).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -43,10 +45,20 @@ class _EnvironmentFailure(click.ClickException):
     exit_code = EnvironmentProblem.exit_code
 
 
+# Login commands that need no other command's module, and theirs: `hpctf status` of a
+# 1,000-point sweep from a cold page cache was mostly reading the modules of every other
+# command (pydantic's models, jinja2, yaml) from disk.
+ALONE = {"status": "hpctf.login.watching.status", "runs": "hpctf.login.watching.status"}
+
+
 class _Group(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands:
-            _add_commands(every=cmd_name not in COMPUTE)
+            if cmd_name in ALONE:
+                command = getattr(importlib.import_module(ALONE[cmd_name]), cmd_name)
+                cli.add_command(command)
+            else:
+                _add_commands(every=cmd_name not in COMPUTE)
         return super().get_command(ctx, cmd_name)
 
     def list_commands(self, ctx: click.Context) -> list[str]:

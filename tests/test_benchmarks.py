@@ -72,7 +72,8 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
     assert [row["section"] for row in table] == [
         *["login"] * 3,
         *["listing"] * 3,
-        *["sweep"] * 4,  # the 2,500-point plan, the 1,000-point submit, its files, the dry run
+        # the 2,500-point plan, the 1,000-point submit, its files, its status, the dry run
+        *["sweep"] * 5,
         "resolver",
         *["runtime"] * 2,  # against the tutorial's loop, and a loop of 10 steps per call
         *["preemption"] * 3,
@@ -254,10 +255,15 @@ def check_sweep(tiny: tuple[dict[str, Any], str]) -> None:
     # A process's CPU time cannot exceed its wall time by much (one thread does the work).
     cpu, wall = sweep["sweep_cpu_s"], sweep["sweep_wall_s"]
     assert all(c <= w * 1.5 + 0.05 for c, w in zip(cpu, wall, strict=True))
-    # The 1,000-point submit: every phase timed in every round, within the whole; a point holds
-    # its own files only (its code a link to the one snapshot of the sweep).
+    # The submit (--tiny: 20 points to a stand-in sbatch): every phase timed in every round,
+    # within the whole; a point holds its own files only (its code a link to the one snapshot
+    # of the sweep); then `hpctf status SWEEP` of it (a tiny run leaves the page cache alone).
     submit = sweep["submit"]
-    assert submit["points"] == 1000 and len(submit["wall_s"]) == rounds
+    assert submit["points"] == results["sizes"]["submit_points"] == 20
+    assert len(submit["wall_s"]) == rounds and submit["slurm"] is False
+    status = submit["status"]
+    assert positive(status["wall_s"], status["cpu_s"], status["help_wall_s"])
+    assert status["cold"] is False and "opens" in status["calls"]
     for phases, wall in zip(submit["phases_s"], submit["wall_s"], strict=True):
         assert {"planning", "rendering", "creation", "sbatch", "records", "total"} <= set(phases)
         assert positive(*phases.values()) and phases["total"] <= wall

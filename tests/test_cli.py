@@ -522,14 +522,17 @@ def test_login_commands_never_import_tensorflow(
 
 def test_a_compute_node_command_imports_no_login_wing() -> None:
     """`hpctf worker` on every task loads only the compute wing's commands (hpctf.cli.COMPUTE);
-    the login wing (jinja2, sweeps, doctor) and the batch hooks come with any other command."""
+    `hpctf status` only its own (hpctf.cli.ALONE: no jinja2, no pydantic, read from a cold
+    page cache for every status); the login wing (jinja2, sweeps, doctor) and the batch hooks
+    come with any other command."""
     code = (
         "import sys\n"
         "from hpctf.cli import cli\n"
         "def loaded():\n"
         "    return sorted({m.split('.')[1] for m in sys.modules if m.startswith('hpctf.')}\n"
         "                  & {'login', 'batch', 'compute'}), 'jinja2' in sys.modules\n"
-        "for args in (['worker', '--help'], ['tfconfig', '--help'], ['status', '--help']):\n"
+        "for args in (['worker', '--help'], ['tfconfig', '--help'], ['status', '--help'],\n"
+        "             ['submit', '--help']):\n"
         "    try:\n        cli(args)\n"
         "    except SystemExit as exc:\n        assert not exc.code, exc.code\n"
         "    print(args[0], *loaded())\n"
@@ -538,11 +541,22 @@ def test_a_compute_node_command_imports_no_login_wing() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     said = [line for line in proc.stdout.splitlines() if not line.startswith(("Usage", " "))]
-    assert [line for line in said if line.split(" ")[0] in ("worker", "tfconfig", "status")] == [
+    names = ("worker", "tfconfig", "status", "submit")
+    assert [line for line in said if line.split(" ")[0] in names] == [
         "worker ['compute'] False",
         "tfconfig ['compute'] False",
-        "status ['batch', 'compute', 'login'] True",
+        "status ['compute', 'login'] False",  # compute: the worker's, loaded before
+        "submit ['batch', 'compute', 'login'] True",
     ], proc.stdout
+    status = (
+        "import sys\nfrom hpctf.cli import cli\n"
+        "try:\n    cli(['status', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('pydantic' in sys.modules, 'yaml' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", status], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert proc.stdout.splitlines()[-1] == "False False", proc.stdout
 
 
 def test_init_writes_an_experiment_that_validates(tmp_path: Path, runs_root: Path) -> None:

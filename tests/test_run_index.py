@@ -188,3 +188,42 @@ def test_an_index_folder_others_may_write_is_not_trusted(tmp_path: Path, reads: 
     folder.chmod(0o777)  # a row planted there could say anything of a run
     assert states(tmp_path) == {"a": "queued"}
     assert [p.name for p in reads] == ["a"]
+
+
+def test_an_ended_runs_row_is_checked_by_its_journal_alone(
+    tmp_path: Path, reads: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A settled row of a run that ended (done, failed, gave up) is checked by one stat, its
+    journal's: nothing writes its metrics before a new journal entry, and a new entry (a
+    resubmit) makes the row again. A running or queued run's row is checked by its metrics
+    too."""
+    done, running = make_run(tmp_path, "done"), make_run(tmp_path, "running")
+    queued = make_run(tmp_path, "queued")
+    for run in (done, running):
+        journal.record_started(run, "4242", "node1", "USR2")
+        (run.path / "metrics.jsonl").write_text('{"step": 100, "loss": 0.5}\n')
+    done.done.write_text('{"step": 100}\n')
+    journal.record_ended(done, "4242", 0, "done")
+    expected = {"done": "done", "running": "running", "queued": "queued"}
+    assert states(tmp_path) == expected
+    assert states(tmp_path) == expected  # the rows settled
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def counted(path: str, *args: object, **kwargs: object) -> os.stat_result:
+        stats.append(str(path))
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    reads.clear()
+    monkeypatch.setattr(run_index.os, "stat", counted)
+    steps = {f.name: f.last_logged_step for f in find_runs(tmp_path)}
+    assert steps == {"done": 100, "running": 100, "queued": None}
+    assert reads == []
+    assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in stats if "/journal" in p
+                  or "metrics" in p) == ["done/journal", "queued/journal",
+                                         "queued/metrics.jsonl", "running/journal",
+                                         "running/metrics.jsonl"]  # fmt: skip
+    journal.record_submitted(done, "4300")  # a resubmit (--set train.steps=...): a new entry
+    journal.record_started(queued, "4242", "node1", "USR2")
+    assert states(tmp_path)["queued"] == "running"
+    assert sorted(p.name for p in reads) == ["done", "queued"]  # read again

@@ -450,3 +450,64 @@ def test_forked_checkers_find_what_one_process_finds(
         assert code == 0 and text.count("# point ") == 12, text
     else:
         assert code == 2 and re.search(expected, text.removeprefix("Error: ").strip()), text
+
+
+# --- a sweep's points at filesystem speed ---------------------------------------------------------
+
+
+def test_each_points_script_is_the_one_render_would_write_for_it(
+    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep renders its points' scripts once (points.point_scripts): each one is still
+    what rendering that point alone gives, its run directory and job name its own; a path
+    that quoting would change is rendered on its own, and a template that uses the path in
+    another way (checked against the first and last points) makes every script rendered."""
+    from hpctf.login.submitting.render import render
+    from hpctf.login.sweeps import points as point_checks
+    from hpctf.login.sweeps.start import plan
+
+    planned = plan(DIGITS, ["train.seed=0,1,2,3"], [], None, 0, 100, "local-slurm", [])
+    paths = [runs_root / "s" / f"digits-seed{i}" for i in range(3)] + [tmp_path / "odd(1)"]
+    expected = [render(c, p) for c, p in zip(planned.configs, paths, strict=True)]
+    rendered: list[Path] = []
+    real = point_checks.render
+
+    def counted(config: object, path: Path) -> str:
+        rendered.append(path)
+        return real(config, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(point_checks, "render", counted)
+    assert point_checks.point_scripts(planned.configs, paths) == expected
+    assert "--job-name=digits-seed2" in expected[2] and str(paths[2]) in expected[2]
+    # The stand-in, the odd path, then the first and last again to check: not every point.
+    assert len(rendered) == 4 and rendered[1] == paths[3]
+
+    def lengths(config: object, path: Path) -> str:  # a template that uses the path otherwise
+        return real(config, path) + f"# {len(str(path))}\n"  # type: ignore[arg-type]
+
+    monkeypatch.setattr(point_checks, "render", lengths)
+    assert point_checks.point_scripts(planned.configs[:3], paths[:3]) == [
+        e + f"# {len(str(p))}\n" for e, p in zip(expected[:3], paths[:3], strict=True)
+    ]
+
+
+def test_a_submitted_record_is_never_written_through_a_planted_link(tmp_path: Path) -> None:
+    """The sweep's `submitted` records (rundir.record_unsynced) open the journal without
+    following a link: one planted for it is refused and nothing lands where it points."""
+    from hpctf.core.errors import UserError
+    from hpctf.core.run.rundir import record_unsynced
+
+    run = RunDir(tmp_path / "run")
+    run.journal.mkdir(parents=True)
+    record_unsynced(run, *journal.submitted("7_0", array_job_id="7", array_task_id=0))
+    (entry,) = run.events()
+    assert (entry["event"], entry["job_id"], entry["array_task_id"]) == ("submitted", "7_0", 0)
+    assert [p.name for p in run.journal.iterdir() if not p.name.endswith(".json")] == []
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    planted = RunDir(tmp_path / "planted")
+    planted.path.mkdir()
+    planted.journal.symlink_to(elsewhere)
+    with pytest.raises(UserError, match="symbolic link"):
+        record_unsynced(planted, *journal.submitted("7_1"))
+    assert list(elsewhere.iterdir()) == []

@@ -217,10 +217,24 @@ def record_submitted(
     array_task_id: int | None = None,
     sync: bool = True,
 ) -> dict[str, Any]:
-    fields: dict[str, Any] = {"exclude": exclude} if exclude else {}
+    event, fields = submitted(job_id, exclude, array_job_id, array_task_id)
+    return run.record(event, sync=sync, **fields)
+
+
+def submitted(
+    job_id: str,
+    exclude: str | None = None,
+    array_job_id: str | None = None,
+    array_task_id: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The event and fields of ``submitted``, for a writer that records it itself (a sweep's
+    points, all at once: :func:`hpctf.core.run.rundir.record_unsynced`)."""
+    fields: dict[str, Any] = {"job_id": job_id}
+    if exclude:
+        fields["exclude"] = exclude
     if array_job_id is not None:
         fields.update(array_job_id=array_job_id, array_task_id=array_task_id)
-    return run.record(SUBMITTED, sync=sync, job_id=job_id, **fields)
+    return SUBMITTED, fields
 
 
 def record_code_updated(run: JournalDir, sources: Sequence[str]) -> dict[str, Any]:

@@ -17,14 +17,17 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctf.core.run import snapshot
 from hpctf.core.run.history import Job, RunHistory, RunState, Start, read_history
 from hpctf.core.run.metrics_history import metric_records
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler.launcher import launcher_for
-from hpctf.core.settings.config import ResolvedConfig
+
+if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
+    # `hpctf status` of runs already indexed reads none
+    from hpctf.core.settings.config import ResolvedConfig
 
 # How much of the end of metrics.jsonl a listing reads (the last few logged steps).
 METRICS_TAIL_BYTES = 64 << 10

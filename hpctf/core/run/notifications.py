@@ -17,15 +17,18 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from hpctf.core.printable import printable
 from hpctf.core.run import journal
 from hpctf.core.run.history import read_history
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.settings.config import ResolvedConfig
 from hpctf.core.settings.notify import notify_of
+
+if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
+    # `hpctf status` of runs already indexed reads none
+    from hpctf.core.settings.config import ResolvedConfig
 
 # Seconds one message may take: a batch shell that ends a job waits no longer.
 TIMEOUT_S = 5.0

@@ -12,9 +12,11 @@ A row is ``{"key": ..., "entries": [count, newest], "settled": bool, "facts": {.
 index is a cache, never the truth: a row is used only while its key, the ``stat`` of the run's
 ``journal/`` and ``metrics.jsonl`` (:func:`key_of`), is what it was when the row was made;
 every change of what a listing shows writes one of them, and the row is made again from the
-run directory. A row made within :data:`SETTLE_NS` of the newest of those times (a write in the
-same tick of a coarse file clock would not show) is checked against the journal's listing too,
-until a listing shows it settled.
+run directory. A settled row of an ended run (done, failed, gave up) is checked by its
+journal's time alone: nothing writes its metrics before a new journal entry. A row made
+within :data:`SETTLE_NS` of the newest of those times (a write in the same tick of a coarse
+file clock would not show) is checked against the journal's listing too, until a listing
+shows it settled.
 
 Writers never rewrite ``runs.json``: the batch script's ``job-start`` and ``job-end`` and
 ``hpctf cancel`` each write their run's row to ``pending/`` (one file per run, atomically), so
@@ -39,14 +41,17 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.listing import RunFacts, facts_of, read_facts
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import private_folder, write_atomic
-from hpctf.core.settings.config import ResolvedConfig
+
+if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
+    # `hpctf status` of runs already indexed reads none
+    from hpctf.core.settings.config import ResolvedConfig
 
 INDEX_DIR = ".hpctf-index"
 INDEX_FILE = "runs.json"
@@ -59,16 +64,24 @@ MAX_INDEX_BYTES = 1 << 30
 MAX_PENDING_BYTES = 1 << 20  # one run's row
 
 
+def journal_time(path: str) -> int | None:
+    """The first part of :func:`key_of`: the time of the run's journal (-1: none; None: no
+    run directory there)."""
+    try:
+        return os.stat(f"{path}/journal").st_mtime_ns
+    except FileNotFoundError:
+        return -1  # a run directory whose journal is gone still lists (a state, why)
+    except OSError:
+        return None
+
+
 def key_of(path: str) -> list[int] | None:
     """The ``stat`` key of the run directory at ``path`` (None: no run directory there): the
     time of its journal (every change of the run's state, and of its config or code, is a new
     entry; DONE comes with the ``ended`` entry) and the size and time of metrics.jsonl (the
     steps logged). Two ``stat`` calls: a listing of 10,000 runs makes 20,000."""
-    try:
-        journal = os.stat(f"{path}/journal").st_mtime_ns
-    except FileNotFoundError:
-        journal = -1  # a run directory whose journal is gone still lists (a state, why)
-    except OSError:
+    journal = journal_time(path)
+    if journal is None:
         return None
     try:
         metrics = os.stat(f"{path}/metrics.jsonl")
@@ -113,6 +126,26 @@ def make_row(path: Path) -> tuple[Row, RunFacts] | None:
     entries = entries_of(str(path))
     facts = read_facts(path)
     return Row(key, entries, settled(key), facts.to_json()), facts
+
+
+# Run states after which nothing writes metrics.jsonl until the journal says so (a resubmit's
+# ``submitted``): the chief writes DONE after its last step, and a failure is the job-end's
+# record, after the job. Not cancelled: the workers of a cancelled job may log a step after.
+METRICS_FINAL_STATES = frozenset({"done", "failed", "gave_up"})
+
+
+def _metrics_final(row: Row) -> bool:
+    """Whether ``row`` is of a run whose metrics.jsonl cannot have changed while its journal
+    did not: a settled row of an ended run (:data:`METRICS_FINAL_STATES`), whose key is then
+    checked by its journal's time alone (one ``stat`` a run, not two: `hpctf status SWEEP` of
+    a finished sweep reads half the directory blocks from a cold page cache)."""
+    state = row.facts.get("state")
+    return (
+        row.settled is True
+        and len(row.key) == 3
+        and isinstance(state, dict)
+        and state.get("state") in METRICS_FINAL_STATES
+    )
 
 
 def _row(data: Any) -> Row | None:
@@ -170,8 +203,13 @@ class Index:
         """The facts of the run at ``path`` (a resolved path), from its row while the row is
         current, else read from the directory (and the row made again). None: not a run."""
         name = str(path)
-        key = key_of(name)
         row = self.rows.get(name)
+        if row is not None and _metrics_final(row):
+            # One stat: its journal's time (the metrics of an ended run no longer change).
+            journal = journal_time(name)
+            key = row.key if journal == row.key[0] else key_of(name)
+        else:
+            key = key_of(name)
         if row is not None and row.key == key and self._current(path, row):
             try:
                 return RunFacts.from_json(row.facts)

@@ -15,11 +15,14 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctf.core.safe_files import write_atomic
 from hpctf.core.secrets import REDACTED, SECRETS_FILE, redact, secret_env, shell_file, uri_passwords
-from hpctf.core.settings.config import ResolvedConfig
+
+if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
+    # `hpctf status` of runs already indexed reads none
+    from hpctf.core.settings.config import ResolvedConfig
 
 # secrets.env's name for the tracking URI: read back by restore(), never exported to the job.
 TRACKING_URI_VAR = "HPCTF_TRACKING_URI"

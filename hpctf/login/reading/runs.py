@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -28,7 +29,10 @@ from hpctf.core.run.metrics_history import metric_records as metric_records
 from hpctf.core.run.run_index import Index
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler.launcher import launcher_for
-from hpctf.core.settings.config import ResolvedConfig
+
+if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
+    # `hpctf status` of runs already indexed reads none
+    from hpctf.core.settings.config import ResolvedConfig
 
 FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted", "pruned"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running", "requeued"})

@@ -14,14 +14,15 @@ import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from hpctf.core.errors import UserError
-from hpctf.core.settings.config import Login, Site
-from hpctf.login.remote.ssh import Connection, connect
-from hpctf.login.remote.where import remote_login
+
+if TYPE_CHECKING:  # imported where a site is behind SSH: every command asks this module first
+    from hpctf.core.settings.config import Login, Site
+    from hpctf.login.remote.ssh import Connection
 
 ON_CLUSTER = frozenset({"status", "runs", "logs", "cancel", "resubmit", "plot", "doctor"})
 SHIPPED = frozenset({"submit", "sweep"})
@@ -53,6 +54,8 @@ def forwarded(
     if not site_name:
         return None
     from hpctf.core.settings.sites import read_site
+    from hpctf.login.remote.ssh import connect
+    from hpctf.login.remote.where import remote_login
 
     site = read_site(site_name, env)[0]
     login = remote_login(site, env)
@@ -162,6 +165,8 @@ def ship(
     cluster's answer, the connection, the site); None when the site is here."""
     from hpctf.core.settings.sites import read_site
     from hpctf.login.remote.shipping import submit_remote
+    from hpctf.login.remote.ssh import connect
+    from hpctf.login.remote.where import remote_login
     from hpctf.login.resolving.advice import advice
     from hpctf.login.resolving.loader import load_config
 
@@ -200,4 +205,6 @@ def _other_options(command: click.Command, params: Mapping[str, Any], taken: set
 
 
 def site_login(site: Site) -> Login | None:
+    from hpctf.login.remote.where import remote_login
+
     return remote_login(site, os.environ)

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
 
@@ -31,7 +31,9 @@ from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.launcher import Launcher, LocalLauncher, SlurmLauncher
 from hpctf.core.scheduler.launcher import launcher_for as facts_for
-from hpctf.core.settings.config import ResolvedConfig, Site
+
+if TYPE_CHECKING:  # pydantic's models: not imported for `hpctf status`
+    from hpctf.core.settings.config import ResolvedConfig, Site
 
 
 @dataclass(frozen=True)

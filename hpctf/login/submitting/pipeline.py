@@ -155,12 +155,15 @@ def submit_run(
 
 
 def create_points(
-    configs: Sequence[ResolvedConfig], paths: Sequence[Path], code_store: Path
-) -> None:
-    """A sweep's points: the run directory ``paths[i]`` for ``configs[i]``, each script rendered
-    once, all created at once with one code snapshot in ``code_store`` (:func:`hpctf.core.run.
-    rundir.create_run_dirs_sharing_code`), not started: their job is one array."""
-    scripts = [render(config, path) for config, path in zip(configs, paths, strict=True)]
+    configs: Sequence[ResolvedConfig], paths: Sequence[Path], code_store: Path,
+    scripts: Sequence[str] | None = None,
+) -> None:  # fmt: skip
+    """A sweep's points: the run directory ``paths[i]`` for ``configs[i]`` with its script
+    ``scripts[i]`` (default: each rendered once), all created at once with one code snapshot
+    in ``code_store`` (:func:`hpctf.core.run.rundir.create_run_dirs_sharing_code`), not
+    started: their job is one array."""
+    if scripts is None:
+        scripts = [render(config, path) for config, path in zip(configs, paths, strict=True)]
     points = zip(paths, configs, scripts, strict=True)
     create_run_dirs_sharing_code([(RunDir(p), c, s) for p, c, s in points], code_store)
 

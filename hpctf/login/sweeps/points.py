@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -89,6 +90,38 @@ class OneScript:
                 "env, setup or the site), but one job array runs one script for every point; "
                 "sweep keys under train or checkpoint, or submit those points separately"
             )
+
+
+# A run directory's path that every quoting filter leaves as it is, inside its quotes.
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9_./=+,:@%-]+")
+# Stands for a point's run directory (and its name, the job's name) in the one script
+# rendered for all: no path has it.
+_STAND_IN_NAME = "hpctf-run-dir-of-the-point-0b5e3f1d"
+_STAND_IN = f"/{_STAND_IN_NAME}"
+
+
+def point_scripts(configs: Sequence[ResolvedConfig], paths: Sequence[Path]) -> list[str]:
+    """Each point's own batch script (its run directory ``paths[i]``), rendered once: the
+    script is a function of :func:`script_inputs` and the run directory alone, so the first
+    point's is rendered for a stand-in directory and each point whose inputs are the first's
+    and whose path no quoting changes gets it with its own path (and name) put in. Checked
+    against the first and the last point rendered in full (a site's template could use the
+    path in some other way): where either differs, each script is rendered; so is any point
+    whose inputs or path are not of that kind."""
+    if not configs:
+        return []
+    first = script_inputs(configs[0])
+    shared = render(configs[0], Path(_STAND_IN))
+    scripts = [
+        shared.replace(_STAND_IN, str(path)).replace(_STAND_IN_NAME, path.name)
+        if _PLAIN_PATH.fullmatch(str(path)) and script_inputs(config) == first
+        else render(config, path)
+        for config, path in zip(configs, paths, strict=True)
+    ]
+    for i in {0, len(configs) - 1}:
+        if scripts[i] != render(configs[i], paths[i]):
+            return [render(c, p) for c, p in zip(configs, paths, strict=True)]
+    return scripts
 
 
 @dataclass

@@ -35,6 +35,7 @@ from hpctf.login.sweeps.plan import (
     run_names,
 )
 from hpctf.login.sweeps.points import check as points_checked
+from hpctf.login.sweeps.points import point_scripts
 from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir
 
 
@@ -113,7 +114,8 @@ def create_sweep(
                        for p, d in zip(points, run_dirs, strict=True)],
             "arrays": [],
         })  # fmt: skip
-        create_points(configs, run_dirs, sweep_path / CODE_DIR)
+        scripts = point_scripts(configs, run_dirs)  # rendered once
+        create_points(configs, run_dirs, sweep_path / CODE_DIR, scripts)
         record.write()
     except BaseException:
         shutil.rmtree(sweep_path, ignore_errors=True)  # nothing was submitted from it yet

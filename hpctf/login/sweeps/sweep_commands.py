@@ -13,32 +13,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.hours import hours_json, hours_text, summed
-from hpctf.core.run.rundir import RunDir, free_path, runs_root
+from hpctf.core.run.rundir import RunDir, free_path, in_shares, record_unsynced, runs_root
 from hpctf.core.safe_files import sync_filesystem, write_atomic
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
-from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.reading.hours_view import hours_of
 from hpctf.login.reading.slurm_view import job_states, slurm_records
 from hpctf.login.submitting.launchers import CLI, Caller, slurm_jobs
-from hpctf.login.submitting.pipeline import start
-from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.plan import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
     chunks,
 )
 from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
+
+if TYPE_CHECKING:  # pydantic's models: not imported for `hpctf status`
+    from hpctf.core.settings.config import ResolvedConfig
 
 
 def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
@@ -63,15 +62,18 @@ def array_scripts(
     limit: int, max_running: int | None,
 ) -> Iterator[tuple[tuple[int, ...], str]]:  # fmt: skip
     """Each array's point indices and script, one array at a time."""
+    from hpctf.login.submitting.render import ArrayScript, render  # not for `status SWEEP`
+
     for chunk in chunks(indices, limit):
         paths = tuple(Path(run_dirs[i]) for i in chunk.indices)
         array = ArrayScript(chunk.spec(max_running), sweep_path / "logs", paths)
         yield chunk.indices, render(config, sweep_path, array)
 
 
-# Threads that write the points' journal records at once: each is a few metadata round trips
-# and an fsync, which on a parallel filesystem one thread would wait for 1,000 times in turn.
-RECORD_THREADS = 16
+# Threads that write the points' journal records at once, each over a share of them: each
+# record is a few metadata round trips, which on a parallel filesystem one thread would wait
+# for 1,000 times in turn (more threads than this only take the GIL from each other).
+RECORD_THREADS = 4
 
 
 def submit_arrays(
@@ -112,14 +114,10 @@ def _record_submitted(tasks: Sequence[Path], job_id: str) -> None:
     filesystem synced once."""
 
     def record(task: int) -> None:
-        journal.record_submitted(
-            RunDir(tasks[task]), f"{job_id}_{task}", array_job_id=job_id, array_task_id=task,
-            sync=False,
-        )  # fmt: skip
+        event = journal.submitted(f"{job_id}_{task}", array_job_id=job_id, array_task_id=task)
+        record_unsynced(RunDir(tasks[task]), *event)
 
-    with ThreadPoolExecutor(max_workers=RECORD_THREADS) as pool:
-        for done in [pool.submit(record, task) for task in range(len(tasks))]:
-            done.result()
+    in_shares(record, range(len(tasks)), RECORD_THREADS)
     if tasks:
         sync_filesystem(tasks[0])  # each record atomic on its own, all on disk in one call
 
@@ -128,6 +126,8 @@ def _run_locally(sweep: SweepDir, indices: Sequence[int], caller: Caller = CLI) 
     """Each point in turn, as ``hpctf submit --site local`` runs one; the first non-zero exit
     status, or 0. Ctrl-C stops the sweep (the later points stay unstarted: resubmit runs
     them)."""
+    from hpctf.login.submitting.pipeline import start  # not for `status SWEEP`
+
     first_failure = 0
     for index in indices:
         point = sweep.points[index]

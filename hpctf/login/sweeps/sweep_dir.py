@@ -70,7 +70,7 @@ class SweepDir:
         return cls(path.resolve(), data)
 
     def write(self) -> None:
-        write_atomic(self.path / SWEEP_FILE, json.dumps(self.data, indent=2) + "\n")
+        write_atomic(self.path / SWEEP_FILE, sweep_text(self.data))
 
     @property
     def points(self) -> list[dict[str, Any]]:
@@ -107,6 +107,20 @@ class SweepDir:
                 runs.append(facts)
         index.save(keep=(r.path for r in runs))
         return runs
+
+
+def sweep_text(data: Mapping[str, Any]) -> str:
+    """``sweep.json``'s text: a key a line, and each point (each array) a line of its own.
+    json's indented writer is pure Python, 20 times slower than its compact one: with every
+    point's values indented it was a tenth of a 1,000-point sweep's submit."""
+    lines = []
+    for key, value in data.items():
+        if isinstance(value, list) and value:
+            items = ",\n".join(f"    {json.dumps(item)}" for item in value)
+            lines.append(f"  {json.dumps(key)}: [\n{items}\n  ]")
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def point_documents(
