@@ -263,11 +263,11 @@ def relaunch_refusal(
         return f"node(s) {','.join(sorted(failed))} failed under the run"
     try:
         unusable = slurm.unusable_nodes(nodes)
+        if unusable:
+            return f"Slurm says node(s) {','.join(unusable)} cannot run jobs"
         info = slurm.job_info(job_id) or {}
     except slurm.SlurmFailure as exc:
         return f"Slurm did not answer: {exc}"
-    if unusable:
-        return f"Slurm says node(s) {','.join(unusable)} cannot run jobs"
     if info.get("JobState") != "RUNNING":
         return f"the job is {info.get('JobState', 'unknown to Slurm')}"
     left = slurm.seconds_left(info)
