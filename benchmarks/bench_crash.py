@@ -28,7 +28,7 @@ SLURM_EVENTS = (
     ("job-end requeues the job", re.compile(r"CANCELLED AT \S+ DUE TO JOB REQUEUE")),
     ("job-end releases it", re.compile(r"_update_job: setting begin to")),
     ("the requeue completes", re.compile(r"Requeuing JobId=")),
-    ("Slurm starts the job", re.compile(r"sched: Allocate JobId=")),
+    ("Slurm starts the job", re.compile(r"sched: Allocate JobId=|backfill: Started JobId=")),
     ("the batch shell starts", re.compile(r"Launching batch job")),
     ("srun launches the step", re.compile(r"launch task StepId=")),
 )
