@@ -316,7 +316,8 @@ def _after_end(
         refusal = relaunch_refusal(history, reason, job_id, os.environ.get("SLURM_JOB_NODELIST"))
         if refusal is None:
             return relaunch_here(run, config, history, job_id, decision.why), True
-        click.echo(f"hpctf: job {job_id} is requeued, not started again here: {refusal}")
+        if reason in RELAUNCH_REASONS:
+            click.echo(f"hpctf: job {job_id} is requeued, not started again here: {refusal}")
         # scontrol requeue ends this very job: Slurm sends SIGTERM to the batch script's
         # processes, this one included (SIGKILL after KillWait). Hold it off until the requeue
         # Slurm accepted is recorded; a SlurmFailure leaves no "requeued" record behind.
