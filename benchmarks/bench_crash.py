@@ -18,6 +18,8 @@ from typing import Any
 from harness import DIGITS, BenchError, Harness, median, metrics, say, tail, wait_until
 from slurm_cluster import SlurmCluster, slurm_cluster, slurm_missing, slurm_required
 
+from hpctf.core.run.rundir import RunDir
+
 EVERY_S = 5  # checkpoint.every_seconds
 GOAL_BACK_S = 10.0
 # The events of a crash and what follows, as Slurm's daemons log them (slurmd-nodeN.log,
@@ -126,6 +128,11 @@ class CrashBench(Harness):
             return path.read_text(errors="replace") if path.exists() else ""
 
         def trained_and_saved() -> bool:
+            if "gave_up" in {event["event"] for event in RunDir(run_dir).events()}:
+                raise BenchError(
+                    f"crash: the run gave up before crash {number + 1}:\n"
+                    f"{tail(run_dir / 'logs' / f'slurm-{job_id}.out')}\n{tail(rank0)}"
+                )
             started = len(FIRST_STEP.findall(text(rank0))) > number
             return started and bool(newest_checkpoint(run_dir, after=self._resumed(rank0)))
 
