@@ -24,18 +24,18 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
 SECTIONS = (
-    "login", "listing", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak",
-    "remote",
+    "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "first_step",
+    "stall", "soak", "remote",
 )  # fmt: skip
 # Run order: login's `hpctf status` reads a finished run, and runtime leaves one behind.
 ORDER = (
-    "resolver", "runtime", "login", "remote", "listing", "sweep", "preemption", "first_step",
-    "stall", "soak",
+    "resolver", "runtime", "login", "remote", "listing", "sweep", "preemption", "crash",
+    "first_step", "stall", "soak",
 )  # fmt: skip
 GPU_SECTIONS = ("gpu_runtime", "gpu_stall")
 # Run beside the others with --tiny; first_step in the first lane, which was the shorter one:
 # 116 s against 122 s (+ first_step's 33 s) at load average 7.
-TINY_SECOND_LANE = ("preemption", "stall")
+TINY_SECOND_LANE = ("preemption", "crash", "stall")
 GLOBAL_BATCH = 64  # the digits example's, given explicitly to both sides
 SOAK_BATCH = 2  # one example per replica: the step is the collectives, not the model
 
@@ -68,6 +68,7 @@ class Sizes:
     wide_rounds: int  # alternated pairs; 0: the row is left out
     preempt_after: int  # steps trained before the signal
     restart_rounds: int
+    crash_rounds: int  # SIGKILLs of a rank of one Slurm job (within its failure budget, 3)
     first_step_rounds: int  # alternated pairs: hpctf worker and the plain script to step 1
     first_step_workers: int
     stall_steps: int
@@ -110,6 +111,7 @@ FULL = Sizes(
     wide_rounds=5,
     preempt_after=200,
     restart_rounds=4,
+    crash_rounds=3,
     first_step_rounds=4,
     first_step_workers=2,
     stall_steps=1000,
@@ -150,6 +152,7 @@ TINY = replace(
     wide_rounds=0,  # the digits row's code with other numbers
     preempt_after=20,
     restart_rounds=1,
+    crash_rounds=1,
     first_step_rounds=1,
     first_step_workers=1,
     stall_steps=100,

@@ -19,6 +19,11 @@ and noisy: absolute numbers move, ratios much less):
               seconds from signal to exit (goal: 0 lost when warned); then seconds from
               `hpctf resubmit` to the first resumed step against a cold start of the same
               job (goal: <= 1.15)
+  crash       SIGKILL of one rank of a 2-node job on the real Slurm test cluster
+              (tests/slurm/cluster.sh, started by slurm_cluster.py; skipped where Slurm is
+              not installed, unless HPCTF_REQUIRE_SLURM): seconds from the kill to the next
+              first step, each phase, and the training lost against checkpoint.every_seconds 5
+              (goal: <= 10 s back, <= 5 s lost)
   first_step  seconds from a worker process's start to its first trained step, `hpctf
               worker` against plain_mwms.py (digits, 2 workers, alternated), and each
               phase's share (hpctf.compute.process.startup_clock)
@@ -63,6 +68,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from bench_crash import CrashBench
 from bench_first_step import FirstStepBench
 from bench_gpu import GpuBench
 from bench_listing import ListingBench
@@ -96,6 +102,7 @@ class Bench(
     ResolverBench,
     RuntimeBench,
     PreemptionBench,
+    CrashBench,
     FirstStepBench,
     StallBench,
     SoakBench,

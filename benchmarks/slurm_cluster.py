@@ -24,11 +24,12 @@ REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 # What cluster.sh runs and what a benchmark calls; a machine without one of them has no Slurm.
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "scancel")
-# Away from the tests' clusters (16817 + 400 per pytest-xdist worker, helpers' 17000-22000):
-# a benchmark's cluster takes the first free block of PORT_STRIDE ports from here.
-FIRST_PORT = 24017
+# Below the tests' clusters (16817 + 400 per pytest-xdist worker) and below the TF ports the
+# local-slurm site draws for its jobs (21000-29000): a benchmark's cluster takes the first free
+# block of PORT_STRIDE ports of PORT_BLOCKS from here.
+FIRST_PORT = 12017
 PORT_STRIDE = 400  # slurmctld PORT, slurmd PORT+1.., MariaDB PORT+300, slurmdbd PORT+301
-PORT_TRIES = 20
+PORT_BLOCKS = 10
 
 
 class SlurmClusterError(RuntimeError):
@@ -75,16 +76,19 @@ def _free(port: int) -> bool:
 
 
 def _free_block(nodes: int, accounting: bool) -> int:
-    """The first base port from FIRST_PORT (moved by this process's id, so that two benchmark
-    runs at once start apart) whose slurmctld, slurmd and database ports are all free."""
-    start = FIRST_PORT + PORT_STRIDE * (os.getpid() % 10)
-    for index in range(PORT_TRIES):
-        base = start + PORT_STRIDE * index
+    """The first block of ports whose slurmctld, slurmd and database ports are all free, from
+    one drawn by this process's id (so that two benchmark runs at once start apart)."""
+    first = os.getpid() % PORT_BLOCKS
+    for index in range(PORT_BLOCKS):
+        base = FIRST_PORT + PORT_STRIDE * ((first + index) % PORT_BLOCKS)
         ports = [base + i for i in range(nodes + 1)]
         ports += [base + 300, base + 301] if accounting else []
         if all(_free(port) for port in ports):
             return base
-    raise SlurmClusterError(f"no free block of ports for a Slurm test cluster from {start}")
+    raise SlurmClusterError(
+        f"no free block of ports for a Slurm test cluster in {FIRST_PORT}-"
+        f"{FIRST_PORT + PORT_STRIDE * PORT_BLOCKS}"
+    )
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from hpctf.core.errors import BUG_EXIT, EnvironmentProblem, UserError
+from hpctf.core.errors import BUG_EXIT, EnvironmentProblem, UserError, environment_line
 from hpctf.core.printable import printable
 from hpctf.core.secrets import redact
 
@@ -72,19 +72,6 @@ class _Group(click.Group):
             raise _UserFailure(printable(redact(str(exc)))) from None
         except EnvironmentProblem as exc:
             raise _EnvironmentFailure(printable(redact(environment_line(exc)))) from exc
-
-
-def environment_line(exc: EnvironmentProblem) -> str:
-    """An environment fault in one line, its cause kept: the exception it was raised from
-    (``raise ... from``) is named unless the message already carries its words or says it
-    in its own (``cause_said``)."""
-    said = " ".join(str(exc).split())
-    cause = exc.__cause__
-    if cause is not None and not getattr(exc, "cause_said", False):
-        because = " ".join(str(cause).split())
-        if because and because not in said:
-            said = f"{said} (cause: {type(cause).__name__}: {because})"
-    return said
 
 
 @click.group(cls=_Group)

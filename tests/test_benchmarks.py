@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -24,8 +25,8 @@ from tests.conftest import REPO
 
 RUN = REPO / "benchmarks" / "run.py"
 SECTIONS = {
-    "login", "listing", "sweep", "resolver", "runtime", "preemption", "first_step", "stall", "soak",
-    "remote",
+    "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "first_step",
+    "stall", "soak", "remote",
 }  # fmt: skip
 PHASES = ["worker_up", "tensorflow_imported", "strategy", "restored", "first_step"]
 
@@ -77,6 +78,7 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
         "resolver",
         *["runtime"] * 2,  # against the tutorial's loop, and a loop of 10 steps per call
         *["preemption"] * 3,
+        "crash",  # SIGKILL of a rank on the real Slurm test cluster (or skipped without Slurm)
         *["first_step"] * 2,
         *["stall"] * 3,
         "soak",
@@ -182,6 +184,35 @@ def check_preemption_and_restart(tiny: tuple[dict[str, Any], str]) -> None:
         assert close(sum(restart[side].values()), total)  # one round: the phases add up
     assert preemption["met"] == (
         preemption["signals"]["SIGUSR2"]["steps_lost"] == 0 and restart["met"]
+    )
+
+
+def check_crash(tiny: tuple[dict[str, Any], str]) -> None:
+    results = tiny[0]
+    crash = results["sections"]["crash"]
+    if "skipped" in crash:  # no Slurm here: only where it is not required
+        assert not os.environ.get("HPCTF_REQUIRE_SLURM") and not os.environ.get("CI"), crash
+        assert crash["met"] is None
+        return
+    every = crash["every_seconds"]
+    assert len(crash["rounds"]) == results["sizes"]["crash_rounds"]
+    for found in crash["rounds"]:
+        # Resumed from the newest checkpoint before the kill, which came between two saves.
+        assert 0 < found["restored_step"] <= found["trained_at_kill"]
+        assert found["lost_steps"] == found["trained_at_kill"] - found["restored_step"]
+        assert 0 < found["lost_s"] <= every + 1.0
+        # The phases follow each other from the kill to the first step: they add up.
+        phases = found["phases_s"]
+        names = list(phases)
+        assert names[0].startswith("the kill -> ") and names[-1].endswith(" -> its first step")
+        assert all(span >= 0 for span in phases.values()), phases
+        assert math.isclose(sum(phases.values()), found["kill_to_first_step_s"], abs_tol=0.02)
+        assert "tensorflow import" in found["worker_phases"]
+    backs = [r["kill_to_first_step_s"] for r in crash["rounds"]]
+    assert crash["kill_to_first_step_median_s"] == round(statistics.median(backs), 2)
+    assert crash["met"] == (
+        crash["kill_to_first_step_median_s"] <= crash["goal_back_s"]
+        and crash["lost_max_s"] <= every
     )
 
 
@@ -321,6 +352,7 @@ CHECKS = [
     check_login_and_resolver,
     check_runtime,
     check_preemption_and_restart,
+    check_crash,
     check_first_step,
     check_stall,
     check_sweep,

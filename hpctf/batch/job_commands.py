@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProblem
+from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, RELAUNCH_EXIT, EnvironmentProblem
 from hpctf.core.run import journal, ownership, run_index
 from hpctf.core.run.history import (
     PLANNED_RESTART,
@@ -34,6 +34,7 @@ from hpctf.core.run.notifications import notify_end
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm, slurm_queries
+from hpctf.core.scheduler.hostnames import expand_nodelist
 from hpctf.core.settings.config import ResolvedConfig
 
 _run_dir_argument = click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
@@ -141,8 +142,8 @@ def close_unended(
     return history.plus(entry)
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def _now(timespec: str = "seconds") -> str:
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 @click.command("job-signal", hidden=True)
@@ -230,20 +231,96 @@ def job_end(run_dir: Path, exit_code: int) -> None:
     reason, history = record_end(
         run, read_history(run), job_id, exit_code, config.site.preemption.signal
     )
+    history, relaunch = _after_end(run, config, history, job_id, reason)
     # The runs root's listing: this run's new row, from the history this command knows.
-    run_index.note(run, config, _after_end(run, config, history, job_id, reason))
+    run_index.note(run, config, history)
+    if relaunch:
+        sys.exit(RELAUNCH_EXIT)
+
+
+# A crash or a stall leaves the job's nodes free and well (Slurm says so): its workers start
+# again in the same allocation, seconds after the crash, where a requeue waits for Slurm's
+# requeue to complete, the start time hpctf gives it (RELEASE_AFTER_S) and then Slurm's next
+# scheduling pass, which on an idle cluster is its periodic one (sched_interval, 60 s by
+# default; the backfill pass runs only after a change): measured on the test cluster, a
+# requeued job started 28 s after its start time. Anything else is requeued by Slurm.
+RELAUNCH_REASONS = frozenset({"failed", "stalled"})
+# A relaunch keeps the job's time limit: with less than this left, a requeue (a new time
+# limit) serves the run better.
+RELAUNCH_MIN_LEFT_S = 300
+
+
+def relaunch_refusal(
+    history: RunHistory, reason: str, job_id: str, nodes: str | None
+) -> str | None:
+    """Why the workers of a start that ended for ``reason`` must not start again in this
+    allocation (``nodes``: SLURM_JOB_NODELIST), or None when they may: a crash or a stall, on
+    nodes none of which failed under the run (the journal) nor is down or drained (Slurm),
+    in a job that Slurm is not ending (still RUNNING, a time limit not about to end it)."""
+    if reason not in RELAUNCH_REASONS:
+        return f"{reason} is not a crash or a stall"
+    if not nodes:
+        return "no SLURM_JOB_NODELIST"
+    failed = set(history.failed_nodes) & set(expand_nodelist(nodes))
+    if failed:
+        return f"node(s) {','.join(sorted(failed))} failed under the run"
+    try:
+        unusable = slurm.unusable_nodes(nodes)
+        if unusable:
+            return f"Slurm says node(s) {','.join(unusable)} cannot run jobs"
+        info = slurm.job_info(job_id) or {}
+    except slurm.SlurmFailure as exc:
+        return f"Slurm did not answer: {exc}"
+    if info.get("JobState") != "RUNNING":
+        return f"the job is {info.get('JobState', 'unknown to Slurm')}"
+    left = slurm.seconds_left(info)
+    if left is not None and left < RELAUNCH_MIN_LEFT_S:
+        return f"{left:.0f} s left of its time limit"
+    return None
+
+
+def relaunch_here(
+    run: RunDir, config: ResolvedConfig, history: RunHistory, job_id: str, why: str
+) -> RunHistory:
+    """Record the requeue of the start that ended (``in_place``: the same allocation, no
+    Slurm requeue) and the new start, as job-start would: the batch script then runs srun
+    again at once (job-end's RELAUNCH_EXIT). Returns ``history`` with both records."""
+    nodes = os.environ.get("SLURM_JOB_NODELIST")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    history = history.plus(journal.record_requeued(run, job_id, why, in_place=True))
+    click.echo(f"hpctf: job {job_id} starts its workers again in this allocation: {why}")
+    # Milliseconds: the seconds from a crash to the next start are measured from this line.
+    click.echo(f"===== hpctf: job {job_id} start (restart {restart}, again in this allocation) "
+               f"on {nodes} at {_now('milliseconds')} =====")  # fmt: skip
+    return history.plus(
+        journal.record_started(
+            run,
+            job_id,
+            nodes=nodes,
+            walltime_signal=config.site.preemption.signal,
+            slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
+            restart_count=restart,
+        )
+    )
 
 
 def _after_end(
     run: RunDir, config: ResolvedConfig, history: RunHistory, job_id: str, reason: str
-) -> RunHistory:
+) -> tuple[RunHistory, bool]:
     """Requeue the job that ended (``history``: the run's, with its ``ended`` record) when the
-    run's budgets allow, or record that the run gave up; returns ``history`` with the
-    ``requeued`` record. A run that gave up has its row noted here, before _GaveUp."""
+    run's budgets allow, in this allocation when :func:`relaunch_refusal` has nothing against
+    it, or record that the run gave up; returns ``history`` with the ``requeued`` record (and
+    the new start's), and whether the batch script starts the workers again itself. A run that
+    gave up has its row noted here, before _GaveUp."""
     state = history.state
     signalled = state.last is not None and state.last.signalled
     decision = after_end(state, budgets(config))
     if decision.go:
+        refusal = relaunch_refusal(history, reason, job_id, os.environ.get("SLURM_JOB_NODELIST"))
+        if refusal is None:
+            return relaunch_here(run, config, history, job_id, decision.why), True
+        if reason in RELAUNCH_REASONS:
+            click.echo(f"hpctf: job {job_id} is requeued, not started again here: {refusal}")
         # scontrol requeue ends this very job: Slurm sends SIGTERM to the batch script's
         # processes, this one included (SIGKILL after KillWait). Hold it off until the requeue
         # Slurm accepted is recorded; a SlurmFailure leaves no "requeued" record behind.
@@ -257,7 +334,7 @@ def _after_end(
                 click.echo(f"hpctf: job {job_id} was requeued by Slurm already")
                 note_failed_nodes(run, job_id, "TERM", history)
                 release(run, job_id, slurm.RELEASE_AFTER_S)
-                return history
+                return history, False
             history = history.plus(journal.record_requeued(run, job_id, decision.why))
             exclude_failed_nodes(run, history, job_id)  # a requeue adds no failed node
             click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
@@ -279,7 +356,7 @@ def _after_end(
         if "hpctf resubmit" not in decision.why:  # a full disk's line already says it
             message += f"; after a fix, resume with hpctf resubmit {run.path}"
         raise _GaveUp(message)
-    return history
+    return history, False
 
 
 COMMANDS = (job_start, job_signal, job_end)

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import click
 
-from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.compute.cluster.peers import PeerLost
+from hpctf.core.errors import ENVIRONMENT_EXIT, EnvironmentProblem, UserError, environment_line
+from hpctf.core.printable import printable
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.secrets import redact
 from hpctf.core.settings.config import Site
 from hpctf.core.settings.sites import load_named_site
 
@@ -27,6 +30,12 @@ def worker(run_dir: Path) -> None:
     path = run_dir.resolve()
     try:
         status = run_worker(run_dir, os.environ)
+    except PeerLost as exc:
+        # A peer died: leave at once, its line first. The interpreter's exit would tear
+        # TensorFlow down, which waits on the dead peer (measured on the test cluster: 4-5 s
+        # after the error, and srun, so the job's next start, waited for it).
+        click.echo(f"Error: {printable(redact(environment_line(exc)))}", err=True)
+        leave(ENVIRONMENT_EXIT)
     except Exception as exc:
         if (path / "config.json").exists():
             raise

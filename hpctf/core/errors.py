@@ -46,6 +46,9 @@ USER_CODE_EXIT = 65
 # ``hpctf job-start``: this job has nothing to do (another job owns the run, or the run is
 # complete). The batch script then ends the job with 0: it is no failure, of the job or the run.
 NOT_STARTING_EXIT = 99
+# ``hpctf job-end``: the crashed start's workers start again at once in this same allocation
+# (recorded as requeued and started): the batch script runs srun again, not Slurm's requeue.
+RELAUNCH_EXIT = 98
 
 
 class UserError(Exception):
@@ -113,3 +116,16 @@ def exit_text(code: object) -> str:
         except ValueError:
             pass
     return f"exit {code}"
+
+
+def environment_line(exc: EnvironmentProblem) -> str:
+    """An environment fault in one line, its cause kept: the exception it was raised from
+    (``raise ... from``) is named unless the message already carries its words or says it
+    in its own (``cause_said``)."""
+    said = " ".join(str(exc).split())
+    cause = exc.__cause__
+    if cause is not None and not getattr(exc, "cause_said", False):
+        because = " ".join(str(cause).split())
+        if because and because not in said:
+            said = f"{said} (cause: {type(cause).__name__}: {because})"
+    return said

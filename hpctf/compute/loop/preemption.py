@@ -17,6 +17,7 @@ import signal
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from hpctf.compute.process import peer_watch
 from hpctf.compute.process.launcher_watch import LAUNCHER_PID_ENV
 from hpctf.core.errors import PREEMPTED_EXIT
 from hpctf.core.run.history import RunHistory, read_history
@@ -132,6 +133,7 @@ class PreemptionWatch:
 
     def __enter__(self) -> PreemptionWatch:
         originals = self._handling.__enter__()
+        peer_watch.arm()  # a SIGTERM because a peer died: leave at once
         early = early_signal(originals.values())
         if early and not self._signalled:
             self._signalled = early
@@ -142,6 +144,7 @@ class PreemptionWatch:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        peer_watch.disarm()
         self._handling.__exit__(None, None, None)
 
     @property

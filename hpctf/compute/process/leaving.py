@@ -61,9 +61,18 @@ def hold_until_exit(thing: object) -> None:
 LEAVE_WITHIN_S = 4.0
 
 
+_ending = threading.Event()
+
+
+def ending() -> bool:
+    """Whether training ended (:func:`exit_later` was called): the peers may leave first."""
+    return _ending.is_set()
+
+
 def exit_later(code: int, seconds: float = LEAVE_WITHIN_S) -> None:
     """Bound what is left to do: the process exits ``code`` in ``seconds`` unless it has
     already."""
+    _ending.set()
     timer = threading.Timer(seconds, exit_now, args=(code,))
     timer.name = "hpctf-exit-bound"
     timer.daemon = True

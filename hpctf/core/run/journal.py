@@ -381,8 +381,13 @@ def record_not_started(run: JournalDir, job_id: str, owner: str) -> dict[str, An
     return run.record(NOT_STARTED, job_id=job_id, owner=owner)
 
 
-def record_requeued(run: JournalDir, job_id: str, why: str) -> dict[str, Any]:
-    return run.record(REQUEUED, job_id=job_id, why=why)
+def record_requeued(
+    run: JournalDir, job_id: str, why: str, in_place: bool = False
+) -> dict[str, Any]:
+    """``in_place``: no Slurm requeue; the batch script started the workers again in the
+    same allocation (job-end's RELAUNCH_EXIT)."""
+    fields = {"in_place": True} if in_place else {}
+    return run.record(REQUEUED, job_id=job_id, why=why, **fields)
 
 
 def record_gave_up(run: JournalDir, job_id: str, why: str) -> dict[str, Any]:

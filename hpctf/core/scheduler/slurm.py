@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 
 from hpctf.core.errors import DamagedRecord, EnvironmentProblem, UserError
@@ -268,6 +269,16 @@ def wait_for_job(
         if time.monotonic() >= deadline:
             return None
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+
+def seconds_left(info: Mapping[str, str], now: datetime | None = None) -> float | None:
+    """Seconds until the time limit of a running job (:func:`job_info`'s EndTime, in the
+    local time scontrol writes), or None when it has none or it cannot be read."""
+    try:
+        end = datetime.fromisoformat(info.get("EndTime", ""))
+    except ValueError:
+        return None
+    return (end - (now or datetime.now())).total_seconds()
 
 
 def requeue(job_id: str, env: Mapping[str, str] | None = None) -> None:
