@@ -221,7 +221,7 @@ def test_records_without_tensorboard_keep_metrics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Without the tensorboard package tf.summary.scalar raises TBNotInstalledError at the first
-    logged step; the records go on with metrics.jsonl and say so once, at start."""
+    logged step; the records go on with metrics.jsonl and say so once, at the first record."""
     from hpctf.compute.records.chief_records import ChiefRecords
     from hpctf.core.run.rundir import RunDir
 
@@ -230,6 +230,7 @@ def test_records_without_tensorboard_keep_metrics(
     records = ChiefRecords(run, chief=True)
     records.record(10, {"loss": 0.5})
     records.record(20, {"accuracy": 0.9}, group="eval")
+    assert caplog.text.count("tensorboard package is not installed") == 1
     lines = [json.loads(line) for line in run.metrics.read_text().splitlines()]
     assert lines == [{"step": 10, "loss": 0.5}, {"step": 20, "eval": {"accuracy": 0.9}}]
     assert not (tmp_path / "tensorboard").exists()
