@@ -97,6 +97,24 @@ def test_all_ranks_restore_the_same_step(
     assert _agree(views) == [expected] * len(views)
 
 
+def test_a_fresh_start_agrees_in_one_collective() -> None:
+    """Nothing listed anywhere: the first round also says so (the restore agreement is the
+    worker's first collective, before its first step); a restore takes two."""
+    from hpctf.compute.records.checkpoints import agree_on_step
+
+    said: list[int] = []
+
+    def gather(value: int) -> list[int]:
+        said.append(value)
+        return [value, value]  # both ranks see the same
+
+    for listed, rounds in (({}, 1), ({100: "ckpt-100"}, 2)):
+        said.clear()
+        expected = max(listed, default=None)
+        assert agree_on_step(listed, lambda path: True, gather, "/runs/x/checkpoints") == expected
+        assert len(said) == rounds
+
+
 def test_ranks_with_no_common_checkpoint_stop_with_a_clear_error() -> None:
     """Rank 1 sees an empty directory (a run dir on node-local disk): never a silent restart
     from step 0 on one rank and step 300 on another."""
