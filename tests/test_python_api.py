@@ -19,7 +19,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.run import journal
 from hpctf.core.run.history.runstate import run_state
 from hpctf.core.run.rundir import RunDir
-from hpctf.login.sweeps.ranking import rank
+from hpctf.login.sweeps.ranking import default_mode, rank
 from tests.conftest import DIGITS, REPO, write
 from tests.fake_slurm import FakeSlurm, squeue_line
 
@@ -33,7 +33,7 @@ def test_import_hpctf_is_light_and_the_api_loads_on_first_use() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
-    assert out.split() == ["True", "hpctf.python_api.run_api", "Sweep", "False"]
+    assert out.split() == ["True", "hpctf.python_api.submit_api", "Sweep", "False"]
     with pytest.raises(AttributeError):
         hpctf.nothing  # noqa: B018
 
@@ -104,6 +104,10 @@ def test_rank_orders_points_by_a_metric_best_first_missing_last() -> None:
     assert [p["index"] for p in rank(points, "eval.loss")] == [3, 2, 0, 1]  # loss: lowest
     assert [p["index"] for p in rank(points, "accuracy", "min", top=2)] == [0, 3]
     assert [p["index"] for p in rank(points, "loss")] == [3, 0, 2, 1]
+    assert [p["index"] for p in rank(points, "accuracy:min")] == [0, 3, 2, 1]
+    assert [p["index"] for p in rank(points, "eval.loss:max")] == [0, 2, 3, 1]
+    with pytest.raises(UserError, match="min or max"):
+        rank(points, "eval.loss:lowest")
     with pytest.raises(UserError, match=r"expected eval\.NAME"):
         rank(points, "evl.accuracy")
 
@@ -137,3 +141,12 @@ def test_status_sweep_sort_top_ranks_the_points(
     assert [line.split()[0] for line in text.splitlines()[2:5]] == ["1", "2", "0"]
     top_alone = CliRunner().invoke(cli, ["status", str(sweep.path), "--top", "2"])
     assert top_alone.exit_code == 2 and "--top K needs --sort" in top_alone.output
+
+
+@pytest.mark.parametrize(
+    ("metric", "mode"),
+    [("eval.mae", "min"), ("eval.val_rmse", "min"), ("eval.sparse_categorical_crossentropy",
+     "min"), ("eval.perplexity", "min"), ("eval.auc", "max"), ("eval.accuracy", "max")],
+)  # fmt: skip
+def test_lower_is_better_for_keras_error_metrics_by_name(metric: str, mode: str) -> None:
+    assert default_mode(metric) == mode

@@ -141,15 +141,26 @@ def test_a_tracker_that_is_down_never_holds_training_up(
 ) -> None:  # fmt: skip
     monkeypatch.setattr(tracking, "RETRY_PAUSE_S", 0.01)
     run = rendered_run(tmp_path, "http://127.0.0.1:9")  # the discard port: refused
-    began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="hpctf.worker"):
+        # Timed from after the start: importing mlflow alone can take seconds on a loaded
+        # machine, and is no step's cost.
+        starting = time.monotonic()
         (tracker,) = start_tracking(run, run.load_config())
+        started = time.monotonic() - starting
+        slowest = 0.0
         for step in range(1, 1001):
+            began = time.monotonic()
             tracker.log(step, {"loss": 0.5})
-        logged = time.monotonic() - began
+            slowest = max(slowest, time.monotonic() - began)
+        closing = time.monotonic()
         tracker.close()
-    assert logged < 1.0, logged  # 1,000 steps queued, none waited on the server
-    assert time.monotonic() - began < tracking.FLUSH_S + 2.0
+        closed = time.monotonic() - closing
+    assert started < 15.0, started  # the import at most: the server is tried in the background
+    # 1,000 steps queued, none waited on the server (a refused connect, retried): the
+    # slowest call is bounded by the GIL's switch interval (5 ms) while the sender thread
+    # runs, not by a network timeout. A total would count every switch on a loaded machine.
+    assert slowest < 0.5, slowest
+    assert closed < tracking.FLUSH_S + 1.0, closed
     warned = [r.getMessage() for r in caplog.records]
     assert any("tracker mlflow failed (training goes on; retrying)" in w for w in warned), warned
 

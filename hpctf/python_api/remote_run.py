@@ -17,7 +17,7 @@ from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.settings.config import Site
 from hpctf.login.remote.forward import on_cluster, ship
 from hpctf.login.remote.ssh import Connection
-from hpctf.python_api.run_api import Run, RunFailed, _ended, metrics_frame
+from hpctf.python_api.run_api import Run, RunFailed, has_ended, metrics_frame
 
 MAX_POLL = 120.0
 BACKOFF = 1.5
@@ -93,7 +93,7 @@ def wait_all(
     pause = poll
     while True:
         documents = statuses(runs)
-        if all(_ended(d) for d in documents):
+        if all(has_ended(d) for d in documents):
             states = [str(d["state"]) for d in documents]
             for run, document, state in zip(runs, documents, states, strict=True):
                 if check and state != "done":

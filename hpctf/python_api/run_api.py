@@ -1,4 +1,5 @@
-"""One run from Python: :func:`submit`, :func:`run`, :func:`runs` and :class:`Run`.
+"""One run from Python: :func:`run`, :func:`runs` and :class:`Run` (:func:`hpctf.submit` is
+:mod:`hpctf.python_api.submit_api`).
 
 Each call goes through the functions the CLI commands call (``hpctf submit``, ``status
 --json``, ``logs``, ``cancel``, ``resubmit``): no second path. Errors are the CLI's: a
@@ -20,7 +21,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.scheduler.slurm import FINAL_STATES
 
 # The run states after which nothing starts the run again by itself.
-FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted"})
+FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted", "pruned"})
 
 Settings = Mapping[str, Any] | Sequence[str] | None
 
@@ -100,7 +101,7 @@ class Run:
         while True:
             document = self._document(hours=False)  # one squeue call a look, no sacct
             state = str(document["state"])
-            if _ended(document):
+            if has_ended(document):
                 if check and state != "done":
                     raise RunFailed(self.path, state, str(document.get("why") or ""))
                 return state
@@ -162,7 +163,7 @@ class Run:
         return self
 
 
-def _ended(document: Mapping[str, Any]) -> bool:
+def has_ended(document: Mapping[str, Any]) -> bool:
     state = document["state"]
     if state in FINAL_RUN_STATES:
         return True
@@ -170,33 +171,6 @@ def _ended(document: Mapping[str, Any]) -> bool:
         return False
     slurm = document.get("slurm")  # saved and stopped: final unless its job may still requeue
     return not slurm or slurm.get("state") in FINAL_STATES
-
-
-def submit(
-    experiment: str | os.PathLike[str],
-    site: str | None = None,
-    set: Settings = None,
-    echo: bool = False,
-) -> Run:
-    """``hpctf submit EXPERIMENT [--site SITE] [--set KEY=VALUE ...]``: validate, create the
-    run directory and start it. ``set``: ``{"train.steps": 100}`` or ``["train.steps=100"]``.
-    On a Slurm site it returns once sbatch took the job (:meth:`Run.wait` waits); on a local
-    site once the workers have ended. A local run's worker output goes to its rank logs
-    (:meth:`Run.logs`); ``echo=True`` also prints rank 0's here. Ctrl-C (SIGINT) during a
-    local run: the workers save an agreed step as under ``hpctf submit``, then
-    KeyboardInterrupt is raised (``hpctf resubmit`` or :meth:`Run.resubmit` resumes it)."""
-    from hpctf.login.resolving.loader import load_config
-    from hpctf.login.submitting.launchers import Caller
-    from hpctf.login.submitting.pipeline import submit_run
-    from hpctf.python_api import remote_run
-
-    remote = remote_run.submit(Path(experiment), site, set_texts(set), os.environ)
-    if remote is not None:  # a site behind SSH: the run is on the cluster
-        return remote
-    config = load_config(Path(experiment), site, set_texts(set), os.environ).config
-    submitted = submit_run(config, caller=Caller(echo=echo, interrupt=True))
-    assert submitted.created is not None  # not a dry run
-    return Run(submitted.created.run.path)
 
 
 def run(path: str | os.PathLike[str]) -> Run:

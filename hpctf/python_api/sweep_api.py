@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctf.python_api.run_api import Run, Settings, _ended, set_texts, value_text
+from hpctf.python_api.run_api import Run, Settings, has_ended, set_texts, value_text
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Sweep:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             documents = self.status()
-            if all(_ended(d) for d in documents):
+            if all(has_ended(d) for d in documents):
                 return {int(d["index"]): str(d["state"]) for d in documents}
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{self.path}: points still running after {timeout} s")
@@ -67,13 +67,13 @@ class Sweep:
 
     def best(self, metric: str = "eval.accuracy", mode: str | None = None) -> Point | None:
         """The point with the best ``metric`` (``eval.NAME``: its last evaluation;
-        ``best_eval.NAME``; ``loss``), highest unless ``mode="min"`` (default: lowest for
-        names with loss or error), as ``hpctf status SWEEP --sort METRIC`` ranks them. None
-        when no point has logged it."""
-        from hpctf.login.sweeps.ranking import metric_value, rank
+        ``best_eval.NAME``; ``loss``), highest unless ``mode="min"`` or ``NAME:min`` (default:
+        lowest for names with loss, error, mae, mse and the like), as ``hpctf status SWEEP
+        --sort METRIC`` ranks them. None when no point has logged it."""
+        from hpctf.login.sweeps.ranking import metric_value, rank, split_mode
 
         ranked = rank(self.status(), metric, mode)  # type: ignore[arg-type]
-        if not ranked or metric_value(ranked[0], metric) is None:
+        if not ranked or metric_value(ranked[0], split_mode(metric)[0]) is None:
             return None
         top = ranked[0]
         return Point(int(top["index"]), typed(top["values"]), Run(top["run_dir"]))

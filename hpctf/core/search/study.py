@@ -45,7 +45,7 @@ def build_pruner(spec: Pruner) -> optuna.pruners.BasePruner:
         pruner = lib.pruners.SuccessiveHalvingPruner(
             min_resource=spec.min_evals, reduction_factor=spec.reduction_factor
         )
-    if spec.kind == "hyperband":
+    elif spec.kind == "hyperband":
         pruner = lib.pruners.HyperbandPruner(
             min_resource=spec.min_evals,
             max_resource=spec.max_evals or "auto",

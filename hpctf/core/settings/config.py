@@ -22,8 +22,8 @@ from hpctf.core.scheduler.hostnames import check_hostname_template
 from hpctf.core.scheduler.launcher import allows_containers
 from hpctf.core.settings.container import Container
 from hpctf.core.settings.notify import Notify
-from hpctf.core.settings.search import Search
 from hpctf.core.settings.sbatch_options import normalize_sbatch_option
+from hpctf.core.settings.search import Search
 from hpctf.core.settings.tracking import Tracking
 from hpctf.core.settings.values import (
     MAX_BATCH,
@@ -263,7 +263,7 @@ class Checkpoint(Strict):
         le=MAX_STEPS,
         description="also save every multiple of this step (whichever of the two comes first)",
     )
-    keep: int = Field(3, ge=1, le=1_000_000)
+    keep: int = Field(3, ge=1, le=1_000_000, description="the newest this many are kept")
     asynchronous: bool = Field(
         True,
         description="write checkpoints while training goes on (the save stalls only to copy "

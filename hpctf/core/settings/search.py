@@ -14,13 +14,25 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from hpctf.core.settings.values import Strict
 
 # A key path of the experiment a parameter sets, as --set takes it: train.args.lr.
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)+$")
 MAX_TRIALS = 100_000
+
+
+def _key_path(key: str) -> str:
+    if not _KEY.fullmatch(key):
+        raise ValueError(
+            f"{key!r} is no key path of the experiment; give the dotted path a --set would "
+            "take, e.g. train.args.lr"
+        )
+    return key
+
+
+KeyPath = Annotated[str, AfterValidator(_key_path)]
 Choice = str | int | float | bool
 
 
@@ -28,11 +40,11 @@ class FloatParam(Strict):
     """A float drawn from [low, high]; ``log``: uniform in log space (low > 0); ``step``: a
     grid of low, low+step, ... (the grid sampler needs it)."""
 
-    type: Literal["float"]
-    low: float
-    high: float
-    log: bool = False
-    step: float | None = Field(None, gt=0)
+    type: Literal["float"] = Field(description="float: a real number from [low, high]")
+    low: float = Field(description="the smallest value")
+    high: float = Field(description="the largest value")
+    log: bool = Field(False, description="uniform in log space (low > 0): rates, decays")
+    step: float | None = Field(None, gt=0, description="only low, low+step, ...: a grid")
 
     @model_validator(mode="after")
     def _bounds(self) -> FloatParam:
@@ -51,11 +63,11 @@ class IntParam(Strict):
     """An int drawn from [low, high] (both included), every ``step``-th; ``log``: uniform in
     log space (low >= 1)."""
 
-    type: Literal["int"]
-    low: int
-    high: int
-    log: bool = False
-    step: int = Field(1, ge=1)
+    type: Literal["int"] = Field(description="int: an integer from [low, high], both included")
+    low: int = Field(description="the smallest value")
+    high: int = Field(description="the largest value")
+    log: bool = Field(False, description="uniform in log space (low >= 1): widths, batch sizes")
+    step: int = Field(1, ge=1, description="only low, low+step, ...")
 
     @model_validator(mode="after")
     def _bounds(self) -> IntParam:
@@ -71,8 +83,10 @@ class IntParam(Strict):
 class CategoricalParam(Strict):
     """One of ``choices`` (strings, numbers or booleans, each once)."""
 
-    type: Literal["categorical"]
-    choices: list[Choice] = Field(min_length=1, max_length=10_000)
+    type: Literal["categorical"] = Field(description="categorical: one of a list")
+    choices: list[Choice] = Field(
+        min_length=1, max_length=10_000, description="strings, numbers or booleans, each once"
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> CategoricalParam:
@@ -91,8 +105,12 @@ class Objective(Strict):
     """The value a trial is judged by: the last evaluation's ``metric`` (``eval.loss``,
     ``eval.accuracy``: a key of the run's eval records)."""
 
-    metric: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_./-]*$", max_length=200)
-    direction: Literal["minimize", "maximize"]
+    metric: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_./-]*$",
+        max_length=200,
+        description="the evaluation's key, e.g. eval.loss or eval.accuracy",
+    )
+    direction: Literal["minimize", "maximize"] = Field(description="which way is better")
 
 
 class Pruner(Strict):
@@ -101,9 +119,13 @@ class Pruner(Strict):
     ``hyperband``: Optuna's HyperbandPruner, its largest bracket ``max_evals`` evaluations;
     ``none``: every trial runs to its end."""
 
-    kind: Literal["asha", "hyperband", "none"] = "none"
+    kind: Literal["asha", "hyperband", "none"] = Field(
+        "none", description="asha (successive halving), hyperband, or none"
+    )
     min_evals: int = Field(1, ge=1, le=1_000_000, description="evaluations before any pruning")
-    reduction_factor: int = Field(3, ge=2, le=100)
+    reduction_factor: int = Field(
+        3, ge=2, le=100, description="each rung keeps the best 1/reduction_factor of trials"
+    )
     max_evals: int | None = Field(
         None, ge=1, le=1_000_000, description="hyperband: evaluations of a whole trial"
     )
@@ -121,12 +143,14 @@ class Search(Strict):
     """A search: ``trials`` runs, at most ``parallel`` at once, each asking the study for its
     parameters."""
 
-    sampler: Literal["tpe", "random", "grid"] = "tpe"
-    parameters: dict[Annotated[str, Field(pattern=_KEY.pattern)], Param] = Field(
+    sampler: Literal["tpe", "random", "grid"] = Field(
+        "tpe", description="tpe (Bayesian), random, or grid (every choice, each once)"
+    )
+    parameters: dict[KeyPath, Param] = Field(
         min_length=1, description="experiment key path (train.args.lr) -> distribution"
     )
     objective: Objective
-    trials: int = Field(ge=1, le=MAX_TRIALS)
+    trials: int = Field(ge=1, le=MAX_TRIALS, description="trials in all: the search's budget")
     parallel: int = Field(1, ge=1, le=10_000, description="trials at once: the array's size")
     pruner: Pruner = Field(default_factory=Pruner)
     seed: int = Field(0, ge=0, le=2**32 - 1, description="the sampler's seed")

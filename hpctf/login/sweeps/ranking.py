@@ -12,11 +12,32 @@ from hpctf.core.errors import UserError
 Mode = Literal["max", "min"]
 
 
+# Metric names where lower is better, as Keras names them (keras.metrics and keras.losses):
+# a name holding one of these ranks lowest first; any other (accuracy, auc, precision, ...)
+# highest first. ``--sort NAME:min`` or ``:max`` says it outright.
+_LOWER_IS_BETTER = (
+    "loss", "error", "mae", "mse", "mape", "msle", "rmse", "crossentropy", "hinge",
+    "perplexity", "divergence", "poisson", "logcosh", "huber", "wer", "cer",
+)  # fmt: skip
+
+
 def default_mode(metric: str) -> Mode:
-    """Lower is better for names with ``loss`` or ``error`` in them, higher for the rest (as
-    a sweep's best evaluation is chosen)."""
-    name = metric.rsplit(".", 1)[-1]
-    return "min" if "loss" in name or "error" in name else "max"
+    """Lower is better for names holding ``loss``, ``error``, ``mae``, ``mse``, ``rmse``,
+    ``crossentropy`` and the like (:data:`_LOWER_IS_BETTER`), higher for the rest (as a
+    sweep's best evaluation is chosen)."""
+    name = metric.rsplit(".", 1)[-1].lower()
+    return "min" if any(word in name for word in _LOWER_IS_BETTER) else "max"
+
+
+def split_mode(sort: str) -> tuple[str, Mode | None]:
+    """``eval.mae:min`` -> (``eval.mae``, ``min``); without a suffix the mode is None (the
+    name's default)."""
+    metric, sep, mode = sort.rpartition(":")
+    if not sep:
+        return sort, None
+    if mode not in ("max", "min"):
+        raise UserError(f"--sort {sort!r}: after ':' give min or max, e.g. eval.mae:min")
+    return metric, mode  # type: ignore[return-value]
 
 
 def metric_value(document: Mapping[str, Any], metric: str) -> float | None:
@@ -43,9 +64,10 @@ def rank(
     mode: Mode | None = None,
     top: int | None = None,
 ) -> list[Mapping[str, Any]]:
-    """The points best first by ``metric`` (``mode``: ``max``/``min``, default by its name),
-    those without a value last in point order; the first ``top`` when given."""
-    mode = mode or default_mode(metric)
+    """The points best first by ``metric`` (``NAME:min``/``NAME:max``, or ``mode``, default by
+    its name), those without a value last in point order; the first ``top`` when given."""
+    metric, said = split_mode(metric)
+    mode = mode or said or default_mode(metric)
     if mode not in ("max", "min"):
         raise UserError(f"mode {mode!r}: expected max or min")
     valued = [(metric_value(d, metric), i, d) for i, d in enumerate(documents)]

@@ -113,7 +113,8 @@ def for_terminal(text: str) -> str:
 @click.option(
     "--sort",
     metavar="METRIC",
-    help="A sweep's points best first by eval.NAME (last evaluation), best_eval.NAME or loss.",
+    help="A sweep's points best first by eval.NAME (last evaluation), best_eval.NAME or loss; "
+    "NAME:min or NAME:max says which way (default: lowest first for loss, error, mae, ...).",
 )
 @click.option("--top", type=click.IntRange(min=1), metavar="K", help="With --sort: the best K.")
 def status(
