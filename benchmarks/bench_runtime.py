@@ -1,10 +1,13 @@
 """The runtime section: steps/s of hpctf against the plain MWMS loop (plain_mwms.py).
 
-Two baselines for the digits example: the tutorial's loop (one step per ``tf.function`` call,
-what a user writes), and the same loop running ``PER_CALL`` steps per call (what hpctf's loop
-does between two steps that call for something: the best a hand-written loop can do against
-the Python cost of a call). A wider digits MLP gives a step of about 50 ms, where the cost
-of a call is small beside the step. Sides alternate, who goes first rotating every round.
+Two baselines for the digits example. The main one (its goal: ``GOAL``) is the hand-written
+loop running ``PER_CALL`` steps per ``tf.function`` call (a ``tf.range`` loop, as Keras's
+``steps_per_execution``): what hpctf's loop does between two steps that call for something,
+the best a hand-written loop can do against the Python cost of a call, so the ratio is what
+hpctf itself costs per call. Beside it, the tutorial's loop (one step per call, what a user
+writes first), reported. A wider digits MLP gives a step of about 50 ms, where the cost of a
+call is small beside the step (against the tutorial's loop, goal ``WIDE_GOAL``). Sides
+alternate, who goes first rotating every round.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from harness import (
     windows,
 )
 
-GOAL = 0.98
+GOAL = 0.99  # against the loop of PER_CALL steps per call (issue #34)
+WIDE_GOAL = 0.98  # the 50 ms step, against the tutorial's loop
 # hpctf's loop runs the steps up to the next log, save or preemption check in one call: with
 # the defaults (the check every 10 steps), 10.
 PER_CALL = 10
@@ -61,7 +65,8 @@ class RuntimeBench(Harness):
             "rounds": sizes.runtime_rounds,
             **digits,
             "goal_ratio_min": GOAL,
-            "met": digits["ratio"] >= GOAL,
+            "goal_against": f"plain loop of {PER_CALL} steps per call",
+            "met": digits["plain_per_call_ratio"] >= GOAL,
         }
         if sizes.wide_rounds:
             wide = self._compare(
@@ -80,9 +85,10 @@ class RuntimeBench(Harness):
                 "steps": sizes.wide_steps,
                 "rounds": sizes.wide_rounds,
                 **wide,
-                "met": wide["ratio"] >= GOAL,
+                "goal_ratio_min": WIDE_GOAL,
+                "met": wide["ratio"] >= WIDE_GOAL,
             }
-            result["met"] = result["met"] and wide["ratio"] >= GOAL
+            result["met"] = result["met"] and wide["ratio"] >= WIDE_GOAL
         return result
 
     def _compare(
@@ -144,25 +150,31 @@ class RuntimeBench(Harness):
         return found
 
     def _rows(self, model: str, found: dict[str, Any], batch: int) -> None:
+        """The main row first: against the loop of PER_CALL steps per call when it ran (goal
+        GOAL), the tutorial's loop beside it (reported); else the tutorial's (WIDE_GOAL)."""
         hpctf = f"{found['hpctf_steps_per_s']:.1f} steps/s"
-        self.row(
-            benchmark=f"runtime: {model}, 2 local workers, global batch {batch}",
-            hpctf=hpctf,
-            baseline=f"{found['plain_steps_per_s']:.1f} steps/s (plain MWMS loop, 1 step per call)",
-            result=f"{found['ratio']:.3f} (rounds {each_round(found['per_round_ratio'])})",
-            goal=f">= {GOAL}",
-            met=found["ratio"] >= GOAL,
-        )
-        if "plain_per_call_ratio" in found:
+        per_call = "plain_per_call_ratio" in found
+        if per_call:
             ratio, rounds = found["plain_per_call_ratio"], found["plain_per_call_per_round_ratio"]
             self.row(
-                benchmark=f"runtime: {model}, against a plain loop of {PER_CALL} steps per call",
+                benchmark=f"runtime: {model}, 2 local workers, global batch {batch}, against a "
+                f"plain loop of {PER_CALL} steps per call",
                 hpctf=hpctf,
                 baseline=f"{found['plain_per_call_steps_per_s']:.1f} steps/s",
                 result=f"{ratio:.3f} (rounds {each_round(rounds)})",
-                goal="(report)",
-                met=None,
+                goal=f">= {GOAL}",
+                met=ratio >= GOAL,
             )
+        tutorial = found["ratio"] >= WIDE_GOAL
+        self.row(
+            benchmark=f"runtime: {model}, 2 local workers, global batch {batch}"
+            + (", against the tutorial's loop" if per_call else ""),
+            hpctf=hpctf,
+            baseline=f"{found['plain_steps_per_s']:.1f} steps/s (plain MWMS loop, 1 step per call)",
+            result=f"{found['ratio']:.3f} (rounds {each_round(found['per_round_ratio'])})",
+            goal="(report)" if per_call else f">= {WIDE_GOAL}",
+            met=None if per_call else tutorial,
+        )
 
     def _plain(
         self,

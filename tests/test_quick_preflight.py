@@ -219,6 +219,32 @@ def test_one_tensorflow_package_passes() -> None:
     assert two is not None and two.status == "fail" and "/v/bin/python -m pip" in two.fix
 
 
+def test_tensorflow_packages_are_found_from_their_metadata_folders(tmp_path: Path) -> None:
+    from hpctf.compute.doctor.node_checks import _tensorflow_packages
+
+    site, other = tmp_path / "site", tmp_path / "other"
+
+    def dist(where: Path, folder: str, top_level: str | None = None, record: str = "") -> None:
+        (where / folder).mkdir(parents=True)
+        if top_level is not None:
+            (where / folder / "top_level.txt").write_text(top_level)
+        if record:
+            (where / folder / "RECORD").write_text(record)
+
+    dist(site, "tensorflow_cpu-2.21.0.dist-info", top_level="tensorflow\n")
+    dist(site, "tensorflow_estimator-2.15.0.dist-info", top_level="tensorflow_estimator\n")
+    dist(site, "tensorflow_io_gcs_filesystem-0.37.dist-info", record="tensorflow_io/a.py,,\n")
+    dist(site, "tf_keras-2.21.0.dist-info", top_level="tf_keras\n")
+    dist(site, "numpy-2.0.dist-info", record="tensorflow/never-read.py,,\n")  # no TF name
+    dist(other, "tf_nightly-2.22.0.dev1.dist-info", record="tf_nightly/x,,\ntensorflow/x.py,,\n")
+    dist(other, "tensorflow-2.20.0.egg-info")  # neither file: says nothing
+    gone = str(tmp_path / "gone")
+    assert _tensorflow_packages([str(site)]) == ("tensorflow-cpu",)
+    assert _tensorflow_packages([str(site), gone, str(other)]) == ("tensorflow-cpu", "tf-nightly")
+    # This venv's own TensorFlow, as importlib.metadata names it.
+    assert _tensorflow_packages() == (_installed_tensorflow(),)
+
+
 def test_a_worker_whose_ifname_matches_nothing_here_stops_in_one_line(tmp_path: Path) -> None:
     # This machine's own /sys/class/net (eth0, lo, ...): no interface begins with ib0.
     if any(i.name.startswith("ib0") for i in (read_interfaces() or [])):

@@ -97,6 +97,24 @@ def test_all_ranks_restore_the_same_step(
     assert _agree(views) == [expected] * len(views)
 
 
+def test_a_fresh_start_agrees_in_one_collective() -> None:
+    """Nothing listed anywhere: the first round also says so (the restore agreement is the
+    worker's first collective, before its first step); a restore takes two."""
+    from hpctf.compute.records.checkpoints import agree_on_step
+
+    said: list[int] = []
+
+    def gather(value: int) -> list[int]:
+        said.append(value)
+        return [value, value]  # both ranks see the same
+
+    for listed, rounds in (({}, 1), ({100: "ckpt-100"}, 2)):
+        said.clear()
+        expected = max(listed, default=None)
+        assert agree_on_step(listed, lambda path: True, gather, "/runs/x/checkpoints") == expected
+        assert len(said) == rounds
+
+
 def test_ranks_with_no_common_checkpoint_stop_with_a_clear_error() -> None:
     """Rank 1 sees an empty directory (a run dir on node-local disk): never a silent restart
     from step 0 on one rank and step 300 on another."""
@@ -221,7 +239,7 @@ def test_records_without_tensorboard_keep_metrics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Without the tensorboard package tf.summary.scalar raises TBNotInstalledError at the first
-    logged step; the records go on with metrics.jsonl and say so once, at start."""
+    logged step; the records go on with metrics.jsonl and say so once, at the first record."""
     from hpctf.compute.records.chief_records import ChiefRecords
     from hpctf.core.run.rundir import RunDir
 
@@ -230,6 +248,7 @@ def test_records_without_tensorboard_keep_metrics(
     records = ChiefRecords(run, chief=True)
     records.record(10, {"loss": 0.5})
     records.record(20, {"accuracy": 0.9}, group="eval")
+    assert caplog.text.count("tensorboard package is not installed") == 1
     lines = [json.loads(line) for line in run.metrics.read_text().splitlines()]
     assert lines == [{"step": 10, "loss": 0.5}, {"step": 20, "eval": {"accuracy": 0.9}}]
     assert not (tmp_path / "tensorboard").exists()

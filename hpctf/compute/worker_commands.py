@@ -17,7 +17,6 @@ from hpctf.core.printable import printable
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.secrets import redact
 from hpctf.core.settings.config import Site
-from hpctf.core.settings.sites import load_named_site
 
 
 @click.command(hidden=True)
@@ -84,6 +83,10 @@ def tfconfig(run_dir: Path | None, site_name: str | None, check: bool) -> None:
         site = RunDir.open(run_dir).load_config().site
         port_range, template = site.port_range, site.hostname_template
     elif site_name:
+        # Here, not at the top: every worker imports this module before its first step, and
+        # the sites' reading (YAML and its validation) is none of its business.
+        from hpctf.core.settings.sites import load_named_site
+
         site = load_named_site(site_name, os.environ)
         port_range, template = site.port_range, site.hostname_template
     spec = cluster_spec(os.environ, port_range, template)

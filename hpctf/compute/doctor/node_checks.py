@@ -16,7 +16,7 @@ TensorFlow is imported inside :func:`tensorflow_check` only.
 from __future__ import annotations
 
 import errno
-import importlib.metadata
+import os
 import platform
 import re
 import resource
@@ -387,11 +387,43 @@ def check_tensorflow_gpus(grant: Grant) -> None:
     )
 
 
-def _tensorflow_packages() -> tuple[str, ...]:
-    """The installed distributions that provide the ``tensorflow`` module (for messages)."""
+def _tensorflow_packages(path: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The installed distributions that provide the ``tensorflow`` module (for messages), on
+    ``path`` (default ``sys.path``).
+
+    Every worker asks this before its first step, so only the distributions whose name could
+    be a TensorFlow build (``*tensorflow*``, ``tf-nightly*``) are read, from their folder
+    names: ``importlib.metadata.packages_distributions()`` reads every distribution's file
+    list, 0.2 s of CPU (1.3 s under load) on this project's own venv. A candidate provides
+    the module when its ``top_level.txt`` names it, or (without one) its ``RECORD`` holds a
+    file under ``tensorflow/``.
+    """
+    found: set[str] = set()
+    for folder in sys.path if path is None else path:
+        try:
+            entries = list(os.scandir(folder or "."))
+        except OSError:  # a zip, a folder that is gone: no distributions there
+            continue
+        for entry in entries:
+            stem, dot, kind = entry.name.rpartition(".")
+            if not dot or kind not in ("dist-info", "egg-info"):
+                continue
+            name = re.sub(r"[-_.]+", "-", stem.split("-")[0]).lower()  # PEP 503
+            candidate = "tensorflow" in name or name.startswith("tf-nightly")
+            if candidate and _provides_tensorflow(Path(entry.path)):
+                found.add(name)
+    return tuple(sorted(found))
+
+
+def _provides_tensorflow(info: Path) -> bool:
+    """Whether the distribution of metadata folder ``info`` installs the ``tensorflow``
+    package; False when neither file can be read (a broken entry says nothing)."""
     try:
-        names = importlib.metadata.packages_distributions().get("tensorflow", [])
-    except Exception:  # metadata of some unrelated package is broken: say nothing
-        return ()
-    # As PEP 503 normalizes them: the wheel's metadata says tensorflow_cpu.
-    return tuple(sorted({re.sub(r"[-_.]+", "-", name).lower() for name in names}))
+        return "tensorflow" in (info / "top_level.txt").read_text(errors="replace").split()
+    except OSError:
+        pass
+    try:
+        with (info / "RECORD").open(encoding="utf-8", errors="replace") as record:
+            return any(line.startswith("tensorflow/") for line in record)
+    except OSError:
+        return False

@@ -78,26 +78,31 @@ def agree_on_step(
     def newest_readable(bound: float) -> int:
         return next((s for s in sorted(listed, reverse=True) if s <= bound and ok(s)), NONE)
 
+    # A rank with nothing readable proposes NONE - (how many it lists): below NONE when it
+    # lists checkpoints it cannot read. The first round then also says whether any rank lists
+    # one, so a fresh start (nothing listed anywhere) takes one collective, not two.
     bound: float = float("inf")
     first: Sequence[int] | None = None
     while True:
-        proposals = gather(newest_readable(bound))
-        first = proposals if first is None else first
-        proposal = min(proposals)
+        newest = newest_readable(bound)
+        said = gather(newest if newest != NONE else NONE - len(listed))
+        first = said if first is None else first
+        proposal = max(min(said), NONE)
         if proposal == NONE:
             break
         if min(gather(1 if ok(proposal) else 0)) == 1:
             return proposal
         bound = proposal - 1
-    if max(first) != NONE:
+    if max(first) > NONE:
         raise UserError(
             f"the ranks see different checkpoints in {directory} (newest readable per rank: "
-            f"{', '.join(str(s) if s != NONE else 'none' for s in first)}) and none is "
+            f"{', '.join(str(s) if s > NONE else 'none' for s in first)}) and none is "
             "readable by all: is the run directory on a filesystem every node shares? "
             "(the site's runs_root)"
         )
-    # Every rank gets here alike (``first`` is the same everywhere): one more collective.
-    if max(gather(len(listed))) > 0:
+    # Every rank gets here alike (``first`` is the same everywhere): none could read any, and
+    # the first round said whether some rank lists checkpoints all the same.
+    if min(first) < NONE:
         raise unreadable(listed, directory)
     return None
 
