@@ -22,8 +22,8 @@ from hpctf.core.scheduler.hostnames import check_hostname_template
 from hpctf.core.scheduler.launcher import allows_containers
 from hpctf.core.settings.container import Container
 from hpctf.core.settings.notify import Notify
-from hpctf.core.settings.search import Search
 from hpctf.core.settings.sbatch_options import normalize_sbatch_option
+from hpctf.core.settings.search import Search
 from hpctf.core.settings.tracking import Tracking
 from hpctf.core.settings.values import (
     MAX_BATCH,
