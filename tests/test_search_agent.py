@@ -45,8 +45,9 @@ def make_search(tmp_path: Path, trials: int = 4, sampler: str = "tpe") -> Path:
     experiment = tmp_path / "experiment.yaml"
     text = DIGITS.read_text()
     text = text.replace("train:\n", "train:\n  python_path: [" + str(DIGITS.parent) + "]\n", 1)
-    search = {"parameters": SPACE, "objective": {"metric": "eval.loss",
-              "direction": "minimize"}, "trials": trials, "parallel": 2, "sampler": sampler}  # fmt: skip
+    objective = {"metric": "eval.loss", "direction": "minimize"}
+    search = {"parameters": SPACE, "objective": objective, "trials": trials, "parallel": 2,
+              "sampler": sampler}  # fmt: skip
     experiment.write_text(text + "sweep: " + json.dumps(search) + "\n")
     env = {"HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     config = load_config(experiment, "local-slurm", ["resources.nodes=1"], env).config

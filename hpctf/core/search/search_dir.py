@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.safe_files import write_atomic
+from hpctf.core.search.trial_ref import read_trial_ref
 
 SEARCH_DIR = "search"
 AGENTS_DIR = "agents"
@@ -116,3 +117,18 @@ def agents(sweep: Path) -> list[Agent]:
             except (OSError, ValueError, KeyError, TypeError):
                 continue
     return sorted(found, key=lambda a: a.task)
+
+
+def trial_points(sweep: Path) -> list[dict[str, Any]]:
+    """The trials that have a run directory, as a sweep's points: ``index`` (the trial's
+    number), ``values`` (its parameters) and ``run_dir``, in trial order."""
+    points = []
+    for path in trial_run_dirs(sweep):
+        try:
+            ref = read_trial_ref(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            ref = None
+        number = trial_number(path) if ref is None else ref.number
+        params = {} if ref is None else ref.params
+        points.append({"index": number, "values": params, "run_dir": str(path)})
+    return points
