@@ -103,3 +103,28 @@ def test_a_watch_whose_steps_carry_the_flags_never_gathers() -> None:
         flags.push()
         step(data)
         assert watch.agree(0.002) == (signal.SIGUSR2, 0.002, False)
+
+
+def test_the_chiefs_vote_to_prune_is_read_alike_after_the_next_step() -> None:
+    """A search's trial (compute/loop/pruning.py): the chief's vote rides in the next call's
+    steps, is read after it as the same answer on every rank, stays, and leaves the warnings,
+    the save vote and the step time as they were."""
+    import tensorflow as tf
+
+    from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
+
+    flags = StepFlags()
+    step = flagged_train_step(tf.distribute.get_strategy(), lambda f, y: tf.reduce_sum(f), flags)
+    data = iter(tf.data.Dataset.from_tensor_slices(([1.0], [0.0])).repeat())
+    assert flags.pruned is False  # before any step
+    step(data)
+    flags.agree(0.004, replicas=1, save_vote=True)
+    flags.vote_prune()
+    assert flags.pruned is False  # cast, not carried yet
+    assert float(step(data)) == 1.0  # the loss is still the first value of the vector
+    assert flags.pruned is True
+    assert flags.agree(0.004, replicas=1) == (0, 0.004, True)
+    flags.raise_flag(signal.SIGUSR2)
+    flags.push()
+    step(data, 2)
+    assert flags.pruned is True and flags.agreed == [1.0, 0.0]

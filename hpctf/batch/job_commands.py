@@ -21,6 +21,7 @@ from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, EnvironmentProble
 from hpctf.core.run import journal, ownership, run_index
 from hpctf.core.run.history import (
     PLANNED_RESTART,
+    PRUNED,
     Budgets,
     RunHistory,
     after_end,
@@ -131,6 +132,8 @@ def close_unended(
     reason = reason_from_slurm(ended.state, signal_saved, run.done.exists(), walltime_signal)
     if reason != "cancelled" and history.saved_for_restart is not None:
         reason = PLANNED_RESTART  # the ranks saved for a planned restart: no failure
+    if reason != "cancelled" and history.since_last_start_pruned:
+        reason = PRUNED  # the search pruned the trial and every rank saved: finished
     code = ended.exit_code.partition(":")[0]
     exit_code = int(code) if code.isdigit() else None
     entry = journal.record_ended_by_slurm(run, last.job_id, exit_code, reason, ended.state)
@@ -264,7 +267,7 @@ def _after_end(
             signal.signal(signal.SIGTERM, previous)
     elif not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ended: {decision.why}")
-        if signalled and reason not in ("cancelled", "done"):
+        if signalled and reason not in ("cancelled", "done", PRUNED):
             # Slurm ends this job itself and may have requeued it: the trap gave it a start
             # time past KillWait; this shell ends now, so sooner will do.
             release(run, job_id, slurm.RELEASE_AFTER_S)

@@ -20,7 +20,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.scheduler.slurm import FINAL_STATES
 
 # The run states after which nothing starts the run again by itself.
-FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted"})
+FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted", "pruned"})
 
 Settings = Mapping[str, Any] | Sequence[str] | None
 

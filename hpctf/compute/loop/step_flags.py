@@ -7,11 +7,12 @@ about 5 points of the digits example's runtime (issue #21). Each built-in step a
 its loss across every replica (``strategy.reduce(SUM, loss)`` in
 :func:`hpctf.compute.loop.training.make_train_step`); here that one reduction carries, beside
 the loss, one count per watched signal (the rank's flags, which its signal handler raises),
-the rank's vote for a save by time (``checkpoint.every_seconds``) and the rank's seconds per
-step. What comes back is the same on every rank after the same step; the call returns the
-last step's vector, and reading it every N steps (a local read, no collective) gives every
-rank the same answer at the same step: the save is at one agreed step, as before. A flag
-stays raised on its rank, so the count in any later step's vector still holds it.
+the rank's vote to prune the run (a search's trial: :mod:`hpctf.compute.loop.pruning`), the
+rank's vote for a save by time (``checkpoint.every_seconds``) and the rank's seconds per step.
+What comes back is the same on every rank after the same step; the call returns the last
+step's vector, and reading it every N steps (a local read, no collective) gives every rank the
+same answer at the same step: the save is at one agreed step, as before. A flag stays raised
+on its rank, so the count in any later step's vector still holds it.
 
 Why this cannot deadlock or miss a warning: no collective is added or made conditional (the
 vector replaces the scalar in a reduction every rank already runs at every step); a flag,
@@ -52,7 +53,7 @@ class StepFlags:
     """
 
     def __init__(self) -> None:
-        self._mine = [0.0] * _WIDTH  # pending flags, save vote, step ms: what ``brought`` holds
+        self._mine = [0.0] * _WIDTH  # flags, prune vote, save vote, step ms: ``brought``
         self.brought = tf.Variable(self._mine, trainable=False, name="brought")
         self.last: Any = None  # the last step's reduced vector: loss, then ``brought`` summed
         self._raised: list[int] = []  # set by the signal handler: no TensorFlow call there
@@ -73,6 +74,20 @@ class StepFlags:
             self._mine[WATCHED.index(signum)] = 1.0
         self._pushed = len(self._raised)
         self.brought.assign(self._mine)
+
+    def vote_prune(self) -> None:
+        """This rank (the chief, for a search's trial) votes to prune the run: from the next
+        call on every step carries the vote, and :attr:`pruned` says so on every rank after
+        it. A vote, once cast, stays: the run ends at the agreed step."""
+        if not self._mine[_PRUNE]:
+            self._mine[_PRUNE] = 1.0
+            self.brought.assign(self._mine)
+
+    @property
+    def pruned(self) -> bool:
+        """Whether some rank's vote to prune was in the last step (the same on every rank after
+        the same call; waits for it)."""
+        return bool(self._summed()[_PRUNE] > 0)
 
     @property
     def agreed(self) -> list[float]:
@@ -154,4 +169,5 @@ def flagged_train_step(
     return train_step
 
 
-_WIDTH = len(WATCHED) + 2  # what a rank brings: its flags, its save vote, its step time
+_PRUNE = len(WATCHED)  # where a rank's vote to prune is, after its flags
+_WIDTH = len(WATCHED) + 3  # what a rank brings: its flags, prune vote, save vote, step time

@@ -25,6 +25,7 @@ from hpctf.compute.cluster.peers import PeerLost, lost_peer
 from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.compat import tensorflow_internals
 from hpctf.compute.loop.preemption import Preempted
+from hpctf.compute.loop.pruning import TrialPruning, evaluation_index, trial_pruning
 from hpctf.compute.loop.session import Session, open_session
 from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
 from hpctf.compute.process import startup_clock
@@ -247,9 +248,15 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         hooks.train_begin(start)
     startup_clock.mark("input and step function")
     steps = _Steps(session, lambda ahead: train_step(iterator, ahead), flags, hooks, evaluator)
+    if evaluator is not None and settings.eval_every_steps:  # a search's trial: pruning.py
+        steps.pruning = trial_pruning(session.run.path, session.spec.is_chief)
     final, results, evaluated = steps.run(start)
+    if steps.pruned:  # saved on every rank, recorded: the run ends pruned, exit 0
+        exit_later(0)
+        return
     if evaluated != final:
         results = steps.evaluate(final)
+    steps.report(final, results, ask=False)  # a trial's last evaluation, to its study
     if hooks:
         hooks.train_end({f"val_{name}": value for name, value in results.items()})
     session.keepalive("saving the trained model")
@@ -267,9 +274,36 @@ class _Steps:
     flags: StepFlags
     hooks: TaskCallbacks
     evaluator: Evaluator | None
+    pruning: TrialPruning | None = None  # a search's trial (RUN/trial.json)
+    asked: bool = False  # the pruner was asked after the last call: its vote rides in the next
+    pruned: bool = False
 
     def evaluate(self, step: int) -> dict[str, float]:
         return self.evaluator.at(step) if self.evaluator is not None else {}
+
+    def report(self, step: int, results: dict[str, float], ask: bool) -> None:
+        """A trial's evaluation at ``step`` to its study (the chief's part: pruning.py); with
+        ``ask``, the chief's vote to prune goes into the next call's steps, and every rank
+        runs that call as one step and reads the agreed vote after it (:meth:`run`)."""
+        if self.pruning is None or not results:
+            return
+        every = self.session.settings.eval_every_steps or 1
+        evaluation = evaluation_index(step + every - 1, every)  # the last one may fall between
+        if self.pruning.report(step, evaluation, results, ask):
+            self.flags.vote_prune()
+        self.asked = ask
+
+    def prune(self, step: int) -> None:
+        """Every rank agreed to prune after ``step``: save it on every rank, the chief records
+        where the pruner stopped the trial."""
+        session, pruning = self.session, self.pruning
+        if session.last_saved_step != step:
+            session.save(step)
+        session.wait_for_saves()  # the step on disk before the record says so
+        if pruning is not None and session.spec.is_chief:
+            pruning.record(session.run, session.spec.journal_job, step)
+        log.info("the search pruned this trial: saved step %d; the run ends pruned", step)
+        self.pruned = True
 
     def run(self, start: int) -> tuple[int, dict[str, float], int]:
         """Train from ``start``; the step training ended at, the last evaluation's results and
@@ -281,8 +315,10 @@ class _Steps:
         step = start
         while step < total:
             # The steps up to the next one that calls for anything run in one call; with Keras
-            # callbacks (per-step hooks) one at a time, and the first alone (its time is logged).
-            ahead = 1 if hooks or step == start else session.next_due(step) - step
+            # callbacks (per-step hooks) one at a time, and the first alone (its time is logged);
+            # the one after a trial's evaluation alone, as it carries the vote to prune.
+            asked, self.asked = self.asked, False
+            ahead = 1 if hooks or step == start or asked else session.next_due(step) - step
             if every_eval:
                 ahead = min(ahead, every_eval - step % every_eval)
             if hooks:
@@ -300,10 +336,15 @@ class _Steps:
                 value = float(loss)
                 if not math.isfinite(value) and not stopping:
                     raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
+            if asked and step != total and self.flags.pruned:  # the same on every rank
+                self.prune(step)
+                return step, results, evaluated
             epoch_end = bool(hooks) and (hooks.epoch_ends(step) or step == total or stopping)
             due = bool(every_eval) and step % (every_eval or 1) == 0
             if (due and step != total) or (epoch_end and self.evaluator is not None):
                 results, evaluated = self.evaluate(step), step
+                if due and step != total:  # the cadence's evaluations are the trial's resource
+                    self.report(step, results, ask=True)
             if epoch_end:
                 hooks.epoch_end(step, results if evaluated == step else None)
             session.step_done(step, loss=value)

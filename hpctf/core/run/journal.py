@@ -11,7 +11,8 @@ commands (typed events, a run's state and jobs).
 
 Fields named ``step`` are checkpoint steps: the step a start resumes from (``started``), the
 newest checkpoint when a start ended (``ended``), the agreed step the ranks saved on a warning
-(``saved_on_warning``), the step saved for a planned restart (``saved_for_restart``).
+(``saved_on_warning``), the step saved for a planned restart (``saved_for_restart``), the step
+every rank saved when a search pruned the trial (``pruned``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ NODES_DOWN: Final = "nodes_down"  # job-signal: nodes of the job Slurm says are 
 EXCLUDED: Final = "excluded"  # job-signal, job-end: the pending job keeps off those nodes
 SAVED_ON_WARNING: Final = "saved_on_warning"  # the chief: every rank saved an agreed step
 SAVED_FOR_RESTART: Final = "saved_for_restart"  # the chief: a train.restart_every_steps save
+PRUNED: Final = "pruned"  # the chief: a search's pruner stopped the trial; every rank saved
 ENVIRONMENT_FAILED: Final = "environment_failed"  # the chief: a full disk at save time
 USER_CODE_FAILED: Final = "user_code_failed"  # a rank: the user's code raised
 NODE_CHECK_FAILED: Final = "node_check_failed"  # a rank: train.preflight: quick failed a check
@@ -75,6 +77,7 @@ EVENTS: Final = frozenset(
         EXCLUDED,
         SAVED_ON_WARNING,
         SAVED_FOR_RESTART,
+        PRUNED,
         ENVIRONMENT_FAILED,
         USER_CODE_FAILED,
         NODE_CHECK_FAILED,
@@ -286,6 +289,17 @@ def record_saved_for_restart(run: JournalDir, job_id: str, step: int) -> dict[st
     """The chief: every rank saved ``step``, a multiple of ``train.restart_every_steps``, and
     the job ends for a requeue (exit 75)."""
     return run.record(SAVED_FOR_RESTART, job_id=job_id, step=step)
+
+
+def record_pruned(
+    run: JournalDir, job_id: str, step: int, evaluation: int, metric: str, value: float | None
+) -> dict[str, Any]:
+    """The chief: the search's pruner stopped this trial after its ``evaluation``-th
+    evaluation (``metric`` was ``value``); every rank saved agreed step ``step`` and the
+    run ends ``pruned`` (its workers exit 0)."""
+    return run.record(
+        PRUNED, job_id=job_id, step=step, evaluation=evaluation, metric=metric, value=value
+    )
 
 
 def record_environment_failed(run: JournalDir, job_id: str, why: str) -> dict[str, Any]:

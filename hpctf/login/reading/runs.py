@@ -30,7 +30,7 @@ from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import ResolvedConfig
 
-FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted"})
+FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted", "pruned"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running", "requeued"})
 
 

@@ -26,6 +26,7 @@ RESTART_LABELS = {
     "stalled": "stalled",
     "cancelled": "cancelled",
     "done": "done",
+    "pruned": "pruned",
 }
 
 

@@ -14,6 +14,7 @@ from hpctf.core.run.history.events import (
     Cancelled,
     Event,
     NodeCheckFailed,
+    Pruned,
     SavedForRestart,
     SavedOnWarning,
     Signalled,
@@ -22,7 +23,9 @@ from hpctf.core.run.history.events import (
 
 REASONS = (
     "done", "preempted", "timeout", "restart", "stalled", "failed", "node_fail", "cancelled",
+    "pruned",
 )  # fmt: skip
+PRUNED = "pruned"  # a search's pruner stopped the trial: saved, finished, never requeued
 PREEMPTION_REASONS = frozenset({"preempted", "timeout"})
 PLANNED_RESTART = "restart"  # train.restart_every_steps: requeued, no budget used
 FAILURE_REASONS = frozenset({"stalled", "failed", "node_fail"})
@@ -75,6 +78,17 @@ def saved_for_restart(events: Sequence[Event]) -> SavedForRestart | None:
     return next((e for e in reversed(events) if isinstance(e, SavedForRestart)), None)
 
 
+def pruned_in(events: Sequence[Event]) -> Pruned | None:
+    """The chief's ``pruned`` record among ``events`` (a search pruned the trial), or None."""
+    return next((e for e in reversed(events) if isinstance(e, Pruned)), None)
+
+
+def pruning_words(event: Pruned) -> str:
+    """Where a trial was pruned, in words: ``at evaluation 2 (step 20): eval.loss 0.4321``."""
+    value = "" if event.value is None else f": {event.metric} {event.value:.6g}"
+    return f"at evaluation {event.evaluation} (step {event.step}){value}"
+
+
 def end_of_start(
     events: Sequence[Event], exit_code: int | None, done: bool, walltime_signal: str
 ) -> str:
@@ -83,8 +97,11 @@ def end_of_start(
     killed first (Slurm requeued the job: a preemption, a lost node, ``scontrol requeue``);
     then it ended ``preempted`` or ``timeout`` when the ranks saved an agreed step, else
     ``node_fail``. A start whose ranks saved for a planned restart ended ``restart`` unless it
-    was cancelled or the run is done."""
+    was cancelled or the run is done. A start whose chief recorded that the search pruned the
+    trial ended ``pruned`` unless it was cancelled or a rank failed after the save."""
     cancelled = any(isinstance(e, Cancelled) for e in events)
+    if pruned_in(events) is not None and exit_code in (0, None, PREEMPTED_EXIT):
+        return "cancelled" if cancelled else PRUNED
     if saved_for_restart(events) is not None and exit_code in (None, PREEMPTED_EXIT):
         return "cancelled" if cancelled else "done" if done else "restart"
     saved = saved_on_warning(events)

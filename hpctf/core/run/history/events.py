@@ -95,6 +95,17 @@ class SavedForRestart(Event):
 
 
 @dataclass(frozen=True)
+class Pruned(Event):
+    """A search's pruner stopped the trial after its ``evaluation``-th evaluation, where
+    ``metric`` was ``value``; every rank saved ``step``."""
+
+    step: int | None = None
+    evaluation: int | None = None
+    metric: str = ""
+    value: float | None = None
+
+
+@dataclass(frozen=True)
 class EnvironmentFailed(Event):
     why: str = ""
 
@@ -179,6 +190,7 @@ KINDS: dict[str, type[Event]] = {
     journal.EXCLUDED: Excluded,
     journal.SAVED_ON_WARNING: SavedOnWarning,
     journal.SAVED_FOR_RESTART: SavedForRestart,
+    journal.PRUNED: Pruned,
     journal.ENVIRONMENT_FAILED: EnvironmentFailed,
     journal.USER_CODE_FAILED: UserCodeFailed,
     journal.NODE_CHECK_FAILED: NodeCheckFailed,

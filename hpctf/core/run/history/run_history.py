@@ -25,6 +25,7 @@ from hpctf.core.run.history.events import (
     Event,
     Extended,
     Notified,
+    Pruned,
     SavedForRestart,
     SavedOnWarning,
     Started,
@@ -139,6 +140,16 @@ class RunHistory:
     def saved_for_restart(self) -> SavedForRestart | None:
         """The chief's save for a planned restart during the last start, or None."""
         return ends.saved_for_restart(self.since_last_start)
+
+    @property
+    def pruned(self) -> Pruned | None:
+        """Where a search pruned the trial (the chief's record), in any start, or None."""
+        return ends.pruned_in(self.events)
+
+    @property
+    def since_last_start_pruned(self) -> bool:
+        """Whether the chief recorded, during the last start, that a search pruned the trial."""
+        return ends.pruned_in(self.since_last_start) is not None
 
     def notified(self, notice: str, start: int) -> bool:
         """Whether ``notify:``'s message of ``notice`` about the ``start``-th start went out."""

@@ -33,6 +33,8 @@ failed     a rank exited non-zero (a crash, an exception, OOM)        failure, i
 node_fail  the job was killed from outside without a warning: a node  failure
            lost, ``scontrol requeue``, an unwarned preemption
 cancelled  ``hpctf cancel`` or scancel                                --
+pruned     a search's pruner stopped the trial; all ranks saved one   -- (finished, never
+           step and exited 0                                          requeued)
 ========== ========================================================== ====================
 
 A start that the environment stopped (the chief recorded ``environment_failed``: a full disk
@@ -56,7 +58,10 @@ from hpctf.core.run.history.ends import (
     OLD_WALLTIME_SIGNAL,
     PLANNED_RESTART,
     PREEMPTION_REASONS,
+    PRUNED,
     end_of_start,
+    pruned_in,
+    pruning_words,
     saved_on_warning,
     since_last_start,
 )
@@ -69,6 +74,7 @@ from hpctf.core.run.history.events import (
     GaveUp,
     NodesDown,
     NotStarted,
+    Pruned,
     Requeued,
     Signalled,
     Started,
@@ -100,6 +106,8 @@ class Start:
     environment: str | None = None
     # The line of the first rank that recorded an exception raised in the user's code.
     user_code: str | None = None
+    # Where a search pruned the trial during this start, in words (pruning_words).
+    pruned: str | None = None
     # When it started, when it recorded its end (None: it did not), its last record's time.
     started_at: str = ""
     ended_at: str | None = None
@@ -118,7 +126,7 @@ class Start:
 @dataclass(frozen=True)
 class RunState:
     """``state`` is one of queued, running, requeued, done, preempted (saved, not requeued),
-    failed, gave_up, cancelled."""
+    failed, gave_up, cancelled, pruned (a search stopped the trial: finished)."""
 
     state: str
     why: str = ""
@@ -175,7 +183,7 @@ def starts_of(events: Sequence[Event | Mapping[str, Any]], close_last: bool = Fa
 def _close(starts: list[Start], since: Sequence[Event], walltime: str) -> None:
     """Close the last start if it recorded no end: its batch shell was killed first."""
     if starts and starts[-1].reason is None:
-        saved = saved_on_warning(since)
+        saved = pruned_in(since) or saved_on_warning(since)
         starts[-1] = replace(
             starts[-1],
             reason=end_of_start(since, None, False, walltime),
@@ -200,6 +208,8 @@ def _with(start: Start, event: Event, first: bool) -> Start:
         )
     if isinstance(event, Signalled):
         return replace(start, signalled=True)
+    if isinstance(event, Pruned) and start.pruned is None:
+        return replace(start, pruned=pruning_words(event))
     if isinstance(event, GaveUp) and first and event.job_id == start.job_id:
         return replace(start, refused=True)
     return start
@@ -281,6 +291,8 @@ def _ended(last: Start) -> tuple[str, str]:
     """The state of a run whose last start ended and nothing came after it."""
     if last.user_code is not None:
         return "failed", last.user_code
+    if last.reason == PRUNED:
+        return PRUNED, last.pruned or ""
     if last.reason == PLANNED_RESTART:  # saved, and the requeue did not happen
         return "preempted", f"saved step {last.end_step} to restart; hpctf resubmit resumes it"
     if last.reason in PREEMPTION_REASONS:  # saved, and nothing requeued it (a local SIGTERM)
@@ -322,6 +334,8 @@ def after_end(state: RunState, budgets: Budgets) -> Decision:
     reason = last.reason
     if reason in ("done", "cancelled"):
         return Decision(False, False, reason)
+    if reason == PRUNED:  # finished: the search frees the task for its next trial
+        return Decision(False, False, f"pruned {last.pruned or ''}".strip())
     if last.signalled or reason == "node_fail":
         return Decision(False, False, f"{reason}: Slurm ended the job and requeues it if it can")
     if last.environment is not None:
@@ -362,6 +376,8 @@ def before_start(state: RunState, budgets: Budgets) -> Decision:
     ``scontrol requeue``): it counts as a failure."""
     if state.state == "done":
         return Decision(False, False, "the run is complete")
+    if state.state == PRUNED:
+        return Decision(False, False, f"the search pruned the run {state.why}".strip())
     if state.state == "gave_up":
         return Decision(False, True, f"the run gave up: {state.why}")
     failures = sum(1 for s in state.starts if _spends_failure_budget(s) or s.reason is None)

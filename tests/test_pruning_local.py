@@ -1,0 +1,121 @@
+"""A search's trial on two real TensorFlow workers (``--site local``): the chief reports every
+evaluation to the study; a prune is agreed at one step by both ranks, saved, and the run ends
+``pruned`` with exit 0; a pruner that never prunes lets the run finish with every evaluation in
+the study; a study that cannot be read is one warning line and the run trains on."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.search.trial_ref import TRIAL_FILE
+from tests.conftest import DIGITS, HPCTF, checkpoint_steps
+from tests.test_pruned_runs import intermediate_values, make_trial
+
+pytestmark = pytest.mark.tf
+
+# A tiny run: 24 steps, an evaluation every 6 (4 in all, the last one at the end).
+TINY = [
+    "train.steps=24",
+    "train.eval_every_steps=6",
+    "train.log_every_steps=6",
+    "checkpoint.every_steps=12",
+    "train.args.hidden=16",
+]
+
+# What the search's array task does (login/sweeps, #33): make the trial's run directory, put its
+# trial.json in, start it. Here with the one submission pipeline, on the local site.
+_START_TRIAL = """
+import os, shutil, sys
+from pathlib import Path
+from hpctf.login.resolving.loader import load_config
+from hpctf.login.submitting.pipeline import RunJob
+experiment, run_dir, trial, *sets = sys.argv[1:]
+config = load_config(Path(experiment), "local", sets, os.environ).config
+job = RunJob(config, path=Path(run_dir))
+planned = job.plan()
+created = job.create(planned, job.render(planned))
+shutil.copy(trial, Path(run_dir) / "trial.json")
+sys.exit(job.start(created))
+"""
+
+
+def _start_trial(tmp_path: Path, staged: Path, *sets: str) -> tuple[Path, str]:
+    run_dir = tmp_path / "runs" / "trial-0"
+    proc = subprocess.run(
+        [sys.executable, "-c", _START_TRIAL, str(DIGITS), str(run_dir), str(staged), *sets],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # pruned is success-like
+    return run_dir, proc.stdout + proc.stderr
+
+
+def _status(run_dir: Path) -> str:
+    return subprocess.run(
+        [*HPCTF, "status", str(run_dir)], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _pruned_lines(run_dir: Path, rank: int) -> list[str]:
+    log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+    return re.findall(r"the search pruned this trial: saved step (\d+)", log)
+
+
+def test_a_trial_far_behind_is_pruned_at_one_step_on_both_ranks(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    ref = make_trial(tmp_path / "staged", tmp_path, "asha")
+    run_dir, said = _start_trial(tmp_path, tmp_path / "staged" / TRIAL_FILE, *TINY)
+    # ASHA (min_evals 1) prunes at the first evaluation (step 6); the vote rides in step 7, at
+    # which both ranks stop and save.
+    assert _pruned_lines(run_dir, 0) == _pruned_lines(run_dir, 1) == ["7"], said
+    assert checkpoint_steps(run_dir) == [7]
+    assert not (run_dir / "DONE").exists()
+    (record,) = [e for e in RunDir(run_dir).events() if e["event"] == "pruned"]
+    assert (record["step"], record["evaluation"], record["metric"]) == (7, 1, "eval.loss")
+    assert intermediate_values(ref) == {1: record["value"]}
+    ended = [e for e in RunDir(run_dir).events() if e["event"] == "ended"]
+    assert [(e["reason"], e["exit_code"]) for e in ended] == [("pruned", 0)]
+    assert _status(run_dir).startswith("run: pruned (at evaluation 1 (step 7): eval.loss ")
+    runs = subprocess.run(
+        [*HPCTF, "runs", "--json"], capture_output=True, text=True, check=True
+    ).stdout
+    assert [row["state"] for row in json.loads(runs)["runs"]] == ["pruned"], runs
+
+
+def test_a_trial_no_pruner_stops_runs_to_its_end_with_every_evaluation_in_the_study(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    ref = make_trial(tmp_path / "staged", tmp_path, "none")
+    run_dir, said = _start_trial(tmp_path, tmp_path / "staged" / TRIAL_FILE, *TINY)
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 24
+    values = intermediate_values(ref)
+    assert sorted(values) == [1, 2, 3, 4], said
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = {m["step"] // 6: m["eval"]["loss"] for m in metrics if "eval" in m}
+    assert values == pytest.approx(evals)
+    assert _status(run_dir).startswith("run: done")
+
+
+def test_a_trial_whose_study_is_damaged_trains_on_with_one_warning(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    ref = make_trial(tmp_path / "staged", tmp_path, "asha")
+    Path(ref.journal).write_bytes(b"\x00 not a journal {]\n")
+    run_dir, _ = _start_trial(
+        tmp_path, tmp_path / "staged" / TRIAL_FILE, *TINY, "resources.nodes=1"
+    )
+    assert json.loads((run_dir / "DONE").read_text())["step"] == 24
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert log.count("not reporting to the study") == 1, log
+    assert "training goes on without pruning" in log
