@@ -14,17 +14,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpctf.core.run.history import read_history
-from hpctf.core.run.listing import eval_results
-from hpctf.core.run.metrics_history import metric_records
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.search import study as studies
+from hpctf.core.search.outcome import objective_value
 from hpctf.core.search.search_dir import ASK_LOCK, STUDY_NAME
 from hpctf.core.settings.search import Objective, Search
 
 # A run in one of these states will go on (its job is queued, running or requeued) or may be
 # resumed (saved on a warning; cancelled by its owner): its trial is not over.
 UNFINISHED = ("queued", "running", "requeued", "preempted", "cancelled")
-# The run history's word for a run stopped by the pruner (h2's ``pruned`` end).
+# The run history's word for a run stopped by the pruner.
 PRUNED = "pruned"
 
 End = Literal["complete", "pruned", "fail"]
@@ -39,22 +38,13 @@ class Outcome:
     why: str = ""
 
 
-def objective_value(run: RunDir, objective: Objective) -> float | None:
-    """The objective's value in the run's last evaluation (``eval.loss`` or ``loss``: the
-    eval record's ``loss``), or None when it logged none."""
-    name = objective.metric.removeprefix("eval.")
-    last, _ = eval_results(run, metric_records(run.metrics))
-    value = last.get(name)
-    return float(value) if isinstance(value, (int, float)) else None
-
-
 def outcome(run: RunDir, objective: Objective) -> Outcome | None:
     """How the trial whose run is ``run`` ended, or None while it is unfinished."""
     state = read_history(run).state
     if state.state in UNFINISHED:
         return None
     if state.state == "done":
-        value = objective_value(run, objective)
+        value = objective_value(run.path, objective.metric)
         if value is None:
             return Outcome("fail", why=f"done without an evaluation of {objective.metric}")
         return Outcome("complete", value)
