@@ -74,9 +74,9 @@ def agent_logs(sweep: Path) -> str:
 def first_checkpointed(sweep: Path) -> Path | None:
     """A trial run that has saved its first checkpoint and is still training."""
     for run in trial_run_dirs(sweep):
-        if (run / "checkpoints").exists() and any((run / "checkpoints").glob("ckpt-10*")):
-            if not (run / "DONE").exists() and "pruned" not in events(run):
-                return run
+        saved = (run / "checkpoints").exists() and any((run / "checkpoints").glob("ckpt-10*"))
+        if saved and not (run / "DONE").exists() and "pruned" not in events(run):
+            return run
     return None
 
 
