@@ -28,11 +28,11 @@ class FloatParam(Strict):
     """A float drawn from [low, high]; ``log``: uniform in log space (low > 0); ``step``: a
     grid of low, low+step, ... (the grid sampler needs it)."""
 
-    type: Literal["float"]
-    low: float
-    high: float
-    log: bool = False
-    step: float | None = Field(None, gt=0)
+    type: Literal["float"] = Field(description="a float range")
+    low: float = Field(description="the smallest value")
+    high: float = Field(description="the largest value")
+    log: bool = Field(False, description="uniform in log space (low > 0)")
+    step: float | None = Field(None, gt=0, description="only low, low+step, ... (the grid's)")
 
     @model_validator(mode="after")
     def _bounds(self) -> FloatParam:
@@ -51,11 +51,11 @@ class IntParam(Strict):
     """An int drawn from [low, high] (both included), every ``step``-th; ``log``: uniform in
     log space (low >= 1)."""
 
-    type: Literal["int"]
-    low: int
-    high: int
-    log: bool = False
-    step: int = Field(1, ge=1)
+    type: Literal["int"] = Field(description="an int range, both ends included")
+    low: int = Field(description="the smallest value")
+    high: int = Field(description="the largest value")
+    log: bool = Field(False, description="uniform in log space (low >= 1)")
+    step: int = Field(1, ge=1, description="only low, low+step, ...")
 
     @model_validator(mode="after")
     def _bounds(self) -> IntParam:
@@ -71,8 +71,10 @@ class IntParam(Strict):
 class CategoricalParam(Strict):
     """One of ``choices`` (strings, numbers or booleans, each once)."""
 
-    type: Literal["categorical"]
-    choices: list[Choice] = Field(min_length=1, max_length=10_000)
+    type: Literal["categorical"] = Field(description="one of a list of choices")
+    choices: list[Choice] = Field(
+        min_length=1, max_length=10_000, description="strings, numbers or booleans, each once"
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> CategoricalParam:
@@ -91,8 +93,12 @@ class Objective(Strict):
     """The value a trial is judged by: the last evaluation's ``metric`` (``eval.loss``,
     ``eval.accuracy``: a key of the run's eval records)."""
 
-    metric: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_./-]*$", max_length=200)
-    direction: Literal["minimize", "maximize"]
+    metric: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_./-]*$",
+        max_length=200,
+        description="an evaluation's metric: eval.loss, eval.accuracy, eval.<your metric>",
+    )
+    direction: Literal["minimize", "maximize"] = Field(description="which way is better")
 
 
 class Pruner(Strict):
@@ -101,9 +107,13 @@ class Pruner(Strict):
     ``hyperband``: Optuna's HyperbandPruner, its largest bracket ``max_evals`` evaluations;
     ``none``: every trial runs to its end."""
 
-    kind: Literal["asha", "hyperband", "none"] = "none"
+    kind: Literal["asha", "hyperband", "none"] = Field(
+        "none", description="asha (successive halving), hyperband, or none"
+    )
     min_evals: int = Field(1, ge=1, le=1_000_000, description="evaluations before any pruning")
-    reduction_factor: int = Field(3, ge=2, le=100)
+    reduction_factor: int = Field(
+        3, ge=2, le=100, description="1 in this many trials goes on at each rung"
+    )
     max_evals: int | None = Field(
         None, ge=1, le=1_000_000, description="hyperband: evaluations of a whole trial"
     )
@@ -121,12 +131,16 @@ class Search(Strict):
     """A search: ``trials`` runs, at most ``parallel`` at once, each asking the study for its
     parameters."""
 
-    sampler: Literal["tpe", "random", "grid"] = "tpe"
+    sampler: Literal["tpe", "random", "grid"] = Field(
+        "tpe", description="tpe (Bayesian), random, or grid (every choice)"
+    )
     parameters: dict[Annotated[str, Field(pattern=_KEY.pattern)], Param] = Field(
         min_length=1, description="experiment key path (train.args.lr) -> distribution"
     )
     objective: Objective
-    trials: int = Field(ge=1, le=MAX_TRIALS)
+    trials: int = Field(
+        ge=1, le=MAX_TRIALS, description="trials asked in all, failed ones included"
+    )
     parallel: int = Field(1, ge=1, le=10_000, description="trials at once: the array's size")
     pruner: Pruner = Field(default_factory=Pruner)
     seed: int = Field(0, ge=0, le=2**32 - 1, description="the sampler's seed")
