@@ -62,15 +62,29 @@ class Sweep:
         return point_documents(record, records, job_states(records, all_jobs=False), time.time())
 
     def wait(self, timeout: float | None = None, poll: float = 10.0) -> dict[int, str]:
-        """Block until every point has ended (as :meth:`Run.wait` says); each point's state."""
+        """Block until every point has ended (as :meth:`Run.wait` says); each point's state.
+        A search: until its whole budget is asked and every trial is done, pruned or failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             documents = self.status()
-            if all(_ended(d) for d in documents):
+            if self._search_over(documents) if self._is_search else all(map(_ended, documents)):
                 return {int(d["index"]): str(d["state"]) for d in documents}
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{self.path}: points still running after {timeout} s")
             time.sleep(poll)
+
+    @property
+    def _is_search(self) -> bool:
+        from hpctf.login.sweeps.sweep_dir import SweepDir
+
+        return SweepDir.read(self.path).is_search
+
+    def _search_over(self, documents: list[dict[str, Any]]) -> bool:
+        from hpctf.login.sweeps.sweep_dir import SweepDir
+
+        trials = int(SweepDir.read(self.path).data.get("trials") or 0)
+        ended = [d for d in documents if d["state"] in ("done", "pruned", "failed")]
+        return len(ended) >= trials
 
     def best(self, metric: str | None = None, mode: str | None = None) -> Point | None:
         """The point with the best ``metric`` (``eval.NAME``: its last evaluation;
