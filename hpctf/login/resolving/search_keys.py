@@ -12,6 +12,7 @@ trial on the cluster.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def check_search_keys(
             try:
                 load_config(experiment, site_name, [*overrides, setting], env, readings=readings)
             except UserError as exc:
-                first = str(exc).splitlines()[0]
+                first = str(exc).splitlines()[0].removesuffix(f" (from --set {setting})")
+                first = re.sub(rf"^{re.escape(str(experiment))}(:\d+)?: ", "", first)
                 problems.append(f"{experiment}: sweep.parameters.{key} = {value!r}: {first}")
                 break
     if problems:
