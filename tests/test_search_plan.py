@@ -4,6 +4,7 @@ anything is written, and a dry run that renders the array of agents and writes n
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -91,3 +92,15 @@ def test_a_dry_run_renders_the_array_of_agents_and_writes_nothing(tmp_path: Path
     proc = hpctf(tmp_path, "sweep", str(path), "--site", "local")
     assert proc.returncode == 2 and "a search's trials are the tasks of a Slurm" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_array_of_agents_passes_shellcheck(tmp_path: Path) -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed")
+    proc = hpctf(tmp_path, "sweep", str(experiment(tmp_path, GOOD)), "--site", "local-slurm",
+                 "--dry-run")  # fmt: skip
+    script = tmp_path / "agents.sh"
+    script.write_text("".join(line + "\n" for line in proc.stdout.splitlines()[1:]))
+    checked = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout
