@@ -20,8 +20,8 @@ from hpctf.core.run.history.events import typed
 from hpctf.core.run.history.runstate import after_end, before_start, run_state
 from hpctf.core.search.outcome import eval_values, metric_in, objective_value, run_end
 from hpctf.core.search.trial_ref import TRIAL_FILE, TrialRef, trial_ref_text
-from hpctf.core.settings.search import Pruner, Search
 from tests.journal_records import BUDGETS, ended, requeued, started, write_events
+from tests.search_trials import intermediate_values, make_trial, search_of
 
 
 def pruned(step: int = 11, evaluation: int = 1, value: float | None = 2.5) -> dict[str, Any]:
@@ -114,61 +114,6 @@ def test_run_end_reads_the_journal(tmp_path: Path) -> None:
 # --- the worker's link to the study (Optuna, no TensorFlow) ------------------------------------
 
 
-def _search(kind: str) -> Search:
-    return Search.model_validate(
-        {
-            "parameters": {"train.args.lr": {"type": "float", "low": 0.001, "high": 0.1}},
-            "objective": {"metric": "eval.loss", "direction": "minimize"},
-            "trials": 10,
-            "pruner": {"kind": kind, "min_evals": 1, "reduction_factor": 3},
-        }
-    )
-
-
-def make_trial(
-    run_dir: Path, sweep_dir: Path, kind: str, better: int = 5, evals: int = 10
-) -> TrialRef:
-    """A study in ``sweep_dir`` with ``better`` completed trials far better than any real one
-    at every evaluation (so ASHA prunes a new trial at its first), and a new trial linked from
-    ``run_dir/trial.json`` (as the search's array task writes it)."""
-    optuna = pytest.importorskip("optuna")
-    from hpctf.core.search.study import JOURNAL_FILE, create_study
-
-    journal_file = sweep_dir / JOURNAL_FILE
-    search = _search(kind)
-    study = create_study(journal_file, "search", search)
-    for _ in range(better):
-        study.add_trial(
-            optuna.trial.create_trial(
-                value=0.0,
-                intermediate_values={i: 0.0 for i in range(1, evals + 1)},
-                # As ASHA leaves a trial that passed its rungs (evaluations 1, 3, 9, ...).
-                system_attrs={f"completed_rung_{rung}": 0.0 for rung in range(4)},
-            )
-        )
-    trial = study.ask()
-    ref = TrialRef(
-        journal=str(journal_file),
-        study="search",
-        number=trial.number,
-        trial_id=trial._trial_id,
-        params={},
-        objective=search.objective,
-        pruner=search.pruner,
-    )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / TRIAL_FILE).write_text(trial_ref_text(ref))
-    return ref
-
-
-def intermediate_values(ref: TrialRef) -> dict[int, float]:
-    from hpctf.core.search.study import open_study
-
-    study = open_study(Path(ref.journal), ref.study, Pruner())
-    (trial,) = [t for t in study.get_trials(deepcopy=False) if t._trial_id == ref.trial_id]
-    return dict(trial.intermediate_values)
-
-
 def test_the_chief_reports_and_asha_prunes_a_trial_far_behind(tmp_path: Path) -> None:
     from hpctf.compute.loop.pruning import trial_pruning
 
@@ -243,3 +188,128 @@ def test_an_evaluation_without_the_objective_is_one_warning(
     with caplog.at_level(logging.WARNING, logger="hpctf.worker"):
         assert chief.report(10, 1, {"accuracy": 0.2}, ask=True) is False
     assert "has no 'eval.loss' value" in caplog.text
+
+
+# --- hpctf plot SWEEP of a search -------------------------------------------------------------
+
+
+def fake_search(sweep: Path) -> None:
+    """A search's sweep directory as its agents leave it: the study file, and trials' run
+    directories (trial.json, metrics, journal): 0 done, 1 pruned at its first evaluation,
+    2 done and better, 3 failed before evaluating, 4 with a damaged trial.json."""
+    sweep.mkdir()
+    (sweep / "study.journal").write_text("")
+    search = search_of("asha")
+    curves = {0: [1.0, 0.8, 0.6], 1: [2.0], 2: [0.9, 0.5, 0.3], 3: []}
+    for number, values in curves.items():
+        run_dir = sweep / f"s-trial-{number:04d}"
+        ref = TrialRef(str(sweep / "study.journal"), "search", number, number, {}, search.objective,
+                       search.pruner)  # fmt: skip
+        run_dir.mkdir()
+        (run_dir / TRIAL_FILE).write_text(trial_ref_text(ref))
+        lines = [{"step": 10 * i, "eval": {"loss": v}} for i, v in enumerate(values, 1)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        if number == 1:
+            end: list[dict[str, Any]] = [pruned(11, 1, 2.0), ended(PRUNED, 11, code=0)]
+        elif number == 3:
+            end = [ended("failed", 0, code=1)]
+        else:
+            end = [ended("done", 30, code=0)]
+            (run_dir / "DONE").write_text("{}\n")
+        write_events(run_dir, started(), *end)
+    (sweep / "s-trial-0004").mkdir()
+    (sweep / "s-trial-0004" / TRIAL_FILE).write_text("{")
+
+
+def test_the_trials_of_a_search_with_their_curves_ends_and_best_so_far(tmp_path: Path) -> None:
+    from hpctf.login.watching.search_plot import best_so_far, is_search, search_trials
+
+    fake_search(tmp_path / "s")
+    assert is_search(tmp_path / "s") and not is_search(tmp_path / "s" / "s-trial-0000")
+    trials, ref = search_trials(tmp_path / "s")
+    assert ref is not None and ref.objective.metric == "eval.loss"
+    assert [(t.number, t.state, t.value, t.pruned_at) for t in trials] == [
+        (0, "done", 0.6, None),
+        (1, "pruned", 2.0, (10, 2.0)),  # its last evaluation before the saved step 11
+        (2, "done", 0.3, None),
+        (3, "failed", None, None),
+    ]
+    assert best_so_far(trials, "minimize") == [(0, 0.6), (2, 0.3)]
+    assert best_so_far(trials, "maximize") == [(0, 0.6), (2, 0.6)]
+
+
+def test_plot_of_a_search_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from hpctf.cli import cli
+
+    fake_search(tmp_path / "s")
+    out = tmp_path / "search.png"
+    result = CliRunner().invoke(cli, ["plot", str(tmp_path / "s"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"wrote {out}\n"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    default = CliRunner().invoke(cli, ["plot", str(tmp_path / "s")])
+    assert default.exit_code == 0 and (tmp_path / "s" / "search.png").exists()
+
+
+def test_plot_of_a_search_without_evaluations_says_so(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from hpctf.cli import cli
+
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "study.journal").write_text("")
+    result = CliRunner().invoke(cli, ["plot", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert "no trial has logged an evaluation yet; nothing to plot" in result.output
+
+
+def test_job_end_of_a_pruned_trial_neither_requeues_nor_gives_up(
+    runs_root: Path, fake_sbatch: Path
+) -> None:
+    """The batch side (fake Slurm commands): the workers exited 0 after the chief's record;
+    job-end records the end pruned and asks Slurm for nothing; a start of the same job again
+    (a requeue by Slurm itself) ends at once with nothing to do."""
+    from click.testing import CliRunner
+
+    from hpctf.cli import cli
+    from hpctf.core.errors import NOT_STARTING_EXIT
+    from hpctf.core.run.rundir import RunDir
+    from tests.conftest import DIGITS
+    from tests.fake_slurm import fake_checkpoint, fake_command
+
+    assert CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", "local-slurm"]).exit_code == 0
+    (run_dir,) = runs_root.iterdir()
+    scontrol = fake_command(fake_sbatch.parent / "fakebin", "scontrol", ":")
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]"}
+    assert CliRunner().invoke(cli, ["job-start", str(run_dir)], env=env).exit_code == 0
+    fake_checkpoint(run_dir / "checkpoints", 11)
+    journal.record_pruned(RunDir(run_dir), "4242", 11, 1, "eval.loss", 2.5)
+    result = CliRunner().invoke(cli, ["job-end", str(run_dir), "--exit-code", "0"], env=env)
+    assert result.exit_code == 0, result.output
+    said = "hpctf: job 4242 ended: pruned at evaluation 1 (step 11): eval.loss 2.5\n"
+    assert result.output == said
+    assert not scontrol.exists() or "requeue" not in scontrol.read_text()
+    assert run_end(run_dir) == "pruned"
+    again = CliRunner().invoke(cli, ["job-start", str(run_dir)], env=env)
+    assert again.exit_code == NOT_STARTING_EXIT, again.output
+    assert "ends at once: the search pruned the run at evaluation 1 (step 11)" in again.output
+
+
+def test_hyperband_takes_the_reports_of_a_trial(tmp_path: Path) -> None:
+    """Hyperband (its brackets from the study's name and the trial's number, the same in every
+    process) answers the chief at each evaluation without an error."""
+    from hpctf.compute.loop.pruning import trial_pruning
+    from hpctf.core.search.trial_ref import read_trial_ref
+
+    ref = make_trial(tmp_path / "run", tmp_path, "asha")
+    hyperband = {**ref.to_json(), "pruner": {"kind": "hyperband", "min_evals": 1, "max_evals": 9}}
+    (tmp_path / "run" / TRIAL_FILE).write_text(json.dumps(hyperband))
+    assert (linked := read_trial_ref(tmp_path / "run")) is not None
+    assert linked.pruner.kind == "hyperband"
+    chief = trial_pruning(tmp_path / "run", chief=True)
+    assert chief is not None
+    answers = [chief.report(10 * i, i, {"loss": 5.0}, ask=True) for i in (1, 2, 3)]
+    assert not chief._broken and True in answers  # far behind the 5 better trials

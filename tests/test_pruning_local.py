@@ -5,6 +5,7 @@ the study; a study that cannot be read is one warning line and the run trains on
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -15,8 +16,8 @@ import pytest
 
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.search.trial_ref import TRIAL_FILE
-from tests.conftest import DIGITS, HPCTF, checkpoint_steps
-from tests.test_pruned_runs import intermediate_values, make_trial
+from tests.conftest import DIGITS, HPCTF, REPO, checkpoint_steps
+from tests.search_trials import intermediate_values, make_trial
 
 pytestmark = pytest.mark.tf
 
@@ -46,10 +47,12 @@ sys.exit(job.start(created))
 """
 
 
-def _start_trial(tmp_path: Path, staged: Path, *sets: str) -> tuple[Path, str]:
+def _start_trial(
+    tmp_path: Path, staged: Path, *sets: str, script: Path = DIGITS
+) -> tuple[Path, str]:
     run_dir = tmp_path / "runs" / "trial-0"
     proc = subprocess.run(
-        [sys.executable, "-c", _START_TRIAL, str(DIGITS), str(run_dir), str(staged), *sets],
+        [sys.executable, "-c", _START_TRIAL, str(script), str(run_dir), str(staged), *sets],
         capture_output=True,
         text=True,
         timeout=300,
@@ -74,7 +77,8 @@ def _pruned_lines(run_dir: Path, rank: int) -> list[str]:
 def test_a_trial_far_behind_is_pruned_at_one_step_on_both_ranks(
     runs_root: Path, tmp_path: Path
 ) -> None:
-    ref = make_trial(tmp_path / "staged", tmp_path, "asha")
+    runs_root.mkdir()  # the study beside the trial's run directory, as in a search's sweep
+    ref = make_trial(tmp_path / "staged", runs_root, "asha")
     run_dir, said = _start_trial(tmp_path, tmp_path / "staged" / TRIAL_FILE, *TINY)
     # ASHA (min_evals 1) prunes at the first evaluation (step 6); the vote rides in step 7, at
     # which both ranks stop and save.
@@ -91,6 +95,12 @@ def test_a_trial_far_behind_is_pruned_at_one_step_on_both_ranks(
         [*HPCTF, "runs", "--json"], capture_output=True, text=True, check=True
     ).stdout
     assert [row["state"] for row in json.loads(runs)["runs"]] == ["pruned"], runs
+    if importlib.util.find_spec("matplotlib") is not None:  # hpctf[plot]: the pruning drawn
+        for what in (run_dir, runs_root):  # the run with its prune marked; the search
+            out = tmp_path / f"{what.name}.png"
+            drawn = subprocess.run([*HPCTF, "plot", str(what), "-o", str(out)], check=False,
+                                   capture_output=True, text=True)  # fmt: skip
+            assert drawn.stdout == f"wrote {out}\n", drawn.stdout + drawn.stderr
 
 
 def test_a_trial_no_pruner_stops_runs_to_its_end_with_every_evaluation_in_the_study(
@@ -119,3 +129,26 @@ def test_a_trial_whose_study_is_damaged_trains_on_with_one_warning(
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert log.count("not reporting to the study") == 1, log
     assert "training goes on without pruning" in log
+
+
+def test_a_fit_scripts_trial_is_pruned_at_an_epochs_end_on_both_ranks(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """hpctf.keras.callbacks(): the epoch's val_loss is the objective's eval.loss; both ranks
+    take the chief's vote at the first epoch's end (step 8), save it and stop fit; the script
+    goes on after fit and exits 0; the run ends pruned, without DONE."""
+    ref = make_trial(tmp_path / "staged", tmp_path, "asha")
+    script = REPO / "tests" / "scripts" / "fit_matrix.py"
+    sets = ["resources.tasks_per_node=2", "checkpoint.every_steps=1000"]
+    sets.append('train.script_args=["3", "plain", "0.01", "0"]')
+    run_dir, said = _start_trial(tmp_path, tmp_path / "staged" / TRIAL_FILE, *sets, script=script)
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        assert "the search pruned this trial: saved step 8; fit stops here" in log, said
+        assert "fit ended at step 8" in log
+    assert checkpoint_steps(run_dir) == [8]
+    assert not (run_dir / "DONE").exists()
+    (record,) = [e for e in RunDir(run_dir).events() if e["event"] == "pruned"]
+    assert (record["step"], record["evaluation"]) == (8, 1)
+    assert intermediate_values(ref) == {1: record["value"]}
+    assert _status(run_dir).startswith("run: pruned (at evaluation 1 (step 8): eval.loss ")

@@ -252,6 +252,8 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         steps.pruning = trial_pruning(session.run.path, session.spec.is_chief)
     final, results, evaluated = steps.run(start)
     if steps.pruned:  # saved on every rank, recorded: the run ends pruned, exit 0
+        if hooks:
+            hooks.train_end({f"val_{name}": value for name, value in results.items()})
         exit_later(0)
         return
     if evaluated != final:

@@ -158,11 +158,14 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     if status == 0:
-        if spec.is_chief and not run.done.exists():
+        # A search's pruned trial (the chief's record, hpctf.keras.callbacks()) is not done.
+        pruned = spec.is_chief and read_history(run).since_last_start_pruned
+        if spec.is_chief and not run.done.exists() and not pruned:
             # The step of hpctf.keras.callbacks()'s last checkpoint; None for a plain script.
             step = run.checkpoint_step() or None
             write_atomic(run.done, json.dumps({"step": step, "script": settings.script}) + "\n")
-        log.info("script finished%s", f": {run.done}" if spec.is_chief else "")
+        said = " (the search pruned this trial)" if pruned else f": {run.done}"
+        log.info("script finished%s", said if spec.is_chief else "")
     elif status == PREEMPTED_EXIT:
         history = _record_preempted(run, spec)
         log.warning("script exited %d: %s", status, leaving_words(run, None, history=history))

@@ -46,6 +46,7 @@ from hpctf.compute.loop.preemption import (
     leaving_words,
     make_gather,
 )
+from hpctf.compute.loop.pruning import TrialPruning, trial_pruning
 from hpctf.compute.loop.watchdog import ProgressWatchdog
 from hpctf.compute.process.leaving import exit_later
 from hpctf.compute.records.checkpoints import Checkpointer, checkpoint_of
@@ -144,6 +145,9 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._preemption: PreemptionWatch | None = None
         self._checkpointer: Checkpointer | None = None
         self._step_variable: Any = None
+        self._gather: Any = None
+        self._pruning: TrialPruning | None = None  # a search's trial (RUN/trial.json)
+        self._saved_step: int | None = None
         self._resumed_inside = (0, 0)
         self._running_metrics: list[tuple[Any, Any]] = []
         self._window = (time.perf_counter(), 0)
@@ -167,7 +171,8 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             )
         model = self.model
         strategy = model.distribute_strategy
-        gather = make_gather(strategy)
+        gather = self._gather = make_gather(strategy)
+        self._pruning = trial_pruning(self._run.path, self._spec.is_chief)
         # After the strategy exists: TF's C++ handler would swallow SIGTERM otherwise.
         self._preemption = PreemptionWatch(gather).__enter__()  # left in _stop()
         timeout = self._settings.stall_timeout_seconds
@@ -228,6 +233,30 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         validation = {k: v for k, v in values.items() if k.startswith("val_")}
         if validation:
             self._records.record(step, validation, group="eval")
+            if self._pruning is not None:
+                self._report(epoch + 1, step, validation)
+
+    def _report(self, evaluation: int, step: int, validation: dict[str, float]) -> None:
+        """A search's trial (:mod:`hpctf.compute.loop.pruning`): the chief reports the epoch's
+        validation (``val_loss`` is the objective's ``eval.loss``) and votes; every rank takes
+        the votes at this same epoch's end (one gather, trials only) and, on a prune, saves this
+        step and stops ``fit`` (``model.stop_training``); the script goes on after ``fit`` and
+        the run ends ``pruned``."""
+        pruning, ask = self._pruning, step != self._total  # the last epoch: nothing to stop
+        if pruning is None:
+            return
+        named = {k.removeprefix("val_"): v for k, v in validation.items()}
+        vote = pruning.report(step, evaluation, {**validation, **named}, ask=ask)
+        if not ask or not any(self._gather(1 if vote else 0)):
+            return
+        if self._saved_step != step:
+            self._save(step)
+        if self._checkpointer is not None:
+            self._checkpointer.wait()  # the step on disk before the record says so
+        if self._spec.is_chief:
+            pruning.record(self._run, self._spec.journal_job, step)
+        log.info("the search pruned this trial: saved step %d; fit stops here", step)
+        self.model.stop_training = True
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if not logs and self._skipping(batch):
@@ -308,6 +337,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._beat(f"step {step}")
         started = time.perf_counter()
         path = self._checkpointer.save(step)
+        self._saved_step = step
         self._clock.saved()
         if path is not None:
             log.info("checkpoint %s (%.2f s)", path, time.perf_counter() - started)

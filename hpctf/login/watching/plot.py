@@ -1,5 +1,7 @@
-"""``hpctf plot``: loss and eval metrics against step, each restart marked with its reason.
-matplotlib is imported only inside the command, off every other command's import path.
+"""``hpctf plot``: loss and eval metrics against step, each restart marked with its reason; of
+a search's sweep directory, the objective over trials and each trial's eval curve
+(:mod:`hpctf.login.watching.search_plot`). matplotlib is imported only inside the command, off
+every other command's import path.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from hpctf.core.safe_files import write_atomic
 from hpctf.login.reading.run_report import with_slurm_queue
 from hpctf.login.reading.runs import RunRecord, metric_records
 from hpctf.login.reading.slurm_view import job_states, slurm_state
+from hpctf.login.watching import search_plot
 
 RESTART_LABELS = {
     "preempted": "preempted",
@@ -37,22 +40,18 @@ RESTART_LABELS = {
     "--output",
     type=click.Path(path_type=Path, dir_okay=False),
     help="The PNG to write (default: RUN_DIR/loss.png for your own run, ./NAME-loss.png "
-    "for a run someone else owns).",
+    "for a run someone else owns; SWEEP/search.png for a search).",
 )
 def plot(run_dir: Path, output: Path | None) -> None:
     """Draw RUN_DIR's loss and eval metrics against step, each restart marked with why the
-    start before it ended. Needs matplotlib: pip install matplotlib (the extra hpctf[plot])."""
+    start before it ended; for a search's SWEEP directory, the objective over trials (with the
+    best so far) and each trial's eval curve, pruned trials marked where they were pruned.
+    Needs matplotlib: pip install matplotlib (the extra hpctf[plot])."""
+    if run_dir.is_dir() and search_plot.is_search(run_dir):
+        plot_search(run_dir, output)
+        return
     run = RunRecord.read(run_dir)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from matplotlib import pyplot
-    except ImportError:
-        raise UserError(
-            "hpctf plot needs matplotlib, which is not installed: pip install matplotlib "
-            "(into the environment that runs hpctf)"
-        ) from None
+    pyplot = _pyplot()
     records = metric_records(run.run.metrics)
     losses = [(r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), (int, float))]
     if not losses:
@@ -86,6 +85,35 @@ def plot(run_dir: Path, output: Path | None) -> None:
     axes.set_title(title(run))
     axes.grid(True, alpha=0.3)
     figure.tight_layout()
+    _save(pyplot, figure, output)
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot
+    except ImportError:
+        raise UserError(
+            "hpctf plot needs matplotlib, which is not installed: pip install matplotlib "
+            "(into the environment that runs hpctf)"
+        ) from None
+    return pyplot
+
+
+def plot_search(sweep: Path, output: Path | None) -> None:
+    """``hpctf plot SWEEP`` of a search (:mod:`hpctf.login.watching.search_plot`)."""
+    trials, ref = search_plot.search_trials(sweep)
+    if ref is None or not any(trial.curve for trial in trials):
+        raise UserError(f"{sweep}: no trial has logged an evaluation yet; nothing to plot")
+    pyplot = _pyplot()
+    figure = search_plot.draw(pyplot, sweep, trials, ref)
+    output = output or search_plot.default_output(sweep, sweep.stat().st_uid == os.geteuid())
+    _save(pyplot, figure, output)
+
+
+def _save(pyplot: Any, figure: Any, output: Path) -> None:
     image = io.BytesIO()
     figure.savefig(image, format="png")
     pyplot.close(figure)
@@ -116,7 +144,7 @@ def eval_series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
 
 def mark_restarts(axes: Any, run: RunRecord) -> None:
     """A dotted line at the first step of every start after the first, named with why the
-    start before it ended."""
+    start before it ended; a dashed one where a search pruned the run."""
     previous = None
     for number, start in enumerate(run.state.starts, 1):
         if number > 1 and previous is not None:
@@ -133,6 +161,19 @@ def mark_restarts(axes: Any, run: RunRecord) -> None:
                 color="dimgrey",
             )
         previous = start
+    last = run.state.last
+    if last is not None and last.reason == "pruned" and last.end_step is not None:
+        axes.axvline(last.end_step, color="C3", linestyle="--", linewidth=1)
+        axes.annotate(
+            f"pruned {last.pruned or ''}".strip(),
+            (last.end_step, 0.98),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+            color="C3",
+        )
 
 
 def title(run: RunRecord) -> str:
