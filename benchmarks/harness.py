@@ -186,7 +186,7 @@ TINY = replace(
     search_step_seconds=0.02,
     search_eval_every=5,
     search_x_step=1.0,
-    search_depths=1,
+    search_depths=2,  # a range needs low < high
     search_slots=2,
 )
 # What rank 0's log says when each phase of a start is over (hpctf/compute/start/runtime.py,
