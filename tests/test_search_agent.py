@@ -6,11 +6,14 @@ study is a real Optuna journal in a temporary sweep directory."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from hpctf.batch.search_agent import ArrayTask, next_run
+from hpctf.cli import cli
 from hpctf.core.errors import UserError
 from hpctf.core.run import journal
 from hpctf.core.run.history import read_history
@@ -30,6 +33,7 @@ from hpctf.core.settings.search import Pruner, Search
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.sweeps.search_start import SearchPlan, create_search
 from tests.conftest import DIGITS
+from tests.fake_slurm import FakeSlurm, squeue_line
 
 optuna = pytest.importorskip("optuna")
 
@@ -166,3 +170,53 @@ def test_a_trial_may_not_set_what_the_array_script_holds(tmp_path: Path) -> None
     with pytest.raises(UserError, match=r"resources\.nodes: a search's parameter may not set"):
         with_params(base, {"resources.nodes": 2})
     assert with_params(base, {"checkpoint.every_steps": 7}).experiment.checkpoint.every_steps == 7
+
+
+def test_sweep_status_cancel_and_resubmit_of_a_search(
+    tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the CLI, Slurm faked at the subprocess boundary: one array of min(parallel,
+    trials, MaxArraySize) agents; status names the trials and the budget; cancel cancels the
+    array and records it in the trial that had a job; resubmit submits the array again once
+    no task of it is left in Slurm, and refuses while one is."""
+    monkeypatch.setenv("HPCTF_RUNS_ROOT", str(tmp_path / "runs"))
+    fake_slurm.answer("scontrol", "MaxArraySize            = 3\n")
+    path = tmp_path / "experiment.yaml"
+    text = DIGITS.read_text().replace("train:\n", f"train:\n  python_path: [{DIGITS.parent}]\n", 1)
+    search = {"parameters": SPACE, "trials": 5, "parallel": 4,
+              "objective": {"metric": "eval.loss", "direction": "minimize"}}  # fmt: skip
+    path.write_text(text + "sweep: " + json.dumps(search) + "\n")
+    result = CliRunner().invoke(cli, ["sweep", str(path), "--site", "local-slurm",
+                                      "--set", "resources.nodes=1"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "submitted job array 4242: 3 agent(s)" in result.output  # MaxArraySize < parallel
+    sweep = Path(re.search(r"sweep directory: (\S+)", result.output).group(1))  # type: ignore[union-attr]
+    (sbatch,) = fake_slurm.calls("sbatch")
+    assert sbatch.endswith(f"{sweep}/array-0.sbatch")
+    assert "#SBATCH --array=0-2" in (sweep / "array-0.sbatch").read_text()
+    run = next_run(ArrayTask(sweep, 0, "4242_0", "4242"), False, lambda _: None)
+    assert run is not None
+
+    fake_slurm.answer("squeue", squeue_line("4242_0", "RUNNING"))
+    status = CliRunner().invoke(cli, ["status", str(sweep), "--json"])
+    assert status.exit_code == 0, status.output
+    document = json.loads(status.output[status.output.index("{") :])
+    assert document["budget"] == {"asked": 1, "trials": 5} and document["best"] is None
+    assert [(t["trial"], t["run_dir"]) for t in document["trials"]] == [(0, str(run))]
+
+    refused = CliRunner().invoke(cli, ["resubmit", str(sweep)])
+    assert refused.exit_code == 2 and "job array 4242" in refused.output
+    assert len(fake_slurm.calls("sbatch")) == 1
+
+    cancelled = CliRunner().invoke(cli, ["cancel", str(sweep)])
+    assert cancelled.exit_code == 0, cancelled.output
+    assert fake_slurm.calls("scancel")[-1].endswith("4242")
+    assert read_history(RunDir(run)).state.state == "cancelled"
+
+    fake_slurm.answer("squeue", squeue_line("4242_0", "CANCELLED"))
+    again = CliRunner().invoke(cli, ["resubmit", str(sweep)])
+    assert again.exit_code == 0, again.output
+    assert len(fake_slurm.calls("sbatch")) == 2
+    assert len(json.loads((sweep / "sweep.json").read_text())["arrays"]) == 2
+    refused = CliRunner().invoke(cli, ["resubmit", str(run)])  # a trial: resubmit its sweep
+    assert refused.exit_code == 2 and f"trial 0 of the search in {sweep}" in refused.output
