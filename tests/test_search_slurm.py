@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.search.search_dir import read_agent, trial_run_dirs
+from hpctf.core.search.search_dir import agents, read_agent, trial_run_dirs
 from hpctf.core.search.trial_ref import read_trial_ref
 from tests.conftest import ENTRIES_PATH, HPCTF
 from tests.search_task import penalty
@@ -130,6 +130,11 @@ def test_a_search_runs_its_trials_on_one_array_of_agents(
         run = runs[number]
         assert "pruned" in events(run) and not (run / "DONE").exists()
         assert RunDir(run).checkpoint_step() < STEPS
+    # ...and freed its task: every trial was told by the task that ran it, and some task went
+    # on from a pruned trial to the next one.
+    finished = [agent.finished for agent in agents(sweep)]
+    assert sorted(n for told in finished for n in told) == list(range(TRIALS)), finished
+    assert any(n in pruned for told in finished for n in told[:-1]), finished
 
     # The preempted trial resumed as itself: the same run directory and trial number, its
     # step continued from the checkpoint it saved on the warning.
