@@ -25,17 +25,17 @@ REPO = HERE.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
 SECTIONS = (
     "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "first_step",
-    "stall", "soak", "remote",
+    "stall", "soak", "remote", "search",
 )  # fmt: skip
 # Run order: login's `hpctf status` reads a finished run, and runtime leaves one behind.
 ORDER = (
     "resolver", "runtime", "login", "remote", "listing", "sweep", "preemption", "crash",
-    "first_step", "stall", "soak",
+    "first_step", "stall", "soak", "search",
 )  # fmt: skip
 GPU_SECTIONS = ("gpu_runtime", "gpu_stall")
 # Run beside the others with --tiny; first_step in the first lane, which was the shorter one:
 # 116 s against 122 s (+ first_step's 33 s) at load average 7.
-TINY_SECOND_LANE = ("preemption", "crash", "stall")
+TINY_SECOND_LANE = ("preemption", "crash", "stall", "search")
 GLOBAL_BATCH = 64  # the digits example's, given explicitly to both sides
 SOAK_BATCH = 2  # one example per replica: the step is the collectives, not the model
 
@@ -85,6 +85,18 @@ class Sizes:
     soak_every: int  # checkpoint interval: the save path soaks too
     gpu_rounds: int
     gpu_steps: int
+    # The search against its full grid (bench_search.py): x in [0, 1] by search_x_step times
+    # depth in 0..search_depths-1 is the grid; each trial or point search_steps steps of
+    # search_step_seconds (asleep), evaluated every search_eval_every steps.
+    search_trials: int
+    search_parallel: int
+    search_steps: int
+    search_step_seconds: float
+    search_eval_every: int
+    search_x_step: float
+    search_depths: int
+    search_nodes: int  # the test cluster's nodes (2 CPUs each)
+    search_slots: int  # the grid's --max-running: as many at once as the search's parallel
 
 
 FULL = Sizes(
@@ -128,6 +140,15 @@ FULL = Sizes(
     soak_every=1000,
     gpu_rounds=2,
     gpu_steps=300,
+    search_trials=24,
+    search_parallel=4,
+    search_steps=200,
+    search_step_seconds=0.1,
+    search_eval_every=20,
+    search_x_step=0.1,
+    search_depths=4,
+    search_nodes=2,
+    search_slots=4,
 )
 # Every section once, each process as short as it can be and still report every figure: one
 # login round, the 4,000-node resolver row (the goal's), two timed windows per runtime side, a
@@ -168,6 +189,14 @@ TINY = replace(
     soak_every=500,
     gpu_rounds=1,
     gpu_steps=100,
+    search_trials=2,
+    search_parallel=2,
+    search_steps=20,
+    search_step_seconds=0.02,
+    search_eval_every=5,
+    search_x_step=1.0,
+    search_depths=2,  # a range needs low < high
+    search_slots=2,
 )
 # What rank 0's log says when each phase of a start is over (hpctf/compute/start/runtime.py,
 # joining.py, session.py).

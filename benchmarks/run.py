@@ -42,6 +42,10 @@ and noisy: absolute numbers move, ratios much less):
               each phase timed, to the cluster SLURM_CONF names (else a stand-in sbatch)
               (goal: <= 3 s), the files a point holds, and a 100,000-point dry run
               (goal: <= 30 s)
+  search      a search (TPE + ASHA, 24 trials, 4 at once) against the full grid over the same
+              space (44 points, 4 at once), both on the real Slurm test cluster (benchmarks/
+              slurm_cluster.py, accounting on): node-hours from sacct and whether the search
+              reached the grid's best (goal: <= 1/3 of the grid's node-hours)
   soak        one job of 100,000 steps (--tiny: 1,000) of the smallest step, 2 workers:
               threads, RSS and steps/s at its start and end (goal: flat)
 
@@ -80,6 +84,7 @@ from bench_preemption import PreemptionBench
 from bench_remote import RemoteBench
 from bench_resolver import ResolverBench
 from bench_runtime import RuntimeBench
+from bench_search import SearchBench
 from bench_soak import SoakBench
 from bench_stall import StallBench
 from bench_sweep import SweepBench
@@ -110,6 +115,7 @@ class Bench(
     StallBench,
     SoakBench,
     GpuBench,
+    SearchBench,
 ):
     """Every section, each from its module (``bench_<section>.py``), over the shared harness."""
 

@@ -87,6 +87,7 @@ def _add_commands(every: bool) -> None:
     found: list[click.Command] = list(compute_commands.COMMANDS)
     if every:
         from hpctf.batch import job_commands as batch
+        from hpctf.batch import search_agent
         from hpctf.login.doctor.doctor_commands import doctor
         from hpctf.login.remote import cluster_side
         from hpctf.login.submitting import submit_commands as submitting
@@ -104,6 +105,7 @@ def _add_commands(every: bool) -> None:
             cancel.cancel,
             plot.plot,
             *batch.COMMANDS,
+            *search_agent.COMMANDS,
             *cluster_side.COMMANDS,
             *found,
         ]

@@ -26,7 +26,7 @@ from tests.conftest import REPO
 RUN = REPO / "benchmarks" / "run.py"
 SECTIONS = {
     "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "first_step",
-    "stall", "soak", "remote",
+    "stall", "soak", "remote", "search",
 }  # fmt: skip
 PHASES = ["worker_up", "tensorflow_imported", "strategy", "restored", "first_step"]
 
@@ -83,6 +83,7 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
         *["stall"] * 3,
         "soak",
         "remote",  # status of 1,000 runs through a real sshd, against the login side
+        "search",  # TPE + ASHA against the full grid, node-hours from sacct
     ]
     assert all(isinstance(row["met"], bool | None) for row in table)
     assert "| benchmark | hpctf | against | result | goal | met |" in stdout
@@ -355,6 +356,20 @@ def check_remote(tiny: tuple[dict[str, Any], str]) -> None:
     assert remote["met"] == (remote["median_ssh_s"] <= remote["goal_s"])
 
 
+def check_search(tiny: tuple[dict[str, Any], str]) -> None:
+    search, sizes = tiny[0]["sections"]["search"], tiny[0]["sizes"]
+    if "skipped" in search:  # no Slurm here, and none required
+        return
+    points = (round(1 / sizes["search_x_step"]) + 1) * sizes["search_depths"]
+    assert search["grid_points"] == points and search["trials"] == sizes["search_trials"]
+    assert positive(search["grid_node_hours"], search["search_node_hours"])
+    assert close(search["ratio"], search["search_node_hours"] / search["grid_node_hours"])
+    assert search["grid_starts"] >= points and search["search_starts"] >= 1
+    assert sum(search["trial_states"].values()) == sizes["search_trials"]
+    assert search["reached"] == (search["search_best"] <= search["grid_best"] + 1e-4)
+    assert search["met"] == (search["ratio"] <= 1 / 3 and search["reached"])
+
+
 CHECKS = [
     check_run_reports_every_section,
     check_login_and_resolver,
@@ -367,6 +382,7 @@ CHECKS = [
     check_listing,
     check_soak,
     check_remote,
+    check_search,
 ]
 
 

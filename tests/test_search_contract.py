@@ -20,7 +20,7 @@ GOOD = {
     "parameters": {
         "train.args.learning_rate": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True},
         "train.args.hidden": {"type": "int", "low": 8, "high": 64, "step": 8},
-        "train.args.activation": {"type": "categorical", "choices": ["relu", "tanh"]},
+        "train.args.validation_fraction": {"type": "categorical", "choices": [0.1, 0.2]},
     },
     "objective": {"metric": "eval.loss", "direction": "minimize"},
     "trials": 24,

@@ -39,44 +39,80 @@ class Sweep:
     def points(self) -> list[Point]:
         from hpctf.login.sweeps.sweep_dir import SweepDir
 
+        record = SweepDir.read(self.path)
         return [
-            Point(int(p["index"]), typed(p["values"]), Run(p["run_dir"]))
-            for p in SweepDir.read(self.path).points
-        ]
+            Point(int(p["index"]), p["values"] if record.is_search else typed(p["values"]),
+                  Run(p["run_dir"]))
+            for p in record.points
+        ]  # fmt: skip
 
     def status(self) -> list[dict[str, Any]]:
         """One document per point, as ``hpctf status SWEEP --json`` prints them: index,
-        values, run_dir, job, slurm, state, why, step, loss, eval (last), best_eval."""
+        values, run_dir, job, slurm, state, why, step, loss, eval (last), best_eval (a
+        search's: one per trial, with trial, params, value too)."""
         from hpctf.login.reading.slurm_view import job_states
         from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents
 
         record = SweepDir.read(self.path)
+        if record.is_search:  # a search's trials, as `hpctf status SWEEP --json` has them
+            from hpctf.login.sweeps.search_watch import trial_documents
+
+            return trial_documents(record)[0]
         records = record.facts(every_point=True)
         return point_documents(record, records, job_states(records, all_jobs=False), time.time())
 
     def wait(self, timeout: float | None = None, poll: float = 10.0) -> dict[int, str]:
-        """Block until every point has ended (as :meth:`Run.wait` says); each point's state."""
+        """Block until every point has ended (as :meth:`Run.wait` says); each point's state.
+        A search: until its whole budget is asked and every trial is done, pruned or failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             documents = self.status()
-            if all(has_ended(d) for d in documents):
+            if self._search_over(documents) if self._is_search else all(map(has_ended, documents)):
                 return {int(d["index"]): str(d["state"]) for d in documents}
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{self.path}: points still running after {timeout} s")
             time.sleep(poll)
 
-    def best(self, metric: str = "eval.accuracy", mode: str | None = None) -> Point | None:
+    @property
+    def _is_search(self) -> bool:
+        from hpctf.login.sweeps.sweep_dir import SweepDir
+
+        return SweepDir.read(self.path).is_search
+
+    def _search_over(self, documents: list[dict[str, Any]]) -> bool:
+        from hpctf.login.sweeps.sweep_dir import SweepDir
+
+        trials = int(SweepDir.read(self.path).data.get("trials") or 0)
+        ended = [d for d in documents if d["state"] in ("done", "pruned", "failed")]
+        return len(ended) >= trials
+
+    def best(self, metric: str | None = None, mode: str | None = None) -> Point | None:
         """The point with the best ``metric`` (``eval.NAME``: its last evaluation;
-        ``best_eval.NAME``; ``loss``), highest unless ``mode="min"`` or ``NAME:min`` (default:
-        lowest for names with loss, error, mae, mse and the like), as ``hpctf status SWEEP
-        --sort METRIC`` ranks them. None when no point has logged it."""
+        ``best_eval.NAME``; ``loss``; default ``eval.accuracy``), highest unless
+        ``mode="min"`` or ``NAME:min`` (default: lowest for names with loss, error, mae, mse
+        and the like), as ``hpctf status SWEEP --sort METRIC`` ranks them. None when no point
+        has logged it.
+
+        A search without ``metric``: its best trial as ``hpctf status SWEEP`` shows it (the
+        study's best COMPLETE trial by the search's objective), its index the trial's number
+        and its values the trial's parameters."""
         from hpctf.login.sweeps.ranking import metric_value, rank, split_mode
+        from hpctf.login.sweeps.sweep_dir import SweepDir
+
+        record = SweepDir.read(self.path)
+        if record.is_search and metric is None:
+            from hpctf.login.sweeps.search_watch import best_point
+
+            found = best_point(record)
+            return None if found is None else Point(found[0], found[1], Run(found[2]))
+        metric = metric or "eval.accuracy"
 
         ranked = rank(self.status(), metric, mode)  # type: ignore[arg-type]
         if not ranked or metric_value(ranked[0], split_mode(metric)[0]) is None:
             return None
         top = ranked[0]
-        return Point(int(top["index"]), typed(top["values"]), Run(top["run_dir"]))
+        values = top["values"] if record.is_search else typed(top["values"])
+        return Point(int(top["index"]), values, Run(top["run_dir"]))
 
 
 def typed(values: Mapping[str, str]) -> dict[str, Any]:

@@ -66,7 +66,6 @@ class ChiefRecords:
                 tf.summary.scalar(f"{group}/{name}" if group else name, value)
         self._writer.flush()
 
-
     def _open_writer(self) -> Any:
         """The TensorBoard writer, or None (said once) without the tensorboard package."""
         self._tensorboard = False  # asked once

@@ -293,6 +293,40 @@ def in_shares(do: Callable[[Item], object], items: Sequence[Item], workers: int)
         future.result()  # the first share's failure, raised
 
 
+def create_shared_base(path: Path, config: ResolvedConfig, store: Path) -> ResolvedConfig:
+    """A search's base (``path``: a new directory that is no run): the code snapshot once in
+    ``store`` (:func:`hpctf.core.run.snapshot.take_shared`), ``path/code`` a link to it, and
+    the config frozen there pointing into it (secrets apart, as a run's). Returns that config;
+    each trial's run is made from it by :func:`create_point`."""
+    _make_dir(path)
+    secrets = secret_values(config)
+    try:
+        code, sources = snapshot.take_shared(
+            list(config.experiment.train.python_path), store, runs_root(config), secrets
+        )
+        snapshot.link(path, code)
+        frozen = _pointing_at(config, sources)
+        secret_store.write_frozen(path, frozen)
+    except OSError as exc:
+        shutil.rmtree(path, ignore_errors=True)
+        raise EnvironmentProblem(f"cannot create {path}: {exc.strerror}") from exc
+    return frozen
+
+
+def create_point(run: RunDir, frozen: ResolvedConfig, script: str, code: Path) -> None:
+    """One run directory whose code is the shared snapshot ``code`` (``frozen``'s python_path
+    already points into it): a search's trial, made by its array task. On any failure nothing
+    is left behind."""
+    made: list[RunDir] = []
+    try:
+        _make_point(run, frozen, script, code, made)
+        sync_filesystem(run.path)
+    except BaseException:
+        for each in made:
+            remove_new_run_dir(each)
+        raise
+
+
 def _make_point(
     run: RunDir, frozen: ResolvedConfig, script: str, code: Path, made: list[RunDir]
 ) -> None:

@@ -11,12 +11,21 @@ its own from the search (seeded, plus the trial's number so that two askers diff
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from hpctf.core.errors import UserError
-from hpctf.core.settings.search import Pruner, Search
+from hpctf.core.settings.search import (
+    CategoricalParam,
+    Choice,
+    FloatParam,
+    IntParam,
+    Param,
+    Pruner,
+    Search,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -35,6 +44,11 @@ def _optuna() -> ModuleType:
         raise UserError(OPTUNA_MISSING) from err
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
+
+
+def require_optuna() -> ModuleType:
+    """Optuna, or a UserError naming the extra that brings it."""
+    return _optuna()
 
 
 def build_pruner(spec: Pruner) -> optuna.pruners.BasePruner:
@@ -92,3 +106,71 @@ def create_study(journal: Path, name: str, search: Search) -> optuna.Study:
         load_if_exists=True,
     )
     return study
+
+
+def distribution(param: Param) -> optuna.distributions.BaseDistribution:
+    """Optuna's distribution for one parameter of a search."""
+    lib = _optuna()
+    dist: optuna.distributions.BaseDistribution
+    if isinstance(param, FloatParam):
+        dist = lib.distributions.FloatDistribution(
+            param.low, param.high, log=param.log, step=param.step
+        )
+    elif isinstance(param, IntParam):
+        dist = lib.distributions.IntDistribution(
+            param.low, param.high, log=param.log, step=param.step
+        )
+    else:
+        dist = lib.distributions.CategoricalDistribution(param.choices)
+    return dist
+
+
+def distributions(search: Search) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Every parameter's distribution, keyed by its experiment key path."""
+    return {key: distribution(param) for key, param in search.parameters.items()}
+
+
+def grid_values(param: Param) -> list[Choice]:
+    """Every value the grid sampler takes of one parameter (pure: no Optuna): a float's
+    ``low, low+step, ... <= high``, an int's ``low..high`` by ``step``, the choices."""
+    if isinstance(param, CategoricalParam):
+        return list(param.choices)
+    if isinstance(param, IntParam):
+        return list(range(param.low, param.high + 1, param.step))
+    step = param.step or (param.high - param.low)
+    count = math.floor((param.high - param.low) / step + 1e-9) + 1
+    # Rounded to the step's own decimals: 0.1 * 3 is 0.30000000000000004, not 0.3.
+    digits = max(0, -math.floor(math.log10(step))) + 6
+    return [round(param.low + i * step, digits) for i in range(count)]
+
+
+def grid_size(search: Search) -> int:
+    """How many points the grid of every choice has."""
+    return math.prod(len(grid_values(p)) for p in search.parameters.values())
+
+
+def trial_budget(search: Search) -> int:
+    """How many trials the search runs: ``trials``, and no more than the grid has points for
+    the grid sampler (it would only repeat them)."""
+    if search.sampler == "grid":
+        return min(search.trials, grid_size(search))
+    return search.trials
+
+
+def build_sampler(search: Search, asked: int) -> optuna.samplers.BaseSampler:
+    """The sampler that asks for the search's next trial. Samplers are not stored in the
+    study: each asker builds one, seeded by the search's seed plus how many trials were asked
+    before (``asked``), so that every ask is reproducible and two askers differ. TPE keeps
+    Optuna's constant liar: trials still running count as bad, so that parallel askers spread
+    out instead of all sampling the same best guess."""
+    lib = _optuna()
+    seed = (search.seed + asked) % 2**32
+    sampler: optuna.samplers.BaseSampler
+    if search.sampler == "grid":
+        space = {key: grid_values(p) for key, p in search.parameters.items()}
+        sampler = lib.samplers.GridSampler(space, seed=search.seed)
+    elif search.sampler == "random":
+        sampler = lib.samplers.RandomSampler(seed=seed)
+    else:
+        sampler = lib.samplers.TPESampler(seed=seed, constant_liar=True)
+    return sampler

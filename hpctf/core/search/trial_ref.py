@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctf.core.settings.search import Objective, Pruner
+if TYPE_CHECKING:  # pydantic's models: not imported for `hpctf status SWEEP` of a grid
+    from hpctf.core.settings.search import Objective, Pruner
 
 TRIAL_FILE = "trial.json"
 
@@ -37,6 +38,8 @@ class TrialRef:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrialRef:
+        from hpctf.core.settings.search import Objective, Pruner
+
         return cls(
             journal=str(data["journal"]),
             study=str(data["study"]),

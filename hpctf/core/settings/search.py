@@ -150,7 +150,9 @@ class Search(Strict):
         min_length=1, description="experiment key path (train.args.lr) -> distribution"
     )
     objective: Objective
-    trials: int = Field(ge=1, le=MAX_TRIALS, description="trials in all: the search's budget")
+    trials: int = Field(
+        ge=1, le=MAX_TRIALS, description="trials asked in all, failed ones included"
+    )
     parallel: int = Field(1, ge=1, le=10_000, description="trials at once: the array's size")
     pruner: Pruner = Field(default_factory=Pruner)
     seed: int = Field(0, ge=0, le=2**32 - 1, description="the sampler's seed")

@@ -29,6 +29,7 @@ class ArrayScript:
     spec: str
     log_dir: Path
     run_dirs: tuple[Path, ...]
+    search: Path | None = None  # a search's sweep directory: each task an agent of its study
 
 
 def render(config: ResolvedConfig, run_dir: Path, array: ArrayScript | None = None) -> str:
@@ -44,7 +45,12 @@ def render(config: ResolvedConfig, run_dir: Path, array: ArrayScript | None = No
         "name": config.experiment.name,
         "site": config.site.name,
         "sbatch_options": sbatch_options.rendered(config, run_dir, job),
-        "array": {"run_dirs": [str(p) for p in array.run_dirs]} if array else None,
+        "array": {
+            "run_dirs": [str(p) for p in array.run_dirs],
+            "search": str(array.search) if array.search else None,
+        }
+        if array
+        else None,
         "extra_sbatch": list(res.extra_sbatch),
         "run_dir": str(run_dir),
         "python": config.python,

@@ -19,6 +19,7 @@ from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir, with_snapshot
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES
+from hpctf.core.search.trial_ref import read_trial_ref
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.extend import extend_run, extended_config
 from hpctf.login.submitting.launchers import CLI, Caller, JobLauncher, job_launcher
@@ -45,6 +46,7 @@ def resubmit_run(
     it was."""
     run = RunDir.open(run_dir)
     check_not_a_copy(run)  # a copy's script would start the original
+    _check_not_a_trial(run)
     history = read_history(run)
     history.require_whole()  # which jobs may still run must come from a whole journal
     config = run.load_config()
@@ -71,6 +73,21 @@ def resubmit_run(
         submitted = read_history(run).submissions
         ownership.hand_over(run.path, claim, str(submitted[-1].job_id))
     return status
+
+
+def _check_not_a_trial(run: RunDir) -> None:
+    """A search's trial is run by its array's agents (its script is the array's): resubmitting
+    the search resumes it, as itself."""
+    try:
+        ref = read_trial_ref(run.path)
+    except (OSError, ValueError, KeyError, TypeError):
+        ref = None
+    if ref is not None:
+        sweep = Path(ref.journal).parent
+        raise UserError(
+            f"{run.path} is trial {ref.number} of the search in {sweep}: hpctf resubmit {sweep} "
+            "resumes it (its array's tasks resume the trials they held)"
+        )
 
 
 def _check_request(

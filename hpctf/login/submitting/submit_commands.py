@@ -20,6 +20,7 @@ from hpctf.core.settings.config import Experiment, Site
 from hpctf.core.settings.sites import describe_site, listing, read_site, search_path
 from hpctf.login.resolving.advice import advice
 from hpctf.login.resolving.loader import load_config
+from hpctf.login.resolving.search_keys import check_search_keys
 from hpctf.login.submitting import scaffold
 from hpctf.login.submitting.pipeline import RunJob, submit_run
 from hpctf.login.submitting.render import explain as explain_script
@@ -55,6 +56,8 @@ def validate(experiment: Path, site_name: str | None, overrides: tuple[str, ...]
     """
     loaded = load_config(experiment, site_name, overrides, os.environ)
     config = loaded.config
+    if config.experiment.sweep is not None:  # each parameter a key a trial may set
+        check_search_keys(experiment, site_name, overrides, config.experiment.sweep, os.environ)
     render(config, plan_run_dir(config).path)  # the checks made while writing the script
     for line in advice(config):
         click.echo(f"warning: {line}", err=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from hpctf.core.errors import UserError
 from hpctf.core.run.snapshot import CODE_DIR
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
 from hpctf.core.settings.config import ResolvedConfig
@@ -36,6 +37,7 @@ from hpctf.login.sweeps.plan import (
 )
 from hpctf.login.sweeps.points import check as points_checked
 from hpctf.login.sweeps.points import point_scripts
+from hpctf.login.sweeps.search_start import has_search, start_search
 from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir
 
 
@@ -177,7 +179,22 @@ def sweep(
     overrides: tuple[str, ...], dry_run: bool,
 ) -> None:  # fmt: skip
     """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
-    directory of its own, all of them one Slurm job array (local sites: one after another)."""
+    directory of its own, all of them one Slurm job array (local sites: one after another).
+    An experiment with a ``sweep:`` section is searched instead: its trials, asked of an
+    Optuna study, run on one job array of agents (Slurm sites)."""
+    if has_search(experiment):
+        given = [flag for flag, value in (("--grid", grids), ("--range", ranges),
+                 ("--random", draws), ("--max-running", max_running)) if value]  # fmt: skip
+        if given:
+            raise UserError(
+                f"{', '.join(given)}: {experiment} has a sweep: section (a search); give its "
+                "space there (sweep.parameters, sweep.parallel), or drop the section to sweep "
+                "a grid"
+            )
+        record = start_search(experiment, site_name, overrides, dry_run)
+        if record is not None:
+            click.echo(f"status: hpctf status {record.path}")
+        return
     if dry_run:
         planned = plan(experiment, grids, ranges, draws, seed, max_points, site_name, overrides,
                        keep=False)  # fmt: skip

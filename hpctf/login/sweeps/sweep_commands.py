@@ -150,6 +150,11 @@ def sweep_status(
     from hpctf.login.sweeps.ranking import rank
 
     record = SweepDir.read(path)
+    if record.is_search:
+        from hpctf.login.sweeps import search_watch  # pydantic, Optuna: searches only
+
+        search_watch.search_status(path, as_json, sort, top)
+        return
     runs = record.facts(every_point=True)
     view = job_states(runs, all_jobs=False)
     documents = point_documents(record, runs, view, time.time())
@@ -180,6 +185,11 @@ def sweep_cancel(path: Path) -> None:
     record = SweepDir.read(path)
     if not is_slurm(record.data.get("scheduler")):
         raise UserError(f"{record.path} runs on a local site: stop its launcher (Ctrl-C) instead")
+    if record.is_search:
+        from hpctf.login.sweeps import search_watch  # pydantic, Optuna: searches only
+
+        search_watch.search_cancel(record)
+        return
     runs = record.runs()
     open_jobs = {run.run.path: run.history.open_jobs for run in runs}
     every = [job for jobs in open_jobs.values() for job in jobs]
@@ -203,6 +213,10 @@ def sweep_resubmit(path: Path, extra_options: dict[str, Any]) -> int:
     given = [name for name, value in extra_options.items() if value]
     if given:
         raise UserError(f"{', '.join(given)}: not for a sweep; resubmit its points one by one")
+    if record.is_search:
+        from hpctf.login.sweeps import search_watch  # pydantic, Optuna: searches only
+
+        return search_watch.search_resubmit(record)
     runs = record.runs()
     unfinished = [i for i, run in enumerate(runs) if not run.run.done.exists()]
     if not unfinished:

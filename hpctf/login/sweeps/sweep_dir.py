@@ -31,6 +31,7 @@ from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.listing import RunFacts
 from hpctf.core.run.run_index import Index
 from hpctf.core.safe_files import write_atomic
+from hpctf.core.search.search_dir import trial_points
 from hpctf.login.reading.run_report import format_table, run_document
 from hpctf.login.reading.runs import RunRecord, listed
 from hpctf.login.reading.slurm_view import SlurmView, slurm_text
@@ -73,7 +74,16 @@ class SweepDir:
         write_atomic(self.path / SWEEP_FILE, sweep_text(self.data))
 
     @property
+    def is_search(self) -> bool:
+        """A search (an experiment's ``sweep:``): its points are its trials' runs."""
+        return isinstance(self.data.get("search"), dict)
+
+    @property
     def points(self) -> list[dict[str, Any]]:
+        """Every point: a grid's from sweep.json, a search's from its trials' run directories
+        (:func:`hpctf.core.search.search_dir.trial_points`: index is the trial's number)."""
+        if self.is_search:
+            return trial_points(self.path)
         return list(self.data["points"])
 
     @property
