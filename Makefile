@@ -57,8 +57,8 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
 
 # hpctf's benchmarks (benchmarks/README.md): a table on stdout and hpctf-benchmarks.json.
-# The full run takes under 20 minutes on the shared 2-core VM (the 100,000-step soak, with the
-# other sections beside it); `make bench BENCH_ARGS=--tiny` is the CI size (about a minute).
+# The full run takes about 40 minutes on the shared 2-core VM (the 100,000-step soak, with the
+# other sections beside it); `make bench BENCH_ARGS=--tiny` is the CI size (a few minutes).
 .PHONY: bench
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)

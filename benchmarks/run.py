@@ -51,9 +51,9 @@ and noisy: absolute numbers move, ratios much less):
 
 --gpu runs instead the GPU mode of runtime and stall (ResNet-50, synthetic images, mixed
 precision, XLA, NCCL; benchmarks/gpu_check.py) and refuses on a machine without GPUs.
-The full run takes under 20 minutes on 2 cores, half of it the soak. --tiny runs every
+The full run takes about 40 minutes on 2 cores (the search 10 of them). --tiny runs every
 section once at the smallest size that still reports every figure, in two lanes at once, in
-about a minute (CI runs it: tests/test_benchmarks.py); its numbers say nothing. Run dirs and
+a few minutes (CI runs it: tests/test_benchmarks.py); its numbers say nothing. Run dirs and
 logs go to a temporary directory (--keep DIR keeps them), never into the checkout.
 """
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.splitlines()[0],
         epilog="sections: " + ", ".join(SECTIONS) + "; with --gpu: " + ", ".join(GPU_SECTIONS),
     )
-    parser.add_argument("--tiny", action="store_true", help="CI size: about a minute")
+    parser.add_argument("--tiny", action="store_true", help="CI size: a few minutes")
     parser.add_argument(
         "--only", action="append", default=[], help="run only these sections (comma-separated)"
     )
