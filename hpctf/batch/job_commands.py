@@ -14,6 +14,7 @@ import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -89,16 +90,7 @@ def job_start(run_dir: Path) -> None:
     if not decision.go and not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ends at once: {decision.why}")
         sys.exit(NOT_STARTING_EXIT)
-    history = history.plus(
-        journal.record_started(
-            run,
-            job_id,
-            nodes=nodes,
-            walltime_signal=config.site.preemption.signal,
-            slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
-            restart_count=restart,
-        )
-    )
+    history = history.plus(_record_started(run, job_id, nodes, config, restart))
     if decision.gave_up:
         history = history.plus(journal.record_gave_up(run, job_id, decision.why))
         notify_end(run, config, job_id)
@@ -292,16 +284,7 @@ def relaunch_here(
     # Milliseconds: the seconds from a crash to the next start are measured from this line.
     click.echo(f"===== hpctf: job {job_id} start (restart {restart}, again in this allocation) "
                f"on {nodes} at {_now('milliseconds')} =====")  # fmt: skip
-    return history.plus(
-        journal.record_started(
-            run,
-            job_id,
-            nodes=nodes,
-            walltime_signal=config.site.preemption.signal,
-            slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
-            restart_count=restart,
-        )
-    )
+    return history.plus(_record_started(run, job_id, nodes, config, restart))
 
 
 def _after_end(
@@ -360,3 +343,18 @@ def _after_end(
 
 
 COMMANDS = (job_start, job_signal, job_end)
+
+
+def _record_started(
+    run: RunDir, job_id: str, nodes: str | None, config: ResolvedConfig, restart: int
+) -> dict[str, Any]:
+    """The ``started`` record of this job's start (a new job, or again in this allocation);
+    an array task's record also names its own Slurm job id."""
+    return journal.record_started(
+        run,
+        job_id,
+        nodes=nodes,
+        walltime_signal=config.site.preemption.signal,
+        slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
+        restart_count=restart,
+    )
