@@ -35,8 +35,12 @@ from hpctf.login.resolving.search_keys import check_search_keys
 from hpctf.login.submitting.launchers import slurm_jobs
 from hpctf.login.submitting.pipeline import warn_if_writable_by_others, warn_left_out
 from hpctf.login.submitting.render import ArrayScript, render
-from hpctf.login.sweeps import sweep_commands as commands
-from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir
+from hpctf.login.sweeps.sweep_dir import (
+    SweepDir,
+    array_size_limit,
+    claim_sweep_dir,
+    new_sweep_path,
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ def plan_search(
             "support containers yet (nor does a grid sweep)"
         )
     budget = trial_budget(search)
-    limit, source = commands.array_size_limit(config, dry_run)
+    limit, source = array_size_limit(config, dry_run)
     return SearchPlan(config, search, budget, min(search.parallel, budget, limit), source)
 
 
@@ -110,7 +114,7 @@ def create_search(experiment: Path, plan: SearchPlan, overrides: Sequence[str]) 
     """The sweep directory of a search: its record, the base (the code once, the config
     frozen), the study and the array's script. Nothing is left behind when it fails."""
     config = plan.config
-    path = claim_sweep_dir(lambda: commands._sweep_path(config))
+    path = claim_sweep_dir(lambda: new_sweep_path(config))
     try:
         warn_if_writable_by_others(path)
         create_shared_base(path / SEARCH_DIR, config, path / CODE_DIR)
@@ -150,7 +154,7 @@ def start_search(
     and the array's script and writes nothing) created and submitted."""
     plan = plan_search(experiment, site_name, overrides, dry_run)
     if dry_run:
-        sweep_path = commands._sweep_path(plan.config)
+        sweep_path = new_sweep_path(plan.config)
         click.echo(f"# search {sweep_path}: {describe(plan)}; nothing written")
         click.echo(array_script(plan, sweep_path), nl=False)
         click.echo("# dry run: nothing written, nothing submitted", err=True)

@@ -38,7 +38,7 @@ from hpctf.login.sweeps.plan import (
 from hpctf.login.sweeps.points import check as points_checked
 from hpctf.login.sweeps.points import point_scripts
 from hpctf.login.sweeps.search_start import has_search, start_search
-from hpctf.login.sweeps.sweep_dir import SweepDir, claim_sweep_dir
+from hpctf.login.sweeps.sweep_dir import SweepDir, array_size_limit, claim_sweep_dir
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def start_sweep(
     them. Returns the sweep and the status (a local site's first failure, else 0)."""
     base = configs[0]
     slurm_site = launcher_for(base.site).slurm
-    limit = commands.array_size_limit(base, dry_run=False)[0] if slurm_site else 0
+    limit = array_size_limit(base, dry_run=False)[0] if slurm_site else 0
     record = create_sweep(experiment, points, configs, spec)
     click.echo(f"sweep directory: {record.path}")
     if not slurm_site:
@@ -223,7 +223,7 @@ def show_dry_run(planned: Plan, max_running: int | None) -> None:
             for point in points[start : start + 1000]
         ), nl=False)  # fmt: skip
     if launcher_for(base.site).slurm:
-        limit, source = commands.array_size_limit(base, dry_run=True)
+        limit, source = array_size_limit(base, dry_run=True)
         run_dirs = [f"{sweep_path}/{name}" for name in names]
         scripts = commands.array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
                                          max_running)  # fmt: skip

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,39 +21,32 @@ import click
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.hours import hours_json, hours_text, summed
-from hpctf.core.run.rundir import RunDir, free_path, in_shares, record_unsynced, runs_root
+from hpctf.core.run.rundir import RunDir, in_shares, record_unsynced
 from hpctf.core.safe_files import sync_filesystem, write_atomic
-from hpctf.core.scheduler import slurm, slurm_queries
+from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
-from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
+from hpctf.core.scheduler.slurm import FINAL_STATES
 from hpctf.login.reading.hours_view import hours_of
 from hpctf.login.reading.slurm_view import job_states, slurm_records
 from hpctf.login.submitting.launchers import CLI, Caller, slurm_jobs
 from hpctf.login.sweeps.plan import (
-    SLURM_DEFAULT_MAX_ARRAY_SIZE,
     chunks,
 )
-from hpctf.login.sweeps.sweep_dir import SweepDir, point_documents, status_text
+from hpctf.login.sweeps.sweep_dir import (
+    SweepDir,
+    array_size_limit,
+    new_sweep_path,
+    point_documents,
+    status_text,
+)
 
 if TYPE_CHECKING:  # pydantic's models: not imported for `hpctf status`
     from hpctf.core.settings.config import ResolvedConfig
 
 
-def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
-    """The most tasks one array may have and where that number came from."""
-    if config.site.sweep.max_array_size:
-        return config.site.sweep.max_array_size, f"site {config.site.name}: sweep.max_array_size"
-    try:
-        return slurm_queries.max_array_size(), "the cluster's MaxArraySize"
-    except SlurmFailure as exc:
-        if not dry_run:
-            raise
-        return SLURM_DEFAULT_MAX_ARRAY_SIZE, f"Slurm's default MaxArraySize (not asked: {exc})"
-
-
 def _sweep_path(config: ResolvedConfig) -> Path:
-    base = f"{config.experiment.name}-sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    return free_path(runs_root(config), base, "sweep directory")
+    """A new sweep directory's path (a seam the hostile-directory tests race)."""
+    return new_sweep_path(config)
 
 
 def array_scripts(

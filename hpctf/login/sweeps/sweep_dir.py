@@ -24,17 +24,25 @@ import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.listing import RunFacts
 from hpctf.core.run.run_index import Index
+from hpctf.core.run.rundir import free_path, runs_root
 from hpctf.core.safe_files import write_atomic
+from hpctf.core.scheduler import slurm_queries
+from hpctf.core.scheduler.slurm import SlurmFailure
 from hpctf.core.search.search_dir import trial_points
 from hpctf.login.reading.run_report import format_table, run_document
 from hpctf.login.reading.runs import RunRecord, listed
 from hpctf.login.reading.slurm_view import SlurmView, slurm_text
+from hpctf.login.sweeps.plan import SLURM_DEFAULT_MAX_ARRAY_SIZE
+
+if TYPE_CHECKING:  # pydantic's models: not imported for `hpctf status`
+    from hpctf.core.settings.config import ResolvedConfig
 
 SWEEP_FILE = "sweep.json"
 
@@ -250,3 +258,21 @@ def claim_sweep_dir(plan: Callable[[], Path]) -> Path:
             raise EnvironmentProblem(f"cannot create {path / 'logs'}: {exc.strerror}") from exc
         return path
     raise UserError(f"no free sweep directory name under {plan().parent}")
+
+
+def array_size_limit(config: ResolvedConfig, dry_run: bool) -> tuple[int, str]:
+    """The most tasks one array may have and where that number came from."""
+    if config.site.sweep.max_array_size:
+        return config.site.sweep.max_array_size, f"site {config.site.name}: sweep.max_array_size"
+    try:
+        return slurm_queries.max_array_size(), "the cluster's MaxArraySize"
+    except SlurmFailure as exc:
+        if not dry_run:
+            raise
+        return SLURM_DEFAULT_MAX_ARRAY_SIZE, f"Slurm's default MaxArraySize (not asked: {exc})"
+
+
+def new_sweep_path(config: ResolvedConfig) -> Path:
+    """A free path for a new sweep directory: ``<name>-sweep-<time>`` in the runs root."""
+    base = f"{config.experiment.name}-sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return free_path(runs_root(config), base, "sweep directory")
