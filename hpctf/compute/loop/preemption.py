@@ -15,8 +15,9 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from hpctf.compute.loop.agreement import Agreement
 from hpctf.compute.process import peer_watch
 from hpctf.compute.process.launcher_watch import LAUNCHER_PID_ENV
 from hpctf.core.errors import PREEMPTED_EXIT
@@ -174,16 +175,6 @@ class PreemptionWatch:
         signum = max((value & ~_SAVE_BIT) >> _SIGNAL_SHIFT for value in values)
         slowest = max(value & _MICROS_MASK for value in values) / 1e6
         return Agreement(signum, slowest, any(value & _SAVE_BIT for value in values))
-
-
-class Agreement(NamedTuple):
-    """What every rank agreed on at a check: the signal any rank got (0: none), the slowest
-    (or, carried in the steps, the mean) seconds per step, and whether to save this step
-    (``checkpoint.every_seconds``)."""
-
-    signal: int
-    slowest: float
-    save: bool = False
 
 
 # One int64 per rank carries the answers of PreemptionWatch.agree: the vote for a save at bit

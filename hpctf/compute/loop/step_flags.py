@@ -37,7 +37,7 @@ from typing import Any
 import tensorflow as tf
 
 from hpctf.compute.compat.tensorflow_internals import fixed_instance_keys
-from hpctf.compute.loop.preemption import Agreement
+from hpctf.compute.loop.agreement import Agreement
 
 WATCHED = (signal.SIGUSR2, signal.SIGTERM)  # Slurm's warning; a preemption or the time limit
 _MS_EXACT = float(1 << 24)  # float32 holds whole numbers exactly up to here
