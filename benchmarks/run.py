@@ -52,7 +52,7 @@ and noisy: absolute numbers move, ratios much less):
 --gpu runs instead the GPU mode of runtime and stall (ResNet-50, synthetic images, mixed
 precision, XLA, NCCL; benchmarks/gpu_check.py) and refuses on a machine without GPUs.
 The full run takes about 40 minutes on 2 cores (the search 10 of them). --tiny runs every
-section once at the smallest size that still reports every figure, in two lanes at once, in
+section once at the smallest size that still reports every figure, in three lanes at once, in
 a few minutes (CI runs it: tests/test_benchmarks.py); its numbers say nothing. Run dirs and
 logs go to a temporary directory (--keep DIR keeps them), never into the checkout.
 """
@@ -95,6 +95,7 @@ from harness import (
     SECTIONS,
     TINY,
     TINY_SECOND_LANE,
+    TINY_THIRD_LANE,
     BenchError,
     say,
     wait_until,
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "sections": {},
         "seconds": {},
     }
-    # Two lanes at once. The tiny run's numbers say nothing: CI time, not measurement (each
+    # Lanes at once. The tiny run's numbers say nothing: CI time, not measurement (each
     # worker mostly waits for its peer's collectives, and a start for TensorFlow's import).
     # The full run's soak is 100,000 steps of a 2-worker job, over 10 minutes on the shared
     # 2-core VM: the other sections run beside it once its start is measured (15 % of its
@@ -210,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     # Login reads the run that runtime leaves, so both are always in one lane.
     beside_soak = not args.tiny and "soak" in sections and len(sections) > 1
     if args.tiny:
-        lanes = [[n for n in sections if n not in TINY_SECOND_LANE]]
+        lanes = [[n for n in sections if n not in TINY_SECOND_LANE + TINY_THIRD_LANE]]
         lanes.append([n for n in sections if n in TINY_SECOND_LANE])
+        lanes.append([n for n in sections if n in TINY_THIRD_LANE])
     elif beside_soak:
         lanes = [[n for n in sections if n != "soak"], ["soak"]]
     else:

@@ -1,6 +1,6 @@
 """benchmarks/run.py at CI size (--tiny): every benchmark runs, so none can rot.
 
-No time is asserted (the numbers of a tiny run on a shared machine, two lanes at once, say
+No time is asserted (the numbers of a tiny run on a shared machine, lanes at once, say
 nothing about speed), but every figure must be consistent with the others and with what the
 run was asked to do: ratios are the quotients of their sides, counts match the sizes, the
 preemption keeps the step it promises, the checkpoint holds what the model weighs.
@@ -64,7 +64,7 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
     assert set(results["sections"]) == SECTIONS
     seconds = results["seconds"]
     assert set(seconds) == SECTIONS | {"total"} and positive(*seconds.values())
-    # Two lanes at once: the total is at least the longest lane, at most everything in a row.
+    # Lanes at once: the total is at least the longest lane, at most everything in a row.
     lanes = results["lanes"]
     assert sorted(itertools.chain(*lanes)) == sorted(SECTIONS)
     longest = max(sum(seconds[name] for name in lane) for lane in lanes)
