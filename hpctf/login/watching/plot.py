@@ -149,31 +149,26 @@ def mark_restarts(axes: Any, run: RunRecord) -> None:
     for number, start in enumerate(run.state.starts, 1):
         if number > 1 and previous is not None:
             why = RESTART_LABELS.get(previous.reason or "", previous.reason or "killed")
-            axes.axvline(start.step, color="grey", linestyle=":", linewidth=1)
-            axes.annotate(
-                f"restart {number} (after {why})",
-                (start.step, 0.98),
-                xycoords=("data", "axes fraction"),
-                rotation=90,
-                va="top",
-                ha="right",
-                fontsize=8,
-                color="dimgrey",
-            )
+            _mark(axes, start.step, f"restart {number} (after {why})", "grey", ":", "dimgrey")
         previous = start
     last = run.state.last
     if last is not None and last.reason == "pruned" and last.end_step is not None:
-        axes.axvline(last.end_step, color="C3", linestyle="--", linewidth=1)
-        axes.annotate(
-            f"pruned {last.pruned or ''}".strip(),
-            (last.end_step, 0.98),
-            xycoords=("data", "axes fraction"),
-            rotation=90,
-            va="top",
-            ha="right",
-            fontsize=8,
-            color="C3",
-        )
+        _mark(axes, last.end_step, f"pruned {last.pruned or ''}".strip(), "C3", "--", "C3")
+
+
+def _mark(axes: Any, step: int, text: str, color: str, style: str, text_color: str) -> None:
+    """A vertical line at ``step`` with ``text`` along it, at the top of the plot."""
+    axes.axvline(step, color=color, linestyle=style, linewidth=1)
+    axes.annotate(
+        text,
+        (step, 0.98),
+        xycoords=("data", "axes fraction"),
+        rotation=90,
+        va="top",
+        ha="right",
+        fontsize=8,
+        color=text_color,
+    )
 
 
 def title(run: RunRecord) -> str:
