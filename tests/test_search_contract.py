@@ -44,6 +44,18 @@ def test_a_search_validates(tmp_path: Path) -> None:
     assert code == 0, output
 
 
+def test_submit_of_a_search_says_it_starts_one_run_and_validate_does_not(tmp_path: Path) -> None:
+    code, output = validate(tmp_path, GOOD)
+    assert code == 0 and "warning" not in output, output
+    path = tmp_path / "experiment.yaml"
+    result = CliRunner().invoke(cli, ["submit", "--dry-run", str(path), "--site", "local"])
+    assert result.exit_code == 0, result.output
+    assert (
+        f"warning: {path} has a sweep: section, which submit does not read: this starts one "
+        f"run with the experiment's own values; `hpctf sweep {path}` runs the search"
+    ) in result.stderr
+
+
 @pytest.mark.parametrize(
     ("change", "said"),
     [

@@ -167,7 +167,7 @@ def ship(
     from hpctf.login.remote.shipping import submit_remote
     from hpctf.login.remote.ssh import connect
     from hpctf.login.remote.where import remote_login
-    from hpctf.login.resolving.advice import advice
+    from hpctf.login.resolving.advice import advice, search_as_one_run
     from hpctf.login.resolving.loader import load_config
 
     config = load_config(experiment, site_name, overrides, env).config
@@ -175,8 +175,9 @@ def ship(
     if login is None:
         return None
     site = read_site(site_name or config.site.name, env)[0]
-    for line in advice(config):
-        click.echo(f"warning: {line}", err=True)
+    for line in [*advice(config), search_as_one_run(config, experiment)]:
+        if line:
+            click.echo(f"warning: {line}", err=True)
     connection = connect(login, env)
     answer = submit_remote(
         connection, name, config, site, experiment, overrides, options, env, capture=capture

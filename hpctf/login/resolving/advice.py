@@ -8,9 +8,14 @@
 * Ports: a ``port_range`` inside Linux's default ephemeral range (32768-60999,
   /proc/sys/net/ipv4/ip_local_port_range) shares its ports with every outgoing connection on
   the node, any of which may hold a worker's port when the worker binds it.
+* A search submitted as one run: ``hpctf submit`` of an experiment with a ``sweep:`` section
+  starts one run with the experiment's own values (a point to try before searching is a fair
+  wish), so it says so rather than leave the researcher waiting for trials.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from hpctf.core.settings.config import ResolvedConfig
 
@@ -41,3 +46,13 @@ def advice(config: ResolvedConfig) -> list[str]:
             "60999"
         )
     return lines
+
+
+def search_as_one_run(config: ResolvedConfig, experiment: Path) -> str | None:
+    """The line ``hpctf submit`` prints when ``experiment`` holds a search; None when not."""
+    if config.experiment.sweep is None:
+        return None
+    return (
+        f"{experiment} has a sweep: section, which submit does not read: this starts one run "
+        f"with the experiment's own values; `hpctf sweep {experiment}` runs the search"
+    )

@@ -18,7 +18,7 @@ from hpctf.core.safe_files import umask, write_atomic
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import Experiment, Site
 from hpctf.core.settings.sites import describe_site, listing, read_site, search_path
-from hpctf.login.resolving.advice import advice
+from hpctf.login.resolving.advice import advice, search_as_one_run
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.resolving.search_keys import check_search_keys
 from hpctf.login.submitting import scaffold
@@ -126,8 +126,9 @@ def submit(
 ) -> None:
     """Create a run directory for EXPERIMENT and start it (sbatch, or local processes)."""
     config = load_config(experiment, site_name, overrides, os.environ).config
-    for line in advice(config):
-        click.echo(f"warning: {line}", err=True)
+    for line in [*advice(config), search_as_one_run(config, experiment)]:
+        if line:
+            click.echo(f"warning: {line}", err=True)
     submitted = submit_run(config, dry_run=dry_run)
     if not dry_run:
         sys.exit(submitted.result)
