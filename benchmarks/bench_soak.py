@@ -76,15 +76,16 @@ class ThreadSampler:
                 self.samples.append({"step": step, "pools": pools})
 
     def growth(self, from_step: int) -> dict[str, int]:
-        """Threads added by name, summed over the workers, from the first sample at or after
-        ``from_step`` to the last (names that lost threads left out); empty without two."""
+        """Threads added by name, summed over the workers seen in both, from the first sample
+        at or after ``from_step`` to the last (names that lost threads left out); empty
+        without two."""
         after = [s for s in self.samples if s["step"] >= from_step]
         if len(after) < 2:
             return {}
         first, last = after[0]["pools"], after[-1]["pools"]
         added: collections.Counter[str] = collections.Counter()
-        for pid, names in last.items():
-            added.update({n: c - first.get(pid, {}).get(n, 0) for n, c in names.items()})
+        for pid in first.keys() & last.keys():  # a process in both: the same workers
+            added.update({n: c - first[pid].get(n, 0) for n, c in last[pid].items()})
         return {name: count for name, count in sorted(added.items()) if count > 0}
 
 
