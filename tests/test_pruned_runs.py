@@ -106,6 +106,22 @@ def test_metric_in_and_the_objective_of_a_run(tmp_path: Path) -> None:
     assert objective_value(tmp_path / "nowhere", "eval.loss") is None
 
 
+def test_the_objective_of_a_fit_script_is_its_val_metric(tmp_path: Path) -> None:
+    # model.fit's epochs are recorded with Keras's names (hpctf.compute.script.fit): a trial
+    # that ran to its end is judged on its last val_loss, not told FAIL for lacking eval.loss.
+    lines = [
+        {"step": 32, "loss": 2.0, "accuracy": 0.4},
+        {"step": 32, "eval": {"val_loss": 1.5, "val_accuracy": 0.3}},
+        {"step": 64, "eval": {"val_loss": 1.1, "val_accuracy": 0.5}},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert objective_value(tmp_path, "eval.loss") == 1.1
+    assert objective_value(tmp_path, "eval.accuracy") == 0.5
+    assert objective_value(tmp_path, "eval.val_loss") == 1.1  # Keras's own name still reads
+    assert metric_in({"step": 1, "eval": {"loss": 0.2, "val_loss": 9.0}}, "eval.loss") == 0.2
+    assert metric_in({"step": 1, "val_loss": 9.0}, "loss") is None  # training loss: no fallback
+
+
 def test_run_end_reads_the_journal(tmp_path: Path) -> None:
     write_events(tmp_path, started(), pruned(), ended(PRUNED, 11, code=0))
     assert run_end(tmp_path) == "pruned"

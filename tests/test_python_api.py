@@ -110,6 +110,9 @@ def test_rank_orders_points_by_a_metric_best_first_missing_last() -> None:
         rank(points, "eval.loss:lowest")
     with pytest.raises(UserError, match=r"expected eval\.NAME"):
         rank(points, "evl.accuracy")
+    # Points of a fit script: their evaluations keep Keras's names (val_accuracy).
+    fitted = [{"index": i, "eval": {"val_accuracy": a}} for i, a in enumerate([0.2, 0.9, 0.5])]
+    assert [p["index"] for p in rank(fitted, "eval.accuracy")] == [1, 2, 0]
 
 
 def test_status_sweep_sort_top_ranks_the_points(

@@ -132,6 +132,113 @@ def test_an_ended_trial_is_told_and_a_stopped_one_resumed_as_itself(tmp_path: Pa
     assert search_dir.read_agent(sweep, 0).finished == [0, 2, 3]
 
 
+@pytest.mark.parametrize("signalled", [True, False])
+def test_a_trial_whose_job_slurm_ended_is_resumed_not_failed(
+    tmp_path: Path, signalled: bool
+) -> None:
+    """A preemption whose save did not finish, a lost node, ``scontrol requeue``: the batch
+    shell got SIGTERM (or the start ended without a word, node_fail) and the run reads
+    failed, but Slurm requeues the task: the trial is not over, its restart resumes it."""
+    sweep = make_search(tmp_path, trials=4)
+    _, say = said()
+    task = ArrayTask(sweep, 0, "77_0", "77")
+    run = next_run(task, False, say)  # type: ignore[arg-type]
+    assert run is not None
+    journal.record_started(RunDir(run), "77_0", nodes="node1", walltime_signal="USR2")
+    if signalled:
+        journal.record_signalled(RunDir(run), "77_0", "TERM")
+    journal.record_ended(RunDir(run), "77_0", 1 if signalled else 137,
+                         "failed" if signalled else "node_fail")  # fmt: skip
+    assert read_history(RunDir(run)).state.state == "failed"
+    assert next_run(task, True, say) is None  # type: ignore[arg-type]
+    assert next_run(task, False, say) == run  # type: ignore[arg-type]
+    study = open_study(sweep / JOURNAL_FILE, search_dir.STUDY_NAME, Pruner())
+    assert [t.state.name for t in study.get_trials()] == ["RUNNING"]
+    # A failure of its own (no signal, an exit code) is the trial's end: FAIL, the next one.
+    journal.record_started(RunDir(run), "77_0", nodes="node1", walltime_signal="USR2")
+    journal.record_ended(RunDir(run), "77_0", 1, "failed")
+    following = next_run(task, True, say)  # type: ignore[arg-type]
+    assert following is not None and following.name.endswith("trial-0001")
+
+
+def test_a_trial_asked_by_a_task_killed_before_recording_it_is_adopted(tmp_path: Path) -> None:
+    """Killed between the study's ask and its agent file: the trial is RUNNING and held by
+    nobody. The next agent to ask runs it (the budget is not spent on a ghost); one whose
+    parameters were not all drawn is failed; none is adopted while a record is damaged."""
+    sweep = make_search(tmp_path, trials=3)
+    _, say = said()
+    study = open_study(sweep / JOURNAL_FILE, search_dir.STUDY_NAME, Pruner())
+    distributions = {
+        "train.args.learning_rate": optuna.distributions.FloatDistribution(0.001, 0.1, log=True),
+        "train.args.hidden": optuna.distributions.CategoricalDistribution([8, 16, 32]),
+    }
+    ghost = study.ask(distributions)  # task 5's ask; it died before its agent file
+    half = study.ask({"train.args.hidden": distributions["train.args.hidden"]})  # mid-draw
+    (sweep / search_dir.AGENTS_DIR).mkdir(exist_ok=True)
+    damaged = search_dir.agent_file(sweep, 9)
+    damaged.write_text("{not json")
+    assert search_dir.held_trials(sweep) is None
+    run = next_run(ArrayTask(sweep, 0, "77_0", "77"), False, say)  # type: ignore[arg-type]
+    assert run is not None and run.name.endswith("trial-0002")  # nothing adopted: a new trial
+    damaged.unlink()
+    adopted = next_run(ArrayTask(sweep, 1, "77_1", "77"), False, say)  # type: ignore[arg-type]
+    assert adopted is not None and adopted.name.endswith(f"trial-{ghost.number:04d}")
+    ref = read_trial_ref(adopted)
+    assert ref is not None and ref.params == ghost.params
+    states = {t.number: t.state.name for t in study.get_trials()}
+    assert states == {ghost.number: "RUNNING", half.number: "FAIL", 2: "RUNNING"}
+    assert search_dir.held_trials(sweep) == {ghost.number, 2}
+    # The budget (3) is spent: a third task has nothing to ask.
+    assert next_run(ArrayTask(sweep, 2, "77_2", "77"), False, say) is None  # type: ignore[arg-type]
+
+
+def test_a_damaged_or_edited_agent_record_is_one_line_and_removes_nothing(
+    tmp_path: Path,
+) -> None:
+    sweep = make_search(tmp_path, trials=2)
+    _, say = said()
+    task = ArrayTask(sweep, 0, "77_0", "77")
+    run = next_run(task, False, say)  # type: ignore[arg-type]
+    assert run is not None
+    record = search_dir.agent_file(sweep, 0)
+    data = json.loads(record.read_text())
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "results.h5").write_text("hours of work")
+    record.write_text(json.dumps({**data, "run_dir": str(victim)}))  # no trial.json there
+    result = CliRunner().invoke(cli, ["search-next", str(sweep)],
+                                env={"SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "0",
+                                     "SLURM_JOB_ID": "78"})  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert f"trial 0's run directory is {run}, not {victim}" in result.output
+    assert "Traceback" not in result.output and (victim / "results.h5").exists()
+    record.write_text('{"task": 0, "number": "zero"}')
+    result = CliRunner().invoke(cli, ["search-next", str(sweep)],
+                                env={"SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "0",
+                                     "SLURM_JOB_ID": "78"})  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert f"{record}: damaged" in result.output and "Traceback" not in result.output
+
+
+def test_a_study_journal_damaged_in_the_middle_is_one_line_exit_3(
+    tmp_path: Path, fake_slurm: FakeSlurm
+) -> None:
+    """An append cut short (a full disk, a quota) and others after it: every read of the
+    study fails in Optuna; the agent and status say which file, exit 3, no traceback."""
+    sweep = make_search(tmp_path, trials=3)
+    _, say = said()
+    assert next_run(ArrayTask(sweep, 0, "77_0", "77"), False, say) is not None  # type: ignore[arg-type]
+    journal_file = sweep / JOURNAL_FILE
+    lines = journal_file.read_bytes().splitlines(keepends=True)
+    journal_file.write_bytes(b"".join(lines[:-1]) + lines[-1][:7] + b"\n" + lines[-1])
+    env = {"SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "79"}
+    for args in (["search-next", str(sweep)], ["status", str(sweep)]):
+        result = CliRunner().invoke(cli, args, env=env)
+        assert result.exit_code == 3, result.output
+        assert f"{journal_file}: damaged" in result.output, result.output
+        assert "Traceback" not in result.output
+
+
 def test_a_task_stopped_before_its_trial_run_existed_makes_it_on_restart(tmp_path: Path) -> None:
     sweep = make_search(tmp_path)
     _, say = said()
@@ -218,5 +325,9 @@ def test_sweep_status_cancel_and_resubmit_of_a_search(
     assert again.exit_code == 0, again.output
     assert len(fake_slurm.calls("sbatch")) == 2
     assert len(json.loads((sweep / "sweep.json").read_text())["arrays"]) == 2
+    third = CliRunner().invoke(cli, ["resubmit", str(sweep)])  # the search's one script, again
+    assert third.exit_code == 0, third.output
+    scripts = [call.split()[-1] for call in fake_slurm.calls("sbatch")]
+    assert scripts == [str(sweep / "array-0.sbatch")] * 3
     refused = CliRunner().invoke(cli, ["resubmit", str(run)])  # a trial: resubmit its sweep
     assert refused.exit_code == 2 and f"trial 0 of the search in {sweep}" in refused.output

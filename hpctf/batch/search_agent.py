@@ -21,6 +21,7 @@ Exit status: 0 with the run directory on stdout; 99 when this task has nothing m
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import click
 
-from hpctf.core.errors import NOT_STARTING_EXIT, EnvironmentProblem, UserError
+from hpctf.core.errors import NOT_STARTING_EXIT, DamagedRecord, EnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.history import read_history
 from hpctf.core.run.rundir import RunDir, create_point, remove_new_run_dir
@@ -38,6 +39,7 @@ from hpctf.core.search.search_dir import (
     SEARCH_DIR,
     STUDY_NAME,
     Agent,
+    agent_file,
     read_agent,
     trial_dir_name,
     write_agent,
@@ -97,7 +99,7 @@ def next_run(task: ArrayTask, after_run: bool, say: Callable[[str], None]) -> Pa
     new = False
     while True:
         if agent.holds:
-            run = RunDir(Path(str(agent.run_dir)))
+            run = RunDir(_trial_path(task, base, agent))
             ended = _ended(task, base, agent, run)
             if ended is None:
                 if after_run:
@@ -115,16 +117,38 @@ def next_run(task: ArrayTask, after_run: bool, say: Callable[[str], None]) -> Pa
                    if ended.value is not None else f": {ended.why}"))  # fmt: skip
             agent = Agent(task.task, finished=[*agent.finished, int(str(agent.number))])
             write_agent(task.sweep, agent)
-        asked = trials.ask(task.sweep, journal_file, base.search, base.budget)
+
+        def hold(asked: trials.Asked, agent: Agent = agent) -> None:
+            """Recorded under the ask lock, before the run exists: a restart finds its trial."""
+            write_agent(task.sweep, _holding(task, base, agent, asked))
+
+        asked = trials.ask(task.sweep, journal_file, base.search, base.budget, hold)
         if asked is None:
             say(f"hpctf: the search's {base.budget} trial(s) are all asked; task {task.task} "
                 "ends")  # fmt: skip
             return None
-        run_path = task.sweep / trial_dir_name(base.config.experiment.name, asked.number)
-        agent = replace(agent, number=asked.number, trial_id=asked.trial_id,
-                        params=asked.params, run_dir=str(run_path))  # fmt: skip
-        write_agent(task.sweep, agent)  # before the run exists: a restart finds its trial
+        agent = _holding(task, base, agent, asked)
         after_run, new = False, True  # a new trial: run it
+
+
+def _holding(task: ArrayTask, base: Base, agent: Agent, asked: trials.Asked) -> Agent:
+    """``agent`` holding the trial ``asked``, its run directory the sweep's for its number."""
+    path = task.sweep / trial_dir_name(base.config.experiment.name, asked.number)
+    return replace(agent, number=asked.number, trial_id=asked.trial_id, params=asked.params,
+                   run_dir=str(path))  # fmt: skip
+
+
+def _trial_path(task: ArrayTask, base: Base, agent: Agent) -> Path:
+    """The run directory of the trial ``agent`` holds: the one the sweep names for its
+    number, which the record must name too (it is removed when half-made: never a path read
+    from a file alone)."""
+    path = task.sweep / trial_dir_name(base.config.experiment.name, int(str(agent.number)))
+    if Path(str(agent.run_dir)) != path:
+        raise DamagedRecord(
+            f"{agent_file(task.sweep, task.task)}: trial {agent.number}'s run directory is "
+            f"{path}, not {agent.run_dir}"
+        )
+    return path
 
 
 def _ended(task: ArrayTask, base: Base, agent: Agent, run: RunDir) -> trials.Outcome | None:
@@ -184,6 +208,11 @@ def _note_resumed(task: ArrayTask, run: RunDir) -> None:
 def search_next(sweep_dir: Path, after_run: bool) -> None:
     """Print the run directory this array task of the search in SWEEP_DIR trains next; exit
     NOT_STARTING_EXIT when it has nothing more to do."""
+    # Slurm ends a job by sending SIGTERM to every process of the batch step: this short
+    # bookkeeping (ask the study, record the trial, tell it an end) finishes rather than die
+    # holding the ask lock or half-way through its records; the batch shell's trap then ends
+    # the task, and SIGKILL after the site's KillWait still bounds it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     task = ArrayTask.of(sweep_dir, os.environ)
     path = next_run(task, after_run, say=lambda text: click.echo(text, err=True))
     if path is None:

@@ -20,6 +20,18 @@ from pathlib import Path
 from typing import Any
 
 RESUMED_FROM = "resumed_from"
+# Keras's own name for an evaluation's metric: ``model.fit``'s epochs are recorded with their
+# logs' names (eval: {"val_loss": ...}), hpctf's loop with the metrics' (eval: {"loss": ...}).
+KERAS_EVAL_PREFIX = "val_"
+
+
+def eval_metric(group: Any, name: str) -> Any:
+    """The evaluation's ``name`` in a record's ``eval`` group (``loss``: its ``loss``, or
+    ``val_loss`` as ``model.fit`` logs it); None when the group holds neither."""
+    if not isinstance(group, dict):
+        return None
+    value = group.get(name)
+    return group.get(KERAS_EVAL_PREFIX + name) if value is None else value
 
 
 def resumed_marker(step: int, now: float) -> dict[str, Any]:

@@ -11,19 +11,24 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.run.history import read_history
-from hpctf.core.run.metrics_history import metric_records
+from hpctf.core.run.metrics_history import eval_metric, metric_records
 from hpctf.core.run.rundir import RunDir
 
 
 def metric_in(record: Mapping[str, Any], metric: str) -> float | None:
-    """``metric`` (``eval.loss``: the ``loss`` of the record's ``eval`` group; ``loss``: a
-    top-level value) in one metrics.jsonl record, or None when it holds no number there."""
+    """``metric`` (``eval.loss``: the ``loss`` of the record's ``eval`` group, or its
+    ``val_loss`` from ``model.fit``; ``loss``: a top-level value) in one metrics.jsonl
+    record, or None when it holds no number there."""
     group, _, name = metric.partition(".")
     value: Any = record.get(group) if name else record.get(metric)
     if name:
-        value = value.get(name) if isinstance(value, Mapping) else None
+        value = eval_metric(value, name) if group == "eval" else _member(value, name)
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     return float(value) if ok and value == value else None  # NaN is no value
+
+
+def _member(group: Any, name: str) -> Any:
+    return group.get(name) if isinstance(group, Mapping) else None
 
 
 def eval_values(records: Iterable[Mapping[str, Any]], metric: str) -> list[tuple[int, float]]:

@@ -7,13 +7,16 @@ Layout, beside a grid sweep's ``sweep.json``, ``array-<n>.sbatch``, ``logs/`` an
     search/config.json      the base experiment, resolved and frozen once (secrets redacted;
     search/secrets.env      their values, 0600), its code/ a link to the sweep's snapshot
     study.journal           the Optuna study (:mod:`hpctf.core.search.study`)
-    ask.lock                held while one agent asks the study for a trial (O_EXCL)
+    ask.lock.lock           held while one agent asks the study for a trial and records it
+                            in its agents/ file (O_EXCL; Optuna's JournalFileOpenLock)
     agents/<task>.json      the trial array task <task> holds (and those it finished)
     <name>-trial-<NNNN>/    one ordinary run directory per trial, with its trial.json
 
-The agent of an array task holds one trial at a time: it is written here before the trial's
-run directory is made, so that a task killed at any moment finds its trial on restart and
-resumes it (the same run directory), never asking for a new one in its place.
+The agent of an array task holds one trial at a time: it is written here, under the ask lock,
+before the trial's run directory is made, so that a task killed at any moment finds its trial
+on restart and resumes it (the same run directory), never asking for a new one in its place.
+So every trial the study has RUNNING is held by an agent, but one asked by a task killed
+between the ask and the record: the next agent to ask adopts it (:func:`held_trials`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctf.core.errors import DamagedRecord
 from hpctf.core.safe_files import write_atomic
 from hpctf.core.search.trial_ref import read_trial_ref
 
@@ -84,21 +88,33 @@ def agent_file(sweep: Path, task: int) -> Path:
 
 def read_agent(sweep: Path, task: int) -> Agent:
     """Task ``task``'s record; an empty one when it has none yet. A damaged record raises
-    ValueError (the agent cannot tell which trial it held: no guess)."""
+    DamagedRecord (the agent cannot tell which trial it held: no guess)."""
+    path = agent_file(sweep, task)
     try:
-        data = json.loads(agent_file(sweep, task).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return Agent(task)
-    if not isinstance(data, dict):
-        raise ValueError(f"{agent_file(sweep, task)}: not a mapping")
-    return Agent(
-        task=int(data["task"]),
-        number=None if data.get("number") is None else int(data["number"]),
-        trial_id=None if data.get("trial_id") is None else int(data["trial_id"]),
-        params=dict(data.get("params") or {}),
-        run_dir=data.get("run_dir"),
-        finished=[int(n) for n in data.get("finished") or []],
-    )
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        raise DamagedRecord(f"{path}: {exc}") from None
+    try:
+        if not isinstance(data, dict) or int(data["task"]) != task:
+            raise ValueError(f"not the record of task {task}")
+        run_dir = data.get("run_dir")
+        if run_dir is not None and not isinstance(run_dir, str):
+            raise ValueError("run_dir is not a path")
+        return Agent(
+            task=task,
+            number=None if data.get("number") is None else int(data["number"]),
+            trial_id=None if data.get("trial_id") is None else int(data["trial_id"]),
+            params=dict(data.get("params") or {}),
+            run_dir=run_dir,
+            finished=[int(n) for n in data.get("finished") or []],
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DamagedRecord(
+            f"{path}: damaged ({exc}): the task cannot tell which trial it held; "
+            "restore it or remove it (its trial is then adopted by the next agent that asks)"
+        ) from None
 
 
 def write_agent(sweep: Path, agent: Agent) -> None:
@@ -114,9 +130,25 @@ def agents(sweep: Path) -> list[Agent]:
         if path.stem.isdigit():
             try:
                 found.append(read_agent(sweep, int(path.stem)))
-            except (OSError, ValueError, KeyError, TypeError):
+            except DamagedRecord:
                 continue
     return sorted(found, key=lambda a: a.task)
+
+
+def held_trials(sweep: Path) -> set[int] | None:
+    """The numbers of the trials the array's agents hold now; None when a record cannot be
+    read (then no trial may be taken for an orphan: it may be that record's)."""
+    held = set()
+    for path in (sweep / AGENTS_DIR).glob("*.json"):
+        if not path.stem.isdigit():
+            continue
+        try:
+            agent = read_agent(sweep, int(path.stem))
+        except DamagedRecord:
+            return None
+        if agent.holds and agent.number is not None:
+            held.add(agent.number)
+    return held
 
 
 def trial_points(sweep: Path) -> list[dict[str, Any]]:

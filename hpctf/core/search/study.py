@@ -11,12 +11,15 @@ its own from the search (seeded, plus the trial's number so that two askers diff
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from hpctf.core.errors import UserError
+from hpctf.core.errors import DamagedRecord, UserError
 from hpctf.core.settings.search import (
     CategoricalParam,
     Choice,
@@ -82,15 +85,37 @@ def storage(journal: Path) -> optuna.storages.BaseStorage:
     return journal_storage
 
 
+@contextlib.contextmanager
+def damage_named(journal: Path) -> Iterator[None]:
+    """Optuna's errors for a damaged journal (an append cut short by a full disk or a quota,
+    then others after it: every later read fails) as a DamagedRecord naming the file (exit 3,
+    one line)."""
+    try:
+        yield
+    except json.JSONDecodeError as exc:
+        raise DamagedRecord(f"{journal}: damaged ({exc}); {_DAMAGED}") from None
+    except ValueError as exc:
+        if str(exc) != "Invalid log format.":  # optuna.storages.journal._file.read_logs
+            raise
+        raise DamagedRecord(f"{journal}: a line cut short before others; {_DAMAGED}") from None
+
+
+_DAMAGED = (
+    "the study cannot be read: restore the file from a backup, or remove the damaged line "
+    "(each line is one JSON operation)"
+)
+
+
 def open_study(
     journal: Path, name: str, pruner: Pruner, sampler: optuna.samplers.BaseSampler | None = None
 ) -> optuna.Study:
     """The study ``name`` in ``journal``, created if it is not there yet (its direction is set
     by :func:`create_study`; here it is read back)."""
     lib = _optuna()
-    study: optuna.Study = lib.load_study(
-        study_name=name, storage=storage(journal), pruner=build_pruner(pruner), sampler=sampler
-    )
+    with damage_named(journal):
+        study: optuna.Study = lib.load_study(
+            study_name=name, storage=storage(journal), pruner=build_pruner(pruner), sampler=sampler
+        )
     return study
 
 

@@ -14,7 +14,7 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from hpctf.core.settings.values import Strict
 
@@ -92,8 +92,16 @@ class CategoricalParam(Strict):
     def _distinct(self) -> CategoricalParam:
         seen: list[Choice] = []
         for choice in self.choices:
-            if any(type(choice) is type(s) and choice == s for s in seen):
-                raise ValueError(f"choice {choice!r} given twice; each choice once")
+            # 1, 1.0 and true are one choice to Optuna, which finds a choice by == (its
+            # CategoricalDistribution.to_internal_repr): a trial drawn true would run with 1.
+            for other in seen:
+                if choice == other and type(choice) is type(other):
+                    raise ValueError(f"choice {choice!r} given twice; each choice once")
+                if choice == other:
+                    raise ValueError(
+                        f"choices {other!r} and {choice!r} are equal to Optuna (it compares "
+                        "with ==): give one of them, or quote them as strings"
+                    )
             seen.append(choice)
         return self
 
@@ -103,14 +111,23 @@ Param = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator=
 
 class Objective(Strict):
     """The value a trial is judged by: the last evaluation's ``metric`` (``eval.loss``,
-    ``eval.accuracy``: a key of the run's eval records)."""
+    ``eval.accuracy``: a key of the run's eval records). Only an evaluation's: the pruner
+    judges the evaluations, and a trial must be judged on what it was pruned by."""
 
     metric: str = Field(
-        pattern=r"^[A-Za-z_][A-Za-z0-9_./-]*$",
-        max_length=200,
-        description="the evaluation's key, e.g. eval.loss or eval.accuracy",
+        max_length=200, description="the evaluation's key, e.g. eval.loss or eval.accuracy"
     )
     direction: Literal["minimize", "maximize"] = Field(description="which way is better")
+
+    @field_validator("metric")
+    @classmethod
+    def _an_evaluation(cls, metric: str) -> str:
+        if not re.fullmatch(r"eval\.[A-Za-z_][A-Za-z0-9_./-]*", metric):
+            raise ValueError(
+                f"{metric!r} is no evaluation metric: give eval.NAME, e.g. eval.loss or "
+                "eval.accuracy (the evaluations' values, as metrics.jsonl records them)"
+            )
+        return metric
 
 
 class Pruner(Strict):

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from hpctf.core.errors import UserError
+from hpctf.core.run.metrics_history import eval_metric
 
 Mode = Literal["max", "min"]
 
@@ -50,7 +51,7 @@ def metric_value(document: Mapping[str, Any], metric: str) -> float | None:
     if section == "loss":
         value = document.get("loss")
     elif section in ("eval", "best_eval"):
-        value = (document.get(section) or {}).get(name)
+        value = eval_metric(document.get(section), name)  # a fit script's val_NAME too
     else:
         raise UserError(
             f"--sort {metric!r}: expected eval.NAME, best_eval.NAME or loss, e.g. eval.accuracy"

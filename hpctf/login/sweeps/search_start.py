@@ -137,9 +137,10 @@ def create_search(experiment: Path, plan: SearchPlan, overrides: Sequence[str]) 
 
 
 def submit_array(record: SweepDir, config: ResolvedConfig, script: Path | None = None) -> str:
-    """sbatch the search's array script (the newest one); record the array in sweep.json."""
+    """sbatch the search's array script (its one script, written when the search was made:
+    a resubmit sends the same agents again); record the array in sweep.json."""
     arrays = record.data.setdefault("arrays", [])
-    path = script or record.path / f"array-{max(len(arrays) - 1, 0)}.sbatch"
+    path = script or record.path / "array-0.sbatch"
     job_id = slurm_jobs(config.site).submit_script(path, [])
     arrays.append({"job_id": job_id, "tasks": record.data.get("tasks"), "script": str(path)})
     record.write()

@@ -29,7 +29,7 @@ from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm, slurm_queries
 from hpctf.core.scheduler.slurm import FINAL_STATES, SlurmFailure
 from hpctf.core.search.search_dir import SEARCH_DIR, STUDY_NAME
-from hpctf.core.search.study import JOURNAL_FILE, open_study
+from hpctf.core.search.study import JOURNAL_FILE, damage_named, open_study
 from hpctf.core.settings.search import Search
 from hpctf.login.reading.run_report import format_table, run_document
 from hpctf.login.reading.slurm_view import job_states, slurm_records, slurm_text
@@ -45,8 +45,10 @@ def search_of(record: SweepDir) -> Search:
 
 def study_trials(record: SweepDir) -> dict[int, Any]:
     """The study's trials by number (Optuna's FrozenTrial)."""
-    study = open_study(record.path / JOURNAL_FILE, STUDY_NAME, search_of(record).pruner)
-    return {t.number: t for t in study.get_trials(deepcopy=False)}
+    journal = record.path / JOURNAL_FILE
+    with damage_named(journal):
+        study = open_study(journal, STUDY_NAME, search_of(record).pruner)
+        return {t.number: t for t in study.get_trials(deepcopy=False)}
 
 
 def trial_state(frozen: Any, run_state: str) -> str:

@@ -122,6 +122,15 @@ class Start:
     def advanced(self) -> bool:
         return self.end_step is not None and self.end_step > self.step
 
+    @property
+    def left_to_slurm(self) -> bool:
+        """Slurm ended this start itself (the batch shell got SIGTERM: a preemption, a lost
+        node, ``scontrol requeue``) or it ended without a word (``node_fail``) and it did not
+        end well: whether the job comes back is Slurm's to say (its requeue), not hpctf's."""
+        return self.reason not in ("done", "cancelled", PRUNED) and (
+            self.signalled or self.reason == "node_fail"
+        )
+
 
 @dataclass(frozen=True)
 class RunState:
@@ -336,7 +345,7 @@ def after_end(state: RunState, budgets: Budgets) -> Decision:
         return Decision(False, False, reason)
     if reason == PRUNED:  # finished: the search frees the task for its next trial
         return Decision(False, False, f"pruned {last.pruned or ''}".strip())
-    if last.signalled or reason == "node_fail":
+    if last.left_to_slurm:
         return Decision(False, False, f"{reason}: Slurm ended the job and requeues it if it can")
     if last.environment is not None:
         # A full disk or a read-only filesystem stays so: a requeue would fail at the next save.
