@@ -239,6 +239,27 @@ def test_a_study_journal_damaged_in_the_middle_is_one_line_exit_3(
         assert "Traceback" not in result.output
 
 
+def test_wait_on_a_search_ends_by_the_study_even_for_trials_without_a_run(
+    tmp_path: Path, fake_slurm: FakeSlurm
+) -> None:
+    """hpctf.Sweep.wait(): over once the budget is asked and nothing runs in the study, also
+    when a trial never had a run directory (refused parameters, a killed task's ask)."""
+    import hpctf
+
+    sweep = make_search(tmp_path, trials=2)
+    _, say = said()
+    task = ArrayTask(sweep, 0, "77_0", "77")
+    run = next_run(task, False, say)  # type: ignore[arg-type]
+    assert run is not None
+    study = open_study(sweep / JOURNAL_FILE, search_dir.STUDY_NAME, Pruner())
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # no run directory, ever
+    with pytest.raises(TimeoutError):
+        hpctf.Sweep(sweep).wait(timeout=0.2, poll=0.05)  # trial 0 still runs
+    end_run(run, "77_0", "done", loss=0.5)
+    assert next_run(task, True, say) is None  # type: ignore[arg-type]
+    assert hpctf.Sweep(sweep).wait(timeout=5, poll=0.05) == {0: "done"}
+
+
 def test_a_task_stopped_before_its_trial_run_existed_makes_it_on_restart(tmp_path: Path) -> None:
     sweep = make_search(tmp_path)
     _, say = said()
@@ -331,3 +352,11 @@ def test_sweep_status_cancel_and_resubmit_of_a_search(
     assert scripts == [str(sweep / "array-0.sbatch")] * 3
     refused = CliRunner().invoke(cli, ["resubmit", str(run)])  # a trial: resubmit its sweep
     assert refused.exit_code == 2 and f"trial 0 of the search in {sweep}" in refused.output
+    # Its trial.json damaged, or gone: still refused (its script is the array's agents).
+    (run / "trial.json").write_text("{")
+    refused = CliRunner().invoke(cli, ["resubmit", str(run)])
+    assert refused.exit_code == 3 and "trial.json: damaged" in refused.output, refused.output
+    (run / "trial.json").unlink()
+    refused = CliRunner().invoke(cli, ["resubmit", str(run)])
+    assert refused.exit_code == 2 and "a search's trial without its trial.json" in refused.output
+    assert len(fake_slurm.calls("sbatch")) == 3

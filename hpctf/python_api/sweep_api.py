@@ -67,7 +67,7 @@ class Sweep:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             documents = self.status()
-            if self._search_over(documents) if self._is_search else all(map(has_ended, documents)):
+            if self._search_over() if self._is_search else all(map(has_ended, documents)):
                 return {int(d["index"]): str(d["state"]) for d in documents}
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{self.path}: points still running after {timeout} s")
@@ -79,12 +79,18 @@ class Sweep:
 
         return SweepDir.read(self.path).is_search
 
-    def _search_over(self, documents: list[dict[str, Any]]) -> bool:
+    def _search_over(self) -> bool:
+        """The study's word, not the run directories': its whole budget asked and no trial
+        still running there (a trial refused before it had a run, or one a killed task asked,
+        has no run directory to count)."""
+        from hpctf.login.sweeps.search_watch import study_trials
         from hpctf.login.sweeps.sweep_dir import SweepDir
 
-        trials = int(SweepDir.read(self.path).data.get("trials") or 0)
-        ended = [d for d in documents if d["state"] in ("done", "pruned", "failed")]
-        return len(ended) >= trials
+        record = SweepDir.read(self.path)
+        trials = study_trials(record)
+        budget = int(record.data.get("trials") or 0)
+        finished = ("COMPLETE", "PRUNED", "FAIL")
+        return len(trials) >= budget and all(t.state.name in finished for t in trials.values())
 
     def best(self, metric: str | None = None, mode: str | None = None) -> Point | None:
         """The point with the best ``metric`` (``eval.NAME``: its last evaluation;

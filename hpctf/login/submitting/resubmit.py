@@ -12,14 +12,14 @@ from pathlib import Path
 
 import click
 
-from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.errors import DamagedRecord, EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, ownership, snapshot
 from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir, with_snapshot
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES
-from hpctf.core.search.trial_ref import read_trial_ref
+from hpctf.core.search.trial_ref import TRIAL_FILE, read_trial_ref
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.extend import extend_run, extended_config
 from hpctf.login.submitting.launchers import CLI, Caller, JobLauncher, job_launcher
@@ -80,14 +80,34 @@ def _check_not_a_trial(run: RunDir) -> None:
     the search resumes it, as itself."""
     try:
         ref = read_trial_ref(run.path)
-    except (OSError, ValueError, KeyError, TypeError):
-        ref = None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # Its script would start a second array's agents beside the search's own: refused.
+        raise DamagedRecord(
+            f"{run.path / TRIAL_FILE}: damaged ({exc}): the run is a search's trial; "
+            "hpctf resubmit SWEEP_DIR resumes it"
+        ) from None
+    if ref is None and _SEARCH_AGENT in _text_or_empty(run.script):
+        raise UserError(
+            f"{run.path} is a search's trial without its {TRIAL_FILE}: hpctf resubmit "
+            f"{run.path.parent} (its sweep directory) resumes it"
+        )
     if ref is not None:
         sweep = Path(ref.journal).parent
         raise UserError(
             f"{run.path} is trial {ref.number} of the search in {sweep}: hpctf resubmit {sweep} "
             "resumes it (its array's tasks resume the trials they held)"
         )
+
+
+# What only a search's array script runs (templates/sbatch.sh.j2): its agent's next trial.
+_SEARCH_AGENT = "-m hpctf search-next"
+
+
+def _text_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _check_request(
