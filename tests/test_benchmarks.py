@@ -16,6 +16,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -407,6 +408,9 @@ def test_soak_names_the_threads_that_grew(tmp_path: Path) -> None:
         [sys.executable, "-c", "import time; time.sleep(60)", "worker", str(runs / "a-run")]
     )
     try:
+        deadline = time.monotonic() + 10  # the child's command line, once it has exec'd
+        while bench_soak.workers_of(runs) != [sleeper.pid] and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert bench_soak.workers_of(runs) == [sleeper.pid]
         assert bench_soak.workers_of(tmp_path / "elsewhere") == []
         names = bench_soak.thread_names(sleeper.pid)
