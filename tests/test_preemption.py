@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from hpctf.compute.loop.preemption import (
-    PREEMPTION_SIGNALS,
+    WATCHED_SIGNALS,
     PreemptionWatch,
     SignalRecorder,
     check_interval,
@@ -41,13 +41,13 @@ def packed(signum: int, step_seconds: float) -> int:
 
 
 def test_handling_restores_the_original_handlers_whatever_ends_the_block() -> None:
-    before = {signum: signal.getsignal(signum) for signum in PREEMPTION_SIGNALS}
+    before = {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS}
     got: list[int] = []
     with pytest.raises(RuntimeError), handling(lambda signum, frame: got.append(signum)):
         os.kill(os.getpid(), signal.SIGUSR2)
         raise RuntimeError("the block fails")
     assert got == [signal.SIGUSR2]
-    assert {signum: signal.getsignal(signum) for signum in PREEMPTION_SIGNALS} == before
+    assert {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS} == before
 
 
 def test_watch_takes_a_real_signal_and_gives_the_handlers_back() -> None:

@@ -19,6 +19,8 @@ from hpctf.core.search.trial_ref import TRIAL_FILE
 from tests.conftest import DIGITS, HPCTF, REPO, checkpoint_steps
 from tests.search_trials import intermediate_values, make_trial
 
+CUSTOM_LOOP = REPO / "examples" / "custom_loop" / "experiment.yaml"
+
 pytestmark = pytest.mark.tf
 
 # A tiny run: 24 steps, an evaluation every 6 (4 in all, the last one at the end).
@@ -144,7 +146,7 @@ def test_a_fit_scripts_trial_is_pruned_at_an_epochs_end_on_both_ranks(
     run_dir, said = _start_trial(tmp_path, tmp_path / "staged" / TRIAL_FILE, *sets, script=script)
     for rank in (0, 1):
         log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
-        assert "the search pruned this trial: saved step 8; fit stops here" in log, said
+        assert "the search pruned this trial: saved step 8; the run ends pruned" in log, said
         assert "fit ended at step 8" in log
     assert checkpoint_steps(run_dir) == [8]
     assert not (run_dir / "DONE").exists()
@@ -152,3 +154,25 @@ def test_a_fit_scripts_trial_is_pruned_at_an_epochs_end_on_both_ranks(
     assert (record["step"], record["evaluation"]) == (8, 1)
     assert intermediate_values(ref) == {1: record["value"]}
     assert _status(run_dir).startswith("run: pruned (at evaluation 1 (step 8): eval.loss ")
+
+
+def test_a_custom_loops_trial_is_pruned_at_one_step_on_both_ranks(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """``train.loop: custom``: the loop's ``session.evaluated(step, results)`` tells the study;
+    both ranks take the chief's vote at that evaluation (step 6), save it and leave; the run
+    ends pruned, exit 0, as a trial of hpctf's loop does."""
+    runs_root.mkdir()
+    ref = make_trial(tmp_path / "staged", runs_root, "asha")
+    sets = [s for s in TINY if not s.startswith("train.args.")]
+    run_dir, said = _start_trial(tmp_path, tmp_path / "staged" / TRIAL_FILE, *sets,
+                                 script=CUSTOM_LOOP)  # fmt: skip
+    assert _pruned_lines(run_dir, 0) == _pruned_lines(run_dir, 1) == ["6"], said
+    assert checkpoint_steps(run_dir) == [6]
+    assert not (run_dir / "DONE").exists()
+    (record,) = [e for e in RunDir(run_dir).events() if e["event"] == "pruned"]
+    assert (record["step"], record["evaluation"], record["metric"]) == (6, 1, "eval.loss")
+    assert intermediate_values(ref) == {1: record["value"]}
+    ended = [e for e in RunDir(run_dir).events() if e["event"] == "ended"]
+    assert [(e["reason"], e["exit_code"]) for e in ended] == [("pruned", 0)]
+    assert _status(run_dir).startswith("run: pruned (at evaluation 1 (step 6): eval.loss ")

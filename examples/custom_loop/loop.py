@@ -2,7 +2,8 @@
 
 hpctf calls ``main(session, **train.args)`` on every rank (``train.loop: custom``). The session
 has already made TF_CONFIG and the strategy; ``track`` restores the newest whole checkpoint,
-``distribute`` positions the data after it, ``step_done`` checkpoints and handles preemption.
+``distribute`` positions the data after it, ``step_done`` checkpoints and handles preemption,
+``evaluated`` records an evaluation (and, in a search's trial, may prune the run there).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ def main(session: Session, learning_rate: float = 0.1) -> None:
     digits = load_digits()
     features = (digits.data / 16.0).astype(np.float32)
     labels = digits.target.astype(np.int64)
+    held_out = len(labels) // 5  # the last fifth, for evaluations
+    features, x_val = features[:-held_out], features[-held_out:]
+    labels, y_val = labels[:-held_out], labels[-held_out:]
     strategy = session.strategy
     global_batch = session.settings.global_batch_size
 
@@ -56,6 +60,31 @@ def main(session: Session, learning_rate: float = 0.1) -> None:
             tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=(x, y)), axis=None
         )
 
+    validation = session.evaluation_dataset(
+        lambda: tf.data.Dataset.from_tensor_slices((x_val, y_val))
+    )
+
+    def replica_sums(x: Any, y: Any) -> tuple[Any, Any]:
+        per_example = loss_fn(y, model(x, training=False))
+        return tf.reduce_sum(per_example), tf.cast(tf.shape(y)[0], tf.float32)
+
+    @tf.function
+    def eval_step(x: Any, y: Any) -> tuple[Any, Any]:
+        total, count = strategy.run(replica_sums, args=(x, y))
+        sum_ = tf.distribute.ReduceOp.SUM
+        return strategy.reduce(sum_, total, axis=None), strategy.reduce(sum_, count, axis=None)
+
+    def evaluate() -> dict[str, float]:
+        session.equalize()  # BatchNormalization's statistics: one model on every rank
+        total = count = 0.0
+        for x, y in strategy.experimental_distribute_dataset(validation):
+            batch_total, batch_count = eval_step(x, y)
+            total, count = total + float(batch_total), count + float(batch_count)
+        return {"loss": total / count}
+
+    every = session.settings.eval_every_steps
     for step in range(start + 1, steps + 1):
         session.step_done(step, loss=float(train_step(iterator)))
+        if every and step % every == 0:
+            session.evaluated(step, evaluate())  # every rank; a search may prune the run here
     session.finish(steps)

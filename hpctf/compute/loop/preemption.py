@@ -17,7 +17,7 @@ import signal
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from hpctf.compute.loop.agreement import Agreement
+from hpctf.compute.loop.agreement import WATCHED_SIGNALS, Agreement
 from hpctf.compute.process import peer_watch
 from hpctf.compute.process.launcher_watch import LAUNCHER_PID_ENV
 from hpctf.core.errors import PREEMPTED_EXIT
@@ -29,7 +29,6 @@ if TYPE_CHECKING:  # imports TensorFlow; this module is imported before it
 
 log = logging.getLogger("hpctf.worker")
 
-PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
 Handler = Callable[[int, Any], Any] | int | None  # what signal.signal takes and returns
 
@@ -49,7 +48,7 @@ class SignalRecorder:
 
 @contextlib.contextmanager
 def handling(
-    handler: Handler, signals: tuple[int, ...] = PREEMPTION_SIGNALS
+    handler: Handler, signals: tuple[int, ...] = WATCHED_SIGNALS
 ) -> Iterator[dict[int, Handler]]:
     """Install ``handler`` for ``signals`` (main thread only); yield the handlers it replaced;
     put them back on leaving, whatever ends the block."""
@@ -71,7 +70,7 @@ def install_early_handlers() -> SignalRecorder:
     into a death by signal. :class:`PreemptionWatch` replaces it during training and puts it back.
     """
     recorder = SignalRecorder()
-    for signum in PREEMPTION_SIGNALS:
+    for signum in WATCHED_SIGNALS:
         signal.signal(signum, recorder)
     return recorder
 
@@ -80,7 +79,7 @@ def early_signal(handlers: Iterable[Handler] | None = None) -> int:
     """The warning a :class:`SignalRecorder` among ``handlers`` (default: the installed ones)
     received, or 0."""
     if handlers is None:
-        handlers = [signal.getsignal(signum) for signum in PREEMPTION_SIGNALS]
+        handlers = [signal.getsignal(signum) for signum in WATCHED_SIGNALS]
     return max((h.received for h in handlers if isinstance(h, SignalRecorder)), default=0)
 
 

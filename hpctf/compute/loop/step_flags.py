@@ -30,16 +30,14 @@ the gather.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
 from hpctf.compute.compat.tensorflow_internals import fixed_instance_keys
-from hpctf.compute.loop.agreement import Agreement
+from hpctf.compute.loop.agreement import WATCHED_SIGNALS, Agreement
 
-WATCHED = (signal.SIGUSR2, signal.SIGTERM)  # Slurm's warning; a preemption or the time limit
 _MS_EXACT = float(1 << 24)  # float32 holds whole numbers exactly up to here
 
 
@@ -60,8 +58,8 @@ class StepFlags:
         self._pushed = 0
 
     def raise_flag(self, signum: int) -> None:
-        """For the signal handler: remember ``signum`` (one of :data:`WATCHED`)."""
-        if signum in WATCHED and signum not in self._raised:
+        """For the signal handler: remember ``signum`` (one of :data:`WATCHED_SIGNALS`)."""
+        if signum in WATCHED_SIGNALS and signum not in self._raised:
             self._raised.append(signum)
 
     def push(self) -> None:
@@ -71,7 +69,7 @@ class StepFlags:
         if len(self._raised) == self._pushed:
             return
         for signum in self._raised[self._pushed :]:
-            self._mine[WATCHED.index(signum)] = 1.0
+            self._mine[WATCHED_SIGNALS.index(signum)] = 1.0
         self._pushed = len(self._raised)
         self.brought.assign(self._mine)
 
@@ -93,7 +91,7 @@ class StepFlags:
     def agreed(self) -> list[float]:
         """Per watched signal, how many ranks had it as of the last step (a rank's flag, once
         raised, stays raised: so does the count)."""
-        return [float(v) for v in self._summed()[: len(WATCHED)]]
+        return [float(v) for v in self._summed()[: len(WATCHED_SIGNALS)]]
 
     def _summed(self) -> Any:
         if self.last is None:
@@ -108,14 +106,16 @@ class StepFlags:
         (this rank's) to the next steps; a vote that this agreement's save answers is not
         brought again. Waits for the dispatched steps."""
         summed = self._summed()
-        counts, save, step_ms = summed[: len(WATCHED)], summed[-2] > 0, float(summed[-1])
+        counts, save, step_ms = summed[: len(WATCHED_SIGNALS)], summed[-2] > 0, float(summed[-1])
         mine = list(self._mine)
         mine[-2] = 1.0 if save_vote and not save else 0.0
         mine[-1] = min(round(step_seconds * 1e3), _MS_EXACT / max(replicas, 1) - 1)
         if mine != self._mine:
             self._mine = mine
             self.brought.assign(mine)
-        signum = max((int(s) for s, c in zip(WATCHED, counts, strict=True) if c > 0), default=0)
+        signum = max(
+            (int(s) for s, c in zip(WATCHED_SIGNALS, counts, strict=True) if c > 0), default=0
+        )
         return Agreement(signum, step_ms / max(replicas, 1) / 1e3, bool(save))
 
 
@@ -169,5 +169,5 @@ def flagged_train_step(
     return train_step
 
 
-_PRUNE = len(WATCHED)  # where a rank's vote to prune is, after its flags
-_WIDTH = len(WATCHED) + 3  # what a rank brings: its flags, prune vote, save vote, step time
+_PRUNE = len(WATCHED_SIGNALS)  # where a rank's vote to prune is, after its flags
+_WIDTH = len(WATCHED_SIGNALS) + 3  # what a rank brings: its flags, prune vote, save vote, step time

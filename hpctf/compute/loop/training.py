@@ -21,11 +21,10 @@ import tensorflow as tf
 
 from hpctf.api import DataSource, Task
 from hpctf.compute.cluster.joining import with_loss_scaling
-from hpctf.compute.cluster.peers import PeerLost, lost_peer
 from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.compat import tensorflow_internals
+from hpctf.compute.loop.control import Pruned, peer_lost
 from hpctf.compute.loop.preemption import Preempted
-from hpctf.compute.loop.pruning import TrialPruning, evaluation_index, trial_pruning
 from hpctf.compute.loop.session import Session, open_session
 from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
 from hpctf.compute.process import startup_clock
@@ -74,29 +73,10 @@ def train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
         try:
             return _train(config, run, spec, session)
         except tf.errors.OpError as exc:
-            lost = _peer_lost(exc, spec, session)
+            lost = peer_lost(exc, spec, session.control)
             if lost is None:
                 raise
             raise lost from exc
-
-
-# The gRPC statuses of TF's errors when a peer goes away, by the names hpctf.compute.cluster.peers
-# uses.
-_PEER_LOSS_STATUSES = {
-    tf.errors.UNAVAILABLE: "UNAVAILABLE",
-    tf.errors.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
-    tf.errors.ABORTED: "ABORTED",
-    tf.errors.CANCELLED: "CANCELLED",
-}
-
-
-def _peer_lost(exc: tf.errors.OpError, spec: ClusterSpec, session: Session) -> PeerLost | None:
-    """The peer that ``exc`` says stopped answering, or None when it is about something else."""
-    code = _PEER_LOSS_STATUSES.get(exc.error_code, type(exc).__name__)
-    lost = lost_peer(code, exc.message, spec)
-    if lost is not None:
-        session.await_stall_verdict()  # a peer whose watchdog ended it: this rank stalled too
-    return lost
 
 
 def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec, session: Session) -> int:
@@ -109,14 +89,13 @@ def _train(config: ResolvedConfig, run: RunDir, spec: ClusterSpec, session: Sess
                 user_code.call(f"train.entry {settings.entry}", entry, session, **settings.args)
             else:
                 builtin_loop(session, entry)
-    except Preempted as stop:
+    except (Preempted, Pruned) as stop:
         status = int(stop.code or 0)
     except user_code.UserCodeError as exc:
         # A custom loop's collective that failed because a peer left raises from the user's
         # frame: the peer's fault, not the user's code.
-        cause = exc.__cause__
-        if isinstance(cause, tf.errors.OpError) and (lost := _peer_lost(cause, spec, session)):
-            raise lost from cause
+        if lost := peer_lost(exc.__cause__, spec, session.control):
+            raise lost from exc.__cause__
         return user_code.report(exc, run, spec)
     except EnvironmentProblem as exc:
         if spec.is_chief:  # the batch script does not requeue a run the environment stopped
@@ -248,8 +227,6 @@ def builtin_loop(session: Session, entry: Callable[..., Any]) -> None:
         hooks.train_begin(start)
     startup_clock.mark("input and step function")
     steps = _Steps(session, lambda ahead: train_step(iterator, ahead), flags, hooks, evaluator)
-    if evaluator is not None and settings.eval_every_steps:  # a search's trial: pruning.py
-        steps.pruning = trial_pruning(session.run.path, session.spec.is_chief)
     final, results, evaluated = steps.run(start)
     if steps.pruned:  # saved on every rank, recorded: the run ends pruned, exit 0
         if hooks:
@@ -276,7 +253,6 @@ class _Steps:
     flags: StepFlags
     hooks: TaskCallbacks
     evaluator: Evaluator | None
-    pruning: TrialPruning | None = None  # a search's trial (RUN/trial.json)
     asked: bool = False  # the pruner was asked after the last call: its vote rides in the next
     pruned: bool = False
 
@@ -284,27 +260,19 @@ class _Steps:
         return self.evaluator.at(step) if self.evaluator is not None else {}
 
     def report(self, step: int, results: dict[str, float], ask: bool) -> None:
-        """A trial's evaluation at ``step`` to its study (the chief's part: pruning.py); with
-        ``ask``, the chief's vote to prune goes into the next call's steps, and every rank
-        runs that call as one step and reads the agreed vote after it (:meth:`run`)."""
-        if self.pruning is None or not results:
-            return
-        every = self.session.settings.eval_every_steps or 1
-        evaluation = evaluation_index(step + every - 1, every)  # the last one may fall between
-        if self.pruning.report(step, evaluation, results, ask):
+        """A trial's evaluation at ``step`` to its study (the control's); with ``ask``, the
+        chief's vote to prune goes into the next call's steps, and every rank runs that call
+        as one step and reads the agreed vote after it (:meth:`run`): no gather of its own."""
+        control = self.session.control
+        if not self.session.settings.eval_every_steps or not results:
+            return  # the evaluations of train.eval_every_steps are a trial's resource
+        if control.report(step, results, ask):
             self.flags.vote_prune()
         self.asked = ask
 
     def prune(self, step: int) -> None:
-        """Every rank agreed to prune after ``step``: save it on every rank, the chief records
-        where the pruner stopped the trial."""
-        session, pruning = self.session, self.pruning
-        if session.last_saved_step != step:
-            session.save(step)
-        session.wait_for_saves()  # the step on disk before the record says so
-        if pruning is not None and session.spec.is_chief:
-            pruning.record(session.run, session.spec.journal_job, step)
-        log.info("the search pruned this trial: saved step %d; the run ends pruned", step)
+        """Every rank agreed to prune after ``step``: saved on every rank, recorded."""
+        self.session.control.prune(step)
         self.pruned = True
 
     def run(self, start: int) -> tuple[int, dict[str, float], int]:
@@ -345,7 +313,7 @@ class _Steps:
             due = bool(every_eval) and step % (every_eval or 1) == 0
             if (due and step != total) or (epoch_end and self.evaluator is not None):
                 results, evaluated = self.evaluate(step), step
-                if due and step != total:  # the cadence's evaluations are the trial's resource
+                if due and step != total and every_eval:  # the trial's resource: pruning.py
                     self.report(step, results, ask=True)
             if epoch_end:
                 hooks.epoch_end(step, results if evaluated == step else None)
@@ -418,6 +386,7 @@ class Evaluator:
         strategy = self._strategy = session.strategy
         self._keepalive = session.keepalive
         self._record = session.record
+        self._equalize = session.equalize
         self._dataset = session.evaluation_dataset(eval_data)
         # build_task resolved the metrics to name -> per-example function.
         functions = {"loss": task.loss, **cast(Mapping[str, Any], task.metrics)}
@@ -446,6 +415,7 @@ class Evaluator:
 
     def at(self, step: int) -> dict[str, float]:
         """Evaluate at ``step``: the results logged, recorded (group ``eval``) and returned."""
+        self._equalize()  # every rank scores the model the checkpoint holds
         results = self()
         log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
         self._record(step, results, group="eval")

@@ -28,31 +28,19 @@ the run's eval metrics at the epoch's last step.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import signal
-import time
 from typing import Any
 
 import tensorflow as tf
 
 from hpctf.compute.cluster.spec import ClusterSpec
-from hpctf.compute.compat.keras_fit import FitInput, fit_input, random_state_variables
-from hpctf.compute.doctor.procstat import process_usage
-from hpctf.compute.loop.cadence import AgreementClock, Cadence
-from hpctf.compute.loop.preemption import (
-    Preempted,
-    PreemptionWatch,
-    leaving_words,
-    make_gather,
-)
-from hpctf.compute.loop.pruning import TrialPruning, trial_pruning
+from hpctf.compute.compat.keras_fit import RESHUFFLED_INPUT, FitInput, fit_input
+from hpctf.compute.loop.cadence import Cadence
+from hpctf.compute.loop.control import Parts, TrainingControl
+from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather
 from hpctf.compute.loop.watchdog import ProgressWatchdog
-from hpctf.compute.process.leaving import exit_later
-from hpctf.compute.records.checkpoints import Checkpointer, checkpoint_of
 from hpctf.compute.records.chief_records import ChiefRecords
-from hpctf.core.errors import PREEMPTED_EXIT, UserError
-from hpctf.core.run import journal
+from hpctf.core.errors import UserError
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import ResolvedConfig
@@ -122,7 +110,8 @@ def legacy_keras(model: Any) -> bool:
 
 
 class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
-    """Checkpoints, preemption saves, progress and a fed watchdog for ``model.fit``."""
+    """``model.fit``'s adapter on :class:`~hpctf.compute.loop.control.TrainingControl`:
+    checkpoints, preemption saves, pruning, progress and a fed watchdog."""
 
     def __init__(self, config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> None:
         super().__init__()
@@ -130,35 +119,16 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         # rank log's next lines; without interactive logging fit's verbose="auto" is one line
         # per epoch, through absl logging. hpctf's own progress lines say the rest.
         tf.keras.utils.disable_interactive_logging()
-        self._settings = config.experiment.train
-        self._checkpoint_settings = config.experiment.checkpoint
-        self._warning_seconds = launcher_for(config.site).warning_seconds
+        self._config = config
         self._run = run
         self._spec = spec
         self._records = ChiefRecords(run, spec.is_chief, config)
+        self._control: TrainingControl | None = None
         self._epoch = 0
-        self._initial_epoch = 0
         self._step = 0
-        self._total: int | None = None
         self._steps_per_epoch = 0
-        self._watchdog: ProgressWatchdog | None = None
-        self._preemption: PreemptionWatch | None = None
-        self._checkpointer: Checkpointer | None = None
-        self._step_variable: Any = None
-        self._gather: Any = None
-        self._pruning: TrialPruning | None = None  # a search's trial (RUN/trial.json)
-        self._saved_step: int | None = None
         self._resumed_inside = (0, 0)
         self._running_metrics: list[tuple[Any, Any]] = []
-        self._window = (time.perf_counter(), 0)
-        self._clock = AgreementClock(
-            self._settings.preemption_check_every_steps,
-            self._warning_seconds,
-            self._checkpoint_settings.every_seconds,
-        )
-        self._cadence = Cadence(
-            self._settings.log_every_steps, self._checkpoint_settings.every_steps, None
-        )
 
     # --- fit's hooks ---------------------------------------------------------------------
 
@@ -170,52 +140,47 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
                 "or a dataset whose size TensorFlow knows"
             )
         model = self.model
-        strategy = model.distribute_strategy
-        gather = self._gather = make_gather(strategy)
-        self._pruning = trial_pruning(self._run.path, self._spec.is_chief)
-        # After the strategy exists: TF's C++ handler would swallow SIGTERM otherwise.
-        self._preemption = PreemptionWatch(gather).__enter__()  # left in _stop()
-        timeout = self._settings.stall_timeout_seconds
-        where = f"rank {self._spec.task_index} on {self._spec.node}"
-        self._watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
-        epochs = int(self.params.get("epochs") or 0)
-        self._total = self._steps_per_epoch * epochs or None
-        self._cadence = dataclasses.replace(self._cadence, total=self._total)
-        self._step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        objects: dict[str, Any] = {"step": self._step_variable, "model": model}
+        control = self._control = self._start(model.distribute_strategy)
+        objects: dict[str, Any] = {"model": model}
         running = [] if legacy_keras(model) else list(model.metrics_variables)
-        optional = {"random_state": random_state_variables(objects), "running_metrics": running}
         if model.optimizer is not None:
-            with strategy.scope():
+            with model.distribute_strategy.scope():
                 # Slots now, so the restore fills them instead of deferring. Keras 3's fit built
                 # its optimizer already (_symbolic_build), tf_keras's not yet.
                 if legacy_keras(model) or not model.optimizer.built:
                     model.optimizer.build(model.trainable_variables)
             objects["optimizer"] = model.optimizer
-        checkpoint, required = checkpoint_of(objects, optional)
-        self._checkpointer = Checkpointer(
-            checkpoint,
-            self._run.checkpoints,
-            self._spec,
-            self._checkpoint_settings.keep,
-            self._checkpoint_settings.asynchronous,
-            required=required,
-        )
-        restored = self._checkpointer.restore_agreed(gather)
-        self._beat("restore")
-        self._step = int(self._step_variable.numpy())
-        self._records.resumed(self._step)  # records of an earlier start past it: superseded
-        if restored:
-            log.info("resumed from %s at step %d", restored, self._step)
-        else:
-            log.info("no checkpoint in %s: starting at step 0", self._run.checkpoints)
+        self._step = control.track(objects, {"running_metrics": running})
+        if fit_input(model).reshuffled:
+            log.warning("%s", RESHUFFLED_INPUT)
         self._resume_fit_at(model, self._step)
         if self._resumed_inside[1] and running:
             # fit resets the metrics as each epoch begins: what the epoch had summed before the
             # save is put back then (a collective read on every rank, in the same order).
             self._running_metrics = [(v, v.numpy()) for v in running]
-        self._window = (time.perf_counter(), self._step)
-        self._clock.restart(self._step)
+
+    def _start(self, strategy: Any) -> TrainingControl:
+        """The control for this fit: its preemption watch entered (left in :meth:`_stop`) and
+        its watchdog started."""
+        settings, config = self._config.experiment.train, self._config
+        gather = make_gather(strategy)
+        # After the strategy exists: TF's C++ handler would swallow SIGTERM otherwise.
+        preemption = PreemptionWatch(gather).__enter__()
+        timeout = settings.stall_timeout_seconds
+        where = f"rank {self._spec.task_index} on {self._spec.node}"
+        watchdog = ProgressWatchdog(timeout, where=where).start() if timeout else None
+        epochs = int(self.params.get("epochs") or 0)
+        total = self._steps_per_epoch * epochs or None
+        cadence = Cadence(settings.log_every_steps, config.experiment.checkpoint.every_steps, total)
+        return TrainingControl(
+            settings,
+            config.experiment.checkpoint,
+            self._run,
+            self._spec,
+            Parts(strategy, gather, preemption, watchdog, self._records),
+            cadence=cadence,
+            warning_seconds=launcher_for(config.site).warning_seconds,
+        )
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch
@@ -233,8 +198,7 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         validation = {k: v for k, v in values.items() if k.startswith("val_")}
         if validation:
             self._records.record(step, validation, group="eval")
-            if self._pruning is not None:
-                self._report(epoch + 1, step, validation)
+            self._report(epoch + 1, step, validation)
 
     def _report(self, evaluation: int, step: int, validation: dict[str, float]) -> None:
         """A search's trial (:mod:`hpctf.compute.loop.pruning`): the chief reports the epoch's
@@ -242,20 +206,15 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         the votes at this same epoch's end (one gather, trials only) and, on a prune, saves this
         step and stops ``fit`` (``model.stop_training``); the script goes on after ``fit`` and
         the run ends ``pruned``."""
-        pruning, ask = self._pruning, step != self._total  # the last epoch: nothing to stop
-        if pruning is None:
+        control = self._control
+        if control is None or control.pruning is None:
             return
+        ask = step != control.cadence.total  # the last epoch: nothing to stop
         named = {k.removeprefix("val_"): v for k, v in validation.items()}
-        vote = pruning.report(step, evaluation, {**validation, **named}, ask=ask)
-        if not ask or not any(self._gather(1 if vote else 0)):
+        vote = control.report(step, {**validation, **named}, ask, evaluation)
+        if not ask or not control.agree_to_prune(vote):
             return
-        if self._saved_step != step:
-            self._save(step)
-        if self._checkpointer is not None:
-            self._checkpointer.wait()  # the step on disk before the record says so
-        if self._spec.is_chief:
-            pruning.record(self._run, self._spec.journal_job, step)
-        log.info("the search pruned this trial: saved step %d; fit stops here", step)
+        control.prune(step)
         self.model.stop_training = True
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -265,23 +224,30 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         # and an uninterrupted one number their steps alike.
         step = self._epoch * self._steps_per_epoch + batch + 1
         self._step = step
-        self._beat(f"step {step}")
-        due = self._cadence.due(step, self._clock.next)
-        if due.log:
-            self._log_progress(step, logs or {})
-        if due.save:
-            self._save(step)
-        if due.agree:
-            self._check_preemption(step, due.save)
-        if self._checkpointer is not None:
-            self._checkpointer.poll()  # a background save that failed ends the run now
+        if self._control is None:
+            return
+        try:
+            self._control.step_done(step, _floats(logs or {}))
+        except Preempted:
+            # No rank leaves before the chief's record; the script's own code after fit (a
+            # model.save, an evaluate with collectives) may wait on ranks that are leaving:
+            # bounded as the built-in loop's exit is (leaving.py, set by the control).
+            self._control.barrier()
+            self._stop()
+            raise
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        if self._control is not None:
+            self._control.equalize()  # fit's validation scores the model every rank holds
 
     def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
-        self._beat("evaluation batch")  # fit's validation between epochs
+        if self._control is not None:
+            self._control.keepalive("evaluation batch")  # fit's validation between epochs
 
     def on_train_end(self, logs: Any = None) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.close()  # the last save on disk before the script goes on
+        if self._control is not None:
+            self._control.equalize()  # what the script evaluates and saves after fit: one model
+            self._control.wait_for_saves()  # the last save on disk before the script goes on
         self._stop()
         if legacy_keras(self.model):
             self.model._training_state = None
@@ -320,75 +286,11 @@ class FitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     def _stop(self) -> None:
         """The watchdog stopped, the signal handlers fit found put back."""
-        if self._watchdog is not None:
-            self._watchdog.stop()
-        if self._preemption is not None:
-            self._preemption.__exit__()
-            self._preemption = None
-
-    def _beat(self, what: str) -> None:
-        if self._watchdog is not None:
-            self._watchdog.beat(what)
-
-    def _save(self, step: int) -> None:
-        if self._checkpointer is None:
-            raise RuntimeError("FitCallback saves only inside fit")
-        self._step_variable.assign(step)
-        self._beat(f"step {step}")
-        started = time.perf_counter()
-        path = self._checkpointer.save(step)
-        self._saved_step = step
-        self._clock.saved()
-        if path is not None:
-            log.info("checkpoint %s (%.2f s)", path, time.perf_counter() - started)
-        self._beat(f"checkpoint of step {step}")
-
-    def _check_preemption(self, step: int, saved: bool) -> None:
-        if self._preemption is None:
+        control = self._control
+        if control is None:
             return
-        clock = self._clock
-        signum, slowest, save = self._preemption.agree(clock.step_seconds(step), clock.save_vote())
-        clock.agreed(step, slowest)
-        if save and not saved:  # checkpoint.every_seconds: the same step on every rank
-            self._save(step)
-            saved = True
-        if not signum:
-            return
-        name = signal.Signals(signum).name
-        if step == self._total:
-            log.warning("got %s at the last step: finishing instead of requeuing", name)
-            return
-        if not saved:
-            self._save(step)
-        if self._checkpointer is not None:
-            self._checkpointer.wait()  # the agreed step on disk before the requeue is recorded
-        if self._spec.is_chief:
-            # The batch script requeues on this record (as after Session.step_done's save).
-            journal.record_saved_on_warning(
-                self._run, self._spec.journal_job, step, name.removeprefix("SIG")
-            )
-        self._preemption.agree(0.0)  # a barrier: no rank leaves before the chief's record
-        log.warning(leaving_words(self._run, step))
-        self._stop()
-        # The script's own code after fit (a model.save, an evaluate with collectives) may wait
-        # on ranks that are leaving: bounded as the built-in loop's exit is (leaving.py).
-        exit_later(PREEMPTED_EXIT)
-        raise Preempted()
-
-    def _log_progress(self, step: int, logs: dict[str, Any]) -> None:
-        now = time.perf_counter()
-        started, first = self._window
-        rate = (step - first) / max(now - started, 1e-9)
-        self._window = (now, step)
-        values = _floats(logs)
-        total = self._total
-        eta = f" eta {round((total - step) / rate)} s" if total and rate else ""
-        shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
-        log.info("step %d/%s %s %.1f steps/s%s", step, total or "?", shown, rate, eta)
-        record: dict[str, float] = {**values, "steps_per_s": round(rate, 3), **process_usage()}
-        if total:
-            record["total_steps"] = total
-        self._records.record(step, record)
+        control.stop_watching()
+        control.preemption.__exit__()
 
 
 def _floats(logs: dict[str, Any]) -> dict[str, float]:
