@@ -150,6 +150,11 @@ def test_a_fit_that_cannot_be_one_exact_training_stops_before_its_first_step(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = [line for line in proc.stdout.splitlines() if said in line]
     assert len(line) < 320, line
+    # status says why, not only "failed (exit 2)": the refusal is the start's recorded reason.
+    status = subprocess.run(
+        [*HPCTF, "status", str(run_dir)], capture_output=True, text=True, check=True
+    ).stdout
+    assert status.startswith("run: failed (") and said in status.splitlines()[0], status
     assert (
         not (run_dir / "metrics.jsonl").exists()
         or "loss" not in (run_dir / "metrics.jsonl").read_text()

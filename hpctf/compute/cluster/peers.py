@@ -29,6 +29,10 @@ class PeerLost(EnvironmentProblem):
     recorded as ``environment_failed``: a requeue (other nodes, a new process) may well
     succeed, so the run's failure budget decides."""
 
+    def __init__(self, line: str) -> None:
+        # The line carries TensorFlow's status and words; its traceback stays in the rank log.
+        super().__init__(line, cause_said=True)
+
 
 def lost_peer(code: str, message: str, spec: ClusterSpec) -> PeerLost | None:
     """The error to raise for TensorFlow's error ``code`` (its gRPC status name) and

@@ -154,7 +154,13 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
         with user_code.region():
             status = exit_status(call_script(settings.script, settings.script_args))
     except user_code.UserCodeError as exc:
+        # fit's collective that failed because a peer left raises from the script's frame: the
+        # peer's fault, not the script's (exit 3, the rank and host named).
+        _raise_if_peer_lost(exc.__cause__, spec)
         return user_code.report(exc, run, spec)
+    except Exception as exc:
+        _raise_if_peer_lost(exc, spec)  # raised in hpctf's callback: a peer's loss all the same
+        raise
     sys.stdout.flush()
     sys.stderr.flush()
     if status == 0:
@@ -172,6 +178,18 @@ def run_script(config: ResolvedConfig, run: RunDir, spec: ClusterSpec) -> int:
     else:
         log.error("script exited %d", status)
     return status
+
+
+def _raise_if_peer_lost(error: BaseException | None, spec: ClusterSpec) -> None:
+    """:class:`~hpctf.compute.cluster.peers.PeerLost` when ``error`` (or what it was raised
+    from) is TensorFlow's word that a peer stopped answering; else nothing."""
+    if error is None or "tensorflow" not in sys.modules:  # no collective ran without it
+        return
+    from hpctf.compute.loop.control import peer_lost
+
+    lost = peer_lost(error, spec)
+    if lost is not None:
+        raise lost from error
 
 
 def _record_preempted(run: RunDir, spec: ClusterSpec) -> RunHistory | None:

@@ -11,11 +11,12 @@ on the login path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from pathlib import Path
 
 from hpctf.compute.cluster.gpus import granted_gpus
@@ -27,7 +28,8 @@ from hpctf.compute.process.launcher_watch import launcher_ended, watch_launcher
 from hpctf.compute.process.worker_tmp import use_own_tmp
 from hpctf.compute.script.entry import keras_environment, run_script
 from hpctf.compute.start import quick_preflight
-from hpctf.core.errors import UserError
+from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run import journal
 from hpctf.core.run.history import record_end_read
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
@@ -147,6 +149,22 @@ def _prepare_node(
     return None
 
 
+@contextlib.contextmanager
+def _refusal_recorded(run: RunDir, spec: ClusterSpec) -> Iterator[None]:
+    """A UserError that stops the training (a fit without the steps of an epoch, a Task that
+    returns no hpctf.Task, ...) recorded in the journal as the start's one-line reason, as an
+    exception of the user's code is: ``hpctf status`` says it (not only ``failed (exit 2)``)
+    and no requeue retries it. Every rank that raised records; the error leaves as it came."""
+    try:
+        yield
+    except UserError as exc:
+        with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full
+            journal.record_user_code_failed(
+                run, spec.journal_job, spec.node, spec.task_index, "UserError", None, str(exc)
+            )
+        raise
+
+
 def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     """Train this task's share of the run; return the process exit code."""
     startup_clock.mark("python+hpctf")
@@ -164,13 +182,14 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     startup_clock.mark("config")
     if (failed := _prepare_node(config, run, spec, env)) is not None:
         return failed
-    if config.experiment.train.script is not None:
-        return run_script(config, run, spec)
-    # TensorFlow is imported here and nowhere on the login path.
-    from hpctf.compute.loop import training
+    with _refusal_recorded(run, spec):
+        if config.experiment.train.script is not None:
+            return run_script(config, run, spec)
+        # TensorFlow is imported here and nowhere on the login path.
+        from hpctf.compute.loop import training
 
-    startup_clock.mark("keras and hpctf loop import")
-    status = training.train(config, run, spec)
+        startup_clock.mark("keras and hpctf loop import")
+        status = training.train(config, run, spec)
     if spec.is_chief and launcher_ended():  # nobody else is left to say how the start ended
         reason = record_end_read(run, spec.journal_job, status, config.site.preemption.signal)
         log.warning("the launcher is gone: recorded the end of this start (%s)", reason)

@@ -264,10 +264,14 @@ def describe_run(run: RunRecord, document: Mapping[str, Any]) -> str:
         lines.append(f"eval: step {evaluation['step']}: {shown}")
     lines.extend(_job_line(job) for job in document["jobs"])
     jobs = {job["job"]: job["slurm"] for job in document["jobs"]}
-    for number, start in enumerate(run.state.starts, 1):
+    starts = run.state.starts
+    for number, start in enumerate(starts, 1):
+        # The last start logged steps past its end record's (its checkpoint's) step: the step
+        # it failed at is the last one it logged.
+        logged = document["step"] if number == len(starts) else None
         lines.append(
             f"start {number}: job {start.job_id} from step {start.step}: "
-            f"{_end(start, jobs.get(start.job_id))}"
+            f"{_end(start, jobs.get(start.job_id), logged)}"
         )
     lines.append(f"last logged step: {document['step'] if document['step'] is not None else '-'}")
     done = run.run.done.read_text().strip() if run.run.done.exists() else "no"
@@ -306,7 +310,7 @@ def _final(state: Mapping[str, str]) -> bool:
     return state["state"] in slurm.FINAL_STATES
 
 
-def _end(start: Start, job: Mapping[str, str] | None) -> str:
+def _end(start: Start, job: Mapping[str, str] | None, logged: int | None = None) -> str:
     if not start.reason:
         # Its batch shell was killed before it could record the end (scancel, KillWait).
         if job is not None and job["source"] != "journal" and _final(job):
@@ -316,4 +320,8 @@ def _end(start: Start, job: Mapping[str, str] | None) -> str:
         return "not ended"
     if start.user_code is not None:  # what the user's code raised, not srun's 143 for it
         return f"{start.user_code} (step {start.end_step}, {exit_words(start.exit_code)})"
-    return f"{start.reason} at step {start.end_step} ({exit_words(start.exit_code)})"
+    end_step = start.end_step
+    if logged is not None and end_step is not None and logged > end_step and start.exit_code:
+        saved = f"its last checkpoint step {end_step}" if end_step else "no checkpoint"
+        return f"{start.reason} at step {logged} ({exit_words(start.exit_code)}; {saved})"
+    return f"{start.reason} at step {end_step} ({exit_words(start.exit_code)})"
