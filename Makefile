@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[tf,examples,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[tf,examples,dev,plot]'
 	# tf_keras for the keras_fit example's tests, of the installed TensorFlow's minor version and
 	# without the `tensorflow` it requires: the tensorflow-cpu above provides the same module.
 	# Users install hpctf[keras2] instead (docs/explanation/keras-fit.md).

@@ -765,3 +765,20 @@ def test_submits_of_one_experiment_at_once_get_their_own_run_directories(
     for run_dir in run_dirs:
         assert f"RUN_DIR='{run_dir}'" in (run_dir / "job.sbatch").read_text()
         assert json.loads((run_dir / "config.json").read_text())["experiment"]["name"] == "digits"
+
+
+def test_init_fit_writes_a_fit_script_experiment_that_validates(
+    tmp_path: Path, runs_root: Path
+) -> None:
+    target = tmp_path / "fitted"
+    result = CliRunner().invoke(cli, ["init", str(target), "--fit"])
+    assert result.exit_code == 0, result.output
+    experiment, script = target / "experiment.yaml", target / "train.py"
+    assert "script: train.py" in experiment.read_text()
+    text = script.read_text()
+    assert "callbacks=hpctf.keras.callbacks()" in text and "model.fit(" in text
+    assert ".repeat()" in text and "steps_per_epoch=" in text  # an input that resumes exactly
+    validated = CliRunner().invoke(cli, ["validate", str(experiment)])
+    assert validated.exit_code == 0, validated.output
+    rendered = CliRunner().invoke(cli, ["render", str(experiment)])
+    assert rendered.exit_code == 0, rendered.output

@@ -511,3 +511,33 @@ def test_a_submitted_record_is_never_written_through_a_planted_link(tmp_path: Pa
     with pytest.raises(UserError, match="symbolic link"):
         record_unsynced(planted, *journal.submitted("7_1"))
     assert list(elsewhere.iterdir()) == []
+
+
+def test_plot_of_a_grid_sweep_draws_every_point(tmp_path: Path) -> None:
+    """``hpctf plot SWEEP`` of a grid (not a search): every point's loss and eval curve, in
+    one PNG beside sweep.json; a grid whose points logged nothing says so in one line."""
+    pytest.importorskip("matplotlib")
+    from hpctf.login.sweeps.sweep_dir import SweepDir
+
+    sweep = tmp_path / "grid"
+    sweep.mkdir()
+    points = []
+    for index, rate in enumerate((0.1, 0.01)):
+        run_dir = sweep / f"point-{index}"
+        run_dir.mkdir()
+        lines = [json.dumps({"step": step, "loss": rate * 100 / step}) for step in (10, 20, 30)] + [
+            json.dumps({"step": 30, "eval": {"accuracy": 0.5 + rate}})
+        ]
+        (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        points.append({"index": index, "values": {"train.args.learning_rate": rate},
+                       "run_dir": str(run_dir)})  # fmt: skip
+    SweepDir(sweep, {"name": "grid", "points": points}).write()
+    result = CliRunner().invoke(cli, ["plot", str(sweep)])
+    assert result.exit_code == 0, result.output
+    out = sweep / "sweep.png"
+    assert result.output == f"wrote {out}\n"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    for point in points:
+        (Path(point["run_dir"]) / "metrics.jsonl").write_text("")
+    empty = CliRunner().invoke(cli, ["plot", str(sweep)])
+    assert empty.exit_code == 2 and "no point has logged a loss yet" in empty.output

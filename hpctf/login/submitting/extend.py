@@ -1,6 +1,7 @@
 """``hpctf resubmit RUN --set train.steps=N``: a run continued with keys changed that neither
 the model nor the batch script depend on (how long it trains, how often it evaluates, logs and
-saves, how many checkpoints it keeps).
+saves, how many checkpoints it keeps); of a ``train.script`` run, its ``train.script_args``
+(the script says how long it trains: a fit script's epochs).
 
 The run's frozen config.json is rewritten with the new values, a done run's DONE file is
 taken away (its content kept in the journal), and the change is recorded in the journal as an
@@ -36,10 +37,23 @@ EXTENDABLE_KEYS = (
 )
 
 
-def refused_keys(overrides: Sequence[str]) -> list[str]:
-    """The keys of ``overrides`` (``KEY.PATH=VALUE``) that a resubmit may not change."""
+# A train.script run trains as long as its script says (fit's epochs): its arguments are how
+# it is given a new length (hpctf.keras.callbacks() resumes it from its newest checkpoint).
+SCRIPT_EXTENDABLE_KEYS = (
+    "train.script_args",
+    "train.log_every_steps",
+    "checkpoint.every_steps",
+    "checkpoint.every_seconds",
+    "checkpoint.keep",
+)
+
+
+def refused_keys(overrides: Sequence[str], script: bool = False) -> list[str]:
+    """The keys of ``overrides`` (``KEY.PATH=VALUE``) that a resubmit may not change (of a
+    ``train.script`` run with ``script``)."""
+    allowed = SCRIPT_EXTENDABLE_KEYS if script else EXTENDABLE_KEYS
     keys = [item.partition("=")[0].strip() for item in overrides]
-    return [key for key in keys if key not in EXTENDABLE_KEYS]
+    return [key for key in keys if key not in allowed]
 
 
 def extended_config(
@@ -48,7 +62,16 @@ def extended_config(
     """``config`` (the run's frozen one) with ``overrides`` applied, or a UserError in one line:
     a key that changes the model or the script, a value the schema refuses, or fewer steps
     than the run's last checkpoint."""
-    refused = refused_keys(overrides)
+    script = config.experiment.train.script
+    refused = refused_keys(overrides, script is not None)
+    if refused and script is not None:
+        raise UserError(
+            f"--set {', '.join(refused)}: {run.path} runs the script {script}, which trains "
+            "as long as it says itself (fit's epochs): give it its new length through its "
+            f"arguments, hpctf resubmit {run.path} --set 'train.script_args=[...]' "
+            "(hpctf.keras.callbacks() resumes it from its newest checkpoint); a resubmit of a "
+            f"script may change only {', '.join(SCRIPT_EXTENDABLE_KEYS)}"
+        )
     if refused:
         raise UserError(
             f"--set {', '.join(refused)}: a resubmit may change only "
@@ -75,7 +98,7 @@ def extended_config(
 def changes(before: ResolvedConfig, after: ResolvedConfig) -> dict[str, list[Any]]:
     """``{key: [old, new]}`` for each extendable key whose value differs."""
     out: dict[str, list[Any]] = {}
-    for key in EXTENDABLE_KEYS:
+    for key in dict.fromkeys(EXTENDABLE_KEYS + SCRIPT_EXTENDABLE_KEYS):
         section, name = key.split(".")
         old = getattr(getattr(before.experiment, section), name)
         new = getattr(getattr(after.experiment, section), name)

@@ -1,4 +1,5 @@
-"""``hpctf init``: a new experiment directory that validates and runs as written."""
+"""``hpctf init``: a new experiment directory that validates and runs as written: a Task for
+hpctf's loop, or (``--fit``) a Keras ``model.fit`` script."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ def write(
     name: str | None,
     force: bool,
     env: Mapping[str, str],
+    fit: bool = False,
 ) -> list[Path]:
-    """Write experiment.yaml and train.py into ``directory``; return their paths.
+    """Write experiment.yaml and train.py into ``directory`` (with ``fit``: a ``train.script``
+    experiment and a Keras fit script); return their paths.
 
     Refuses (UserError) an unknown site, a bad name, or existing files unless ``force``.
     """
@@ -41,7 +44,7 @@ def write(
     if existing and not force:
         raise UserError(f"{', '.join(existing)} already exist(s); pass --force to overwrite")
     directory.mkdir(parents=True, exist_ok=True)
-    source = shipped_dir("templates") / "init"
+    source = shipped_dir("templates") / ("init-fit" if fit else "init")
     for file, target in zip(FILES, targets, strict=True):
         text = (source / file).read_text(encoding="utf-8")
         target.write_text(text.replace("__NAME__", name).replace("__SITE__", site))

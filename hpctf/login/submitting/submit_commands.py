@@ -181,13 +181,19 @@ def sites(name: str | None) -> None:
 @click.option("--site", "site_name", default="local", show_default=True, metavar="NAME")
 @click.option("--name", metavar="NAME", help="Experiment name (default: from DIRECTORY).")
 @click.option("--force", is_flag=True, help="Overwrite experiment.yaml and train.py.")
-def init(directory: Path, site_name: str, name: str | None, force: bool) -> None:
+@click.option(
+    "--fit",
+    is_flag=True,
+    help="train.py is a Keras model.fit script of your own (train.script) instead of a Task.",
+)
+def init(directory: Path, site_name: str, name: str | None, force: bool, fit: bool) -> None:
     """Start a new experiment in DIRECTORY: a commented experiment.yaml and train.py.
 
     Both pass `hpctf validate` as written, and train.py trains a small model on made-up data,
-    so the first run works before any of it is yours.
+    so the first run works before any of it is yours: a Task for hpctf's loop, or with --fit a
+    script that calls model.fit with hpctf.keras.callbacks().
     """
-    written = scaffold.write(directory, site_name, name, force, os.environ)
+    written = scaffold.write(directory, site_name, name, force, os.environ, fit)
     for path in written:
         click.echo(f"wrote {path}")
     click.echo(f"next: hpctf validate {written[0]} && hpctf submit {written[0]}")

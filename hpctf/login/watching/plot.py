@@ -18,6 +18,7 @@ from hpctf.core.safe_files import write_atomic
 from hpctf.login.reading.run_report import with_slurm_queue
 from hpctf.login.reading.runs import RunRecord, metric_records
 from hpctf.login.reading.slurm_view import job_states, slurm_state
+from hpctf.login.sweeps.sweep_dir import SweepDir, is_sweep_dir
 from hpctf.login.watching import search_plot
 
 RESTART_LABELS = {
@@ -40,15 +41,19 @@ RESTART_LABELS = {
     "--output",
     type=click.Path(path_type=Path, dir_okay=False),
     help="The PNG to write (default: RUN_DIR/loss.png for your own run, ./NAME-loss.png "
-    "for a run someone else owns; SWEEP/search.png for a search).",
+    "for a run someone else owns; SWEEP/search.png for a search, SWEEP/sweep.png for a grid).",
 )
 def plot(run_dir: Path, output: Path | None) -> None:
     """Draw RUN_DIR's loss and eval metrics against step, each restart marked with why the
     start before it ended; for a search's SWEEP directory, the objective over trials (with the
-    best so far) and each trial's eval curve, pruned trials marked where they were pruned.
+    best so far) and each trial's eval curve, pruned trials marked where they were pruned; for
+    a grid's SWEEP directory, every point's loss and first eval metric, labelled by its values.
     Needs matplotlib: pip install matplotlib (the extra hpctf[plot])."""
     if run_dir.is_dir() and search_plot.is_search(run_dir):
         plot_search(run_dir, output)
+        return
+    if run_dir.is_dir() and is_sweep_dir(run_dir):
+        plot_grid(run_dir, output)
         return
     run = RunRecord.read(run_dir)
     pyplot = _pyplot()
@@ -111,6 +116,54 @@ def plot_search(sweep: Path, output: Path | None) -> None:
     figure = search_plot.draw(pyplot, sweep, trials, ref)
     output = output or search_plot.default_output(sweep, sweep.stat().st_uid == os.geteuid())
     _save(pyplot, figure, output)
+
+
+# Points named in the legend of a grid's plot; more are drawn unnamed.
+LEGEND_POINTS = 12
+
+
+def plot_grid(sweep: Path, output: Path | None) -> None:
+    """``hpctf plot SWEEP`` of a grid: every point's training loss (left) and its first eval
+    metric (right) against step, one line per point, named by its values."""
+    directory = SweepDir.read(sweep)
+    curves: list[tuple[str, list[tuple[int, float]], dict[str, list[tuple[int, float]]]]] = []
+    for point in directory.points:
+        run_dir = Path(point["run_dir"])
+        if not (run_dir / "metrics.jsonl").is_file():
+            continue
+        records = metric_records(run_dir / "metrics.jsonl")
+        losses = [
+            (r["step"], r["loss"]) for r in records if isinstance(r.get("loss"), (int, float))
+        ]
+        given = point.get("values")
+        values: dict[str, Any] = given if isinstance(given, dict) else {}
+        name = ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in values.items())
+        curves.append((name[:48] or run_dir.name, losses, eval_series(records)))
+    if not any(losses for _, losses, _ in curves):
+        raise UserError(f"{sweep}: no point has logged a loss yet; nothing to plot")
+    pyplot = _pyplot()
+    metric = next((sorted(evals)[0] for _, _, evals in curves if evals), None)
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(13, 5), dpi=100)
+    for i, (name, losses, evals) in enumerate(curves):
+        label = name if i < LEGEND_POINTS else None
+        left.plot([s for s, _ in losses], [v for _, v in losses], color=f"C{i % 10}", label=label)
+        if metric is not None and metric in evals:
+            points = evals[metric]
+            right.plot([s for s, _ in points], [v for _, v in points], color=f"C{i % 10}",
+                       marker="o", linestyle="--", label=label)  # fmt: skip
+    left.set_xlabel("step (optimizer updates)")
+    left.set_ylabel("training loss")
+    right.set_xlabel("step (optimizer updates)")
+    right.set_ylabel(f"eval {metric}" if metric else "no eval metric logged")
+    for axes in (left, right):
+        axes.grid(True, alpha=0.3)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(loc="best", fontsize=7)
+    figure.suptitle(f"{directory.path.name}: {len(directory.points)} point(s)")
+    figure.tight_layout()
+    owned = directory.path.stat().st_uid == os.geteuid()
+    default = directory.path / "sweep.png" if owned else Path.cwd() / f"{sweep.name}-sweep.png"
+    _save(pyplot, figure, output or default)
 
 
 def _save(pyplot: Any, figure: Any, output: Path) -> None:
