@@ -7,7 +7,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test quick lint docs system-packages clean
+.PHONY: demo test quick lint docs reference system-packages clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ test: system-packages lint
 # neither Slurm, TensorFlow workers nor the oldest-TensorFlow environment.
 quick: lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slurm and not tf and not compat"
+
+# The generated blocks of docs/reference (commands, experiment and site keys, the Python API),
+# written anew from the code; tests/test_docs.py fails while they are stale.
+reference: $(BIN)/.installed
+	$(BIN)/python docs/_hooks/reference.py
 
 # The docs site (docs/, mkdocs.yml) into site/, in strict mode: a broken link, anchor or reference
 # fails it (tests/test_docs.py builds it too, in the test command).

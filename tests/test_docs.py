@@ -191,6 +191,30 @@ def test_site_builds_in_strict_mode(tmp_path: Path) -> None:
     assert "hostname_template" in site and "max_failure_requeues" in site
 
 
+def test_the_generated_reference_reads_whole_in_the_repository() -> None:
+    """The reference pages' generated blocks (commands, experiment and site keys, the Python
+    API) are committed as the code says them today: docs/reference reads whole without a build.
+    A change to a command's help, a key or the API fails here until the pages are written
+    anew with ``python docs/_hooks/reference.py``."""
+    sys.path.insert(0, str(REPO / "docs" / "_hooks"))
+    try:
+        import reference
+    finally:
+        sys.path.pop(0)
+    found = reference.pages()
+    assert {p.name for p in found} >= {"commands.md", "experiment.md", "site.md", "python.md"}
+    readme = REPO / "README.md"
+    stale = [
+        str(page.relative_to(REPO))
+        for page in found
+        if reference.filled(page.read_text(), readme, page.relative_to(REPO / "docs").as_posix())
+        != page.read_text()
+    ]
+    assert not stale, f"stale generated docs {stale}: run python docs/_hooks/reference.py"
+    commands = (REPO / "docs" / "reference" / "commands.md").read_text()
+    assert "### `hpctf submit`" in commands or "hpctf submit" in commands
+
+
 BROKEN = {
     "[a page that is not there](nope.md)": "'nope.md', but the target",
     "[an anchor that is not there](../reference/commands.md#hpctf-nope)": "anchor '#hpctf-nope'",

@@ -1,11 +1,14 @@
 """The generated parts of the docs: every command from the click group, every experiment and
-site key from the schemas ``hpctf schema`` prints.
+site key from the schemas ``hpctf schema`` prints, the Python API, README's sections.
 
-An MkDocs hook (``hooks:`` in mkdocs.yml): a page that holds a line ``<!-- hpctf:commands -->``,
-``<!-- hpctf:schema experiment -->`` or ``<!-- hpctf:schema site -->`` gets it replaced, at
-every build, by what the code says today; nothing of it is copied by hand, so the reference
-follows the code. The build also fails (strict mode counts these warnings) on a
-reference-style link whose reference is not defined, which Markdown would print as text.
+A page holds a block ``<!-- hpctf:commands -->`` ... ``<!-- /hpctf:commands -->`` (or
+``hpctf:schema experiment``, ``hpctf:schema site``, ``hpctf:python``, ``hpctf:api Task``,
+``hpctf:readme TITLE``) whose content is what the code says. The content is committed, so the
+pages read whole in the repository too; ``python docs/_hooks/reference.py`` writes it anew,
+and ``tests/test_docs.py`` fails when a committed block differs from what the code says today.
+As an MkDocs hook (``hooks:`` in mkdocs.yml) it fills every block again at every build, so
+the site always follows the code. The build also fails (strict mode counts these warnings) on
+a reference-style link whose reference is not defined, which Markdown would print as text.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from click.testing import CliRunner
 
 log = logging.getLogger("mkdocs.hooks.hpctf")
 
+_WHAT = r"commands|python|schema (?:experiment|site)|api (?:Task|Files)|readme [A-Za-z ]+"
+# A generated block: its opening line, what was generated last (committed), its closing line.
 MARKER = re.compile(
-    r"^<!-- hpctf:(commands|python|schema (?:experiment|site)|api (?:Task|Files)"
-    r"|readme [A-Za-z ]+) -->$",
-    re.M,
+    rf"^<!-- hpctf:(?P<what>{_WHAT}) -->\n(?:.*?\n)?<!-- /hpctf:(?P=what) -->$", re.M | re.S
 )
+DOCS = Path(__file__).resolve().parent.parent
 # `[text][ref]` or `[ref][]` left in the HTML: Markdown found no definition for `ref`.
 UNDEFINED_REFERENCE = re.compile(r"\[[^\]\n<>]+\]\[[^\]\n<>]*\]")
 CODE = re.compile(r"<(code|pre)\b.*?</\1>", re.S)
@@ -37,7 +41,36 @@ CODE = re.compile(r"<(code|pre)\b.*?</\1>", re.S)
 
 def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
     readme = Path(config["config_file_path"]).parent / "README.md"
-    return MARKER.sub(lambda m: generated(m.group(1), readme, page.file.src_uri), markdown)
+    return filled(markdown, readme, page.file.src_uri)
+
+
+def filled(markdown: str, readme: Path, page_uri: str) -> str:
+    """``markdown`` with every generated block's content made anew from the code."""
+
+    def block(found: re.Match[str]) -> str:
+        what = found.group("what")
+        body = generated(what, readme, page_uri).strip("\n")
+        return f"<!-- hpctf:{what} -->\n{body}\n<!-- /hpctf:{what} -->"
+
+    return MARKER.sub(block, markdown)
+
+
+def pages() -> list[Path]:
+    """The docs pages that hold a generated block."""
+    return sorted(p for p in DOCS.rglob("*.md") if MARKER.search(p.read_text(encoding="utf-8")))
+
+
+def write_all() -> list[Path]:
+    """Fill every page's blocks in place; the pages that changed."""
+    readme = DOCS.parent / "README.md"
+    changed = []
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        new = filled(text, readme, page.relative_to(DOCS).as_posix())
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+            changed.append(page)
+    return changed
 
 
 def on_page_content(html: str, page: Any, **_: Any) -> str:
@@ -347,3 +380,8 @@ def _bounds(node: dict[str, Any]) -> str:
         pattern = node["pattern"]
         parts.append(f"matching `{pattern}`" if len(pattern) <= 40 else "Slurm's syntax")
     return f" ({', '.join(parts)})" if parts else ""
+
+
+if __name__ == "__main__":
+    for written in write_all():
+        print(f"wrote {written}")
