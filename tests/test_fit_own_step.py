@@ -212,5 +212,5 @@ def test_a_finished_fit_script_trains_on_through_its_arguments(
     assert extended.returncode == 0, extended.stdout + extended.stderr
     assert json.loads((run_dir / "DONE").read_text())["step"] == 64
     log = (run_dir / "logs" / "rank-0.log").read_text()
-    assert "at step 32" in [line for line in log.splitlines() if "resumed from" in line][0]
+    assert "at step 32" in next(line for line in log.splitlines() if "resumed from" in line)
     assert sorted(_validation(run_dir)) == [16, 32, 48, 64]

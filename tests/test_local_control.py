@@ -154,3 +154,75 @@ def test_a_local_run_stopped_by_a_signal_shows_interrupted(tmp_path: Path, runs_
         "its launcher was stopped; saved step 30; hpctf resubmit resumes it",
     )
     assert hpctf.run(run_dir).wait(poll=0.1, timeout=5) == "interrupted"  # an end, for wait()
+
+
+@pytest.mark.tf
+def test_a_cancel_is_acted_on_while_the_terminal_reads_nothing(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """The launcher's terminal stops reading (a full pipe, as under a paused pager or a test
+    that reads one line): the echo must not hold the launcher, so ``hpctf cancel`` still saves
+    and stops the run at once (a full pipe held it for 9 minutes, until a second cancel)."""
+    import fcntl
+
+    launcher = subprocess.Popen(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local", *SETS],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert launcher.stdout is not None
+    fcntl.fcntl(launcher.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ: full after a page
+    run_dir = run_dir_from(launcher.stdout.readline())
+    rank_0 = run_dir / "logs" / "rank-0.log"
+    started = time.monotonic()
+    # Well past a page of progress lines, none of them read.
+    while time.monotonic() < started + 120 and (
+        not rank_0.exists() or len(rank_0.read_bytes()) < 64_000
+    ):
+        time.sleep(0.2)
+    cancel = subprocess.Popen(
+        [*HPCTF, "cancel", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    # The workers saved and stopped and the end is recorded while the terminal still reads
+    # nothing; only the launcher's own last lines wait for a reader.
+    deadline = time.monotonic() + 60
+    while not _ends(run_dir):
+        assert time.monotonic() < deadline, "the cancel was not acted on"
+        time.sleep(0.5)
+    launcher.communicate(timeout=60)  # the terminal reads again
+    out, err = cancel.communicate(timeout=60)
+    assert cancel.returncode == 0, out + err
+    assert launcher.returncode == 130
+    (end,) = _ends(run_dir)
+    assert end["reason"] == "cancelled" and checkpoint_steps(run_dir)[-1] == end["step"]
+    assert "cancelled at checkpoint step" in out, out
+
+
+@pytest.mark.tf
+def test_a_cancel_while_the_workers_start_is_kept_and_acted_on(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    """``hpctf cancel`` right after the run directory is printed, while the workers import
+    TensorFlow and join: the stop is not lost; the run ends cancelled, without training on."""
+    launcher = subprocess.Popen(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local", *SETS],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert launcher.stdout is not None
+    run_dir = run_dir_from(launcher.stdout.readline())
+    proc = subprocess.run(
+        [*HPCTF, "cancel", str(run_dir)], capture_output=True, text=True, timeout=180, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    launcher.communicate(timeout=120)
+    assert launcher.returncode == 130
+    (end,) = _ends(run_dir)
+    assert end["reason"] == "cancelled"
+    records = (
+        (run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").exists() else ""
+    )
+    steps = [json.loads(line).get("step", 0) for line in records.splitlines() if '"loss"' in line]
+    assert max(steps, default=0) < 1000, "trained on after the cancel"

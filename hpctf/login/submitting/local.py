@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -51,24 +53,62 @@ def task_environment(
     }
 
 
-def _pump(source: IO[bytes], sink: IO[str] | None) -> IO[str] | None:
-    """Copy what rank 0 wrote since the last call; returns ``sink``, or None once it is gone
-    (a closed terminal: the run goes on without an echo)."""
-    chunk = source.read()
-    if chunk and sink is not None:
+class Echo:
+    """Rank 0's log echoed to ``sink`` (the terminal) by a thread of its own, so that a terminal
+    that does not read (a pipe nobody empties, a paused or flow-controlled one) never holds the
+    launcher: its supervision, and with it a Ctrl-C or ``hpctf cancel``, goes on. What the sink
+    cannot take in time is dropped (the rank log keeps every line); a sink that is gone (a
+    closed terminal) ends the echo and the run goes on."""
+
+    QUEUED = 1024  # chunks waiting for the sink; more are dropped and counted
+
+    def __init__(self, sink: IO[str] | None) -> None:
+        self._sink = sink
+        self._queue: queue.Queue[str | None] = queue.Queue(self.QUEUED)
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._write, name="hpctf-echo", daemon=True)
+        if sink is not None:
+            self._thread.start()
+
+    def put(self, text: str) -> None:
+        if self._sink is None or not text:
+            return
         try:
-            sink.write(chunk.decode(errors="replace"))
-            sink.flush()
-        except (OSError, ValueError):
-            return None
-    return sink
+            self._queue.put_nowait(text)
+        except queue.Full:
+            self.dropped += len(text)
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """Let the queued text out for up to ``wait_s`` seconds, then leave it."""
+        if self._sink is None:
+            return
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=wait_s)
+        self._thread.join(wait_s)
+
+    def _write(self) -> None:
+        sink = self._sink
+        while sink is not None and (text := self._queue.get()) is not None:
+            if self.dropped:
+                note = f"hpctf: ({self.dropped} bytes of rank 0's log not shown here: the "
+                text = note + "terminal did not read them; the rank log has them)\n" + text
+                self.dropped = 0
+            try:
+                sink.write(text)
+                sink.flush()
+            except (OSError, ValueError):
+                return  # the terminal is gone: no echo from here on
 
 
-def _say(sink: IO[str] | None, line: str) -> None:
-    if sink is not None:
-        with contextlib.suppress(OSError, ValueError):
-            sink.write(f"hpctf: {line}\n")
-            sink.flush()
+def _pump(source: IO[bytes], echo: Echo) -> None:
+    """Hand what rank 0 wrote since the last call to the echo."""
+    chunk = source.read()
+    if chunk:
+        echo.put(chunk.decode(errors="replace"))
+
+
+def _say(echo: Echo, line: str) -> None:
+    echo.put(f"hpctf: {line}\n")
 
 
 # `hpctf submit --site local`'s exit status after a Ctrl-C (the shell's 128 + SIGINT).
@@ -223,11 +263,11 @@ def launch(
     stop = _StopSignals()
     procs: list[subprocess.Popen[bytes]] = []
     status = 0
-    sink: IO[str] | None = echo
+    echoed = Echo(echo)
     try:
         worker = [config.python, "-m", "hpctf", "worker", str(run.path)]
         procs = spawn_tasks(worker, ntasks, base, run.rank_log, launcher=job_id)
-        status = _supervise(run, job_id, procs, stop, sink)
+        status = _supervise(run, job_id, procs, stop, echoed)
     except KeyboardInterrupt:
         status = 128 + (stop.first or signal.SIGINT)
     finally:
@@ -235,6 +275,7 @@ def launch(
         # handler swallows SIGTERM, so a polite signal may never end a worker.
         stop_tasks(procs)
         stop.restore()
+        echoed.close()
     status = shell_status(status or next((p.returncode for p in procs if p.returncode), 0))
     reason = record_end_read(run, str(job_id), status, config.site.preemption.signal)
     notify_end(run, config, str(job_id))  # notify: done, failed
@@ -248,7 +289,7 @@ def _supervise(
     job_id: int,
     procs: list[subprocess.Popen[bytes]],
     stop: _StopSignals,
-    sink: IO[str] | None,
+    echo: Echo,
 ) -> int:
     """Echo rank 0 and wait for the workers, as srun --kill-on-bad-exit=1 would; returns the
     first bad exit status that ends the others, or 0."""
@@ -258,10 +299,10 @@ def _supervise(
     with run.rank_log(0).open("rb") as chief_log:
         chief_log.seek(0, os.SEEK_END)
         while any(p.poll() is None for p in procs):
-            sink = _pump(chief_log, sink)
+            _pump(chief_log, echo)
             if stop.first and warned_at is None:
                 warned_at = rewarned = time.monotonic()
-                _say(sink, _warn(run, job_id, procs, stop.first))
+                _say(echo, _warn(run, job_id, procs, stop.first))
             elif warned_at is not None and time.monotonic() > rewarned + REWARN_S:
                 rewarned = time.monotonic()
                 _signal_workers(procs)
@@ -277,5 +318,5 @@ def _supervise(
             if failed or overdue:
                 return (failed or codes or [128 + signal.SIGKILL])[0]
             time.sleep(0.1)
-        _pump(chief_log, sink)
+        _pump(chief_log, echo)
     return 0
