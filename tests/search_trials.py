@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -64,3 +67,46 @@ def intermediate_values(ref: TrialRef) -> dict[int, float]:
     study = open_study(Path(ref.journal), ref.study, Pruner())
     (trial,) = [t for t in study.get_trials(deepcopy=False) if t._trial_id == ref.trial_id]
     return dict(trial.intermediate_values)
+
+
+# What the search's array task does (login/sweeps, #33): make the trial's run directory, put its
+# trial.json in, start it. Here with the one submission pipeline, on the site given.
+_START_TRIAL = """
+import os, shutil, sys
+from pathlib import Path
+from hpctf.login.resolving.loader import load_config
+from hpctf.login.submitting.pipeline import RunJob
+experiment, site, run_dir, trial, *sets = sys.argv[1:]
+config = load_config(Path(experiment), site, sets, os.environ).config
+job = RunJob(config, path=Path(run_dir))
+planned = job.plan()
+created = job.create(planned, job.render(planned))
+shutil.copy(trial, Path(run_dir) / "trial.json")
+sys.exit(job.start(created))
+"""
+
+
+def start_trial(
+    cwd: Path,
+    staged: Path,
+    experiment: Path,
+    *sets: str,
+    site: str = "local",
+    env: Mapping[str, str] | None = None,
+) -> tuple[Path, str]:
+    """Start ``experiment`` as the trial linked from ``staged`` (a trial.json) in
+    ``cwd/runs/trial-0``; its run directory and what the start printed (a local site: the
+    whole run; Slurm: the submission)."""
+    run_dir = cwd / "runs" / "trial-0"
+    proc = subprocess.run(
+        [sys.executable, "-c", _START_TRIAL, str(experiment), site, str(run_dir), str(staged),
+         *sets],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=cwd,
+        env=None if env is None else dict(env),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # pruned is success-like
+    return run_dir, proc.stdout + proc.stderr

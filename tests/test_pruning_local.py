@@ -9,7 +9,6 @@ import importlib.util
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.search.trial_ref import TRIAL_FILE
 from tests.conftest import DIGITS, HPCTF, REPO, checkpoint_steps
-from tests.search_trials import intermediate_values, make_trial
+from tests.search_trials import intermediate_values, make_trial, start_trial
 
 CUSTOM_LOOP = REPO / "examples" / "custom_loop" / "experiment.yaml"
 
@@ -32,37 +31,11 @@ TINY = [
     "train.args.hidden=16",
 ]
 
-# What the search's array task does (login/sweeps, #33): make the trial's run directory, put its
-# trial.json in, start it. Here with the one submission pipeline, on the local site.
-_START_TRIAL = """
-import os, shutil, sys
-from pathlib import Path
-from hpctf.login.resolving.loader import load_config
-from hpctf.login.submitting.pipeline import RunJob
-experiment, run_dir, trial, *sets = sys.argv[1:]
-config = load_config(Path(experiment), "local", sets, os.environ).config
-job = RunJob(config, path=Path(run_dir))
-planned = job.plan()
-created = job.create(planned, job.render(planned))
-shutil.copy(trial, Path(run_dir) / "trial.json")
-sys.exit(job.start(created))
-"""
-
 
 def _start_trial(
     tmp_path: Path, staged: Path, *sets: str, script: Path = DIGITS
 ) -> tuple[Path, str]:
-    run_dir = tmp_path / "runs" / "trial-0"
-    proc = subprocess.run(
-        [sys.executable, "-c", _START_TRIAL, str(script), str(run_dir), str(staged), *sets],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr  # pruned is success-like
-    return run_dir, proc.stdout + proc.stderr
+    return start_trial(tmp_path, staged, script, *sets)
 
 
 def _status(run_dir: Path) -> str:

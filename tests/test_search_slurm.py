@@ -18,7 +18,7 @@ import pytest
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.search.search_dir import agents, read_agent, trial_run_dirs
 from hpctf.core.search.trial_ref import read_trial_ref
-from tests.conftest import ENTRIES_PATH, HPCTF
+from tests.conftest import ENTRIES_PATH, HPCTF, REPO
 from tests.search_task import penalty
 from tests.slurm_jobs import logs_of
 
@@ -164,3 +164,30 @@ def test_a_search_runs_its_trials_on_one_array_of_agents(
     print(f"search test: {took:.0f} s for {TRIALS} trials, {len(pruned)} pruned, preempted "
           f"{'trial ' + str(ref.number) if preempted else 'none (it ended first)'}; best "
           f"{value:.4f} at {values}")  # fmt: skip
+
+
+def test_a_custom_loops_trial_is_pruned_at_one_step_on_both_ranks_on_slurm(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """``train.loop: custom`` (examples/custom_loop, 2 nodes) as a search's trial on the real
+    cluster: its ``session.evaluated`` tells the study far ahead of it, both ranks take the
+    chief's vote at the first evaluation (step 6), save it and leave; job-end records the end
+    pruned and requeues nothing."""
+    from tests.search_trials import make_trial, start_trial
+
+    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    (tmp_path / "runs").mkdir()
+    make_trial(tmp_path / "staged", tmp_path / "runs", "asha")
+    experiment = REPO / "examples" / "custom_loop" / "experiment.yaml"
+    sets = ["train.steps=24", "train.eval_every_steps=6", "train.log_every_steps=6",
+            "checkpoint.every_steps=12"]  # fmt: skip
+    run_dir, said = start_trial(tmp_path, tmp_path / "staged" / "trial.json", experiment,
+                                *sets, site="local-slurm", env=env)  # fmt: skip
+    until(lambda: "ended" in events(run_dir), time.monotonic() + 240, lambda: logs_of(run_dir))
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        assert re.findall(r"the search pruned this trial: saved step (\d+)", log) == ["6"], log
+    assert RunDir(run_dir).checkpoint_step() == 6
+    ended = [e for e in RunDir(run_dir).events() if e["event"] == "ended"]
+    assert [(e["reason"], e["exit_code"]) for e in ended] == [("pruned", 0)], said
+    assert "requeued" not in events(run_dir) and not (run_dir / "DONE").exists()
