@@ -435,6 +435,12 @@ class Site(Strict):
     hostname_template: str = Field(
         "{host}", description="address of a node in TF_CONFIG, e.g. '{host}-ib' for IPoIB"
     )
+    worker_network: Literal["private", "host"] = Field(
+        "private",
+        description="local sites: private runs the workers in a network namespace of their own "
+        "(only they reach TensorFlow's unauthenticated ports; no network but their loopback); "
+        "host shares this machine's network (a script that downloads its data)",
+    )
     doctor: Doctor = Field(default_factory=Doctor, description="thresholds for hpctf doctor")
     sweep: Sweep = Field(default_factory=Sweep, description="how hpctf sweep submits job arrays")
     notify: Notify | None = Field(

@@ -29,6 +29,7 @@ from hpctf.core.run.notifications import notify_end
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import open_append
 from hpctf.core.settings.config import ResolvedConfig
+from hpctf.login.submitting.private_network import PrivateNetwork, open_private_network
 
 
 def task_environment(
@@ -264,8 +265,13 @@ def launch(
     procs: list[subprocess.Popen[bytes]] = []
     status = 0
     echoed = Echo(echo)
+    network: PrivateNetwork | None = None
     try:
+        network, said = open_private_network(config, env)
+        _say(echoed, said)
         worker = [config.python, "-m", "hpctf", "worker", str(run.path)]
+        if network is not None:
+            worker = network.command(worker)
         procs = spawn_tasks(worker, ntasks, base, run.rank_log, launcher=job_id)
         status = _supervise(run, job_id, procs, stop, echoed)
     except KeyboardInterrupt:
@@ -274,6 +280,8 @@ def launch(
         # SIGKILL, as srun does after KillWait: once the strategy exists TensorFlow's own
         # handler swallows SIGTERM, so a polite signal may never end a worker.
         stop_tasks(procs)
+        if network is not None:
+            network.close()
         stop.restore()
         echoed.close()
     status = shell_status(status or next((p.returncode for p in procs if p.returncode), 0))
