@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -210,3 +211,17 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 def line_of(path: Path, text: str) -> int:
     """The number of the line of ``path`` that holds ``text`` (for file:line in messages)."""
     return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+OTHER_USER = "hpctf-other"
+
+
+def other_user() -> pwd.struct_passwd:
+    """A second real unix user (made once, with useradd, as root); skips where none can be."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to make a second unix user")
+    try:
+        return pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", OTHER_USER], check=True)
+        return pwd.getpwnam(OTHER_USER)

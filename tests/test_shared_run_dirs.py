@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -21,11 +20,10 @@ from click.testing import CliRunner
 from hpctf.cli import cli
 from hpctf.core import safe_files
 from hpctf.core.run.rundir import RunDir
-from tests.conftest import DIGITS
+from tests.conftest import DIGITS, other_user
 from tests.fake_slurm import FakeSlurm, new_run
 
 THESIS = b"\\documentclass{article} my thesis, five years of it\n"
-OTHER_USER = "hpctf-other"
 
 
 def with_loss(path: Path) -> None:
@@ -74,16 +72,6 @@ def test_appends_and_atomic_writes_refuse_links_fifos_and_directories(tmp_path: 
     with safe_files.open_append(plain) as handle:
         handle.write(b"two\n")
     assert plain.read_bytes() == b"one\ntwo\n"
-
-
-def other_user() -> pwd.struct_passwd:
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd to make a second unix user")
-    try:
-        return pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", OTHER_USER], check=True)
-        return pwd.getpwnam(OTHER_USER)
 
 
 def test_plot_of_another_users_run_writes_here_and_follows_nothing(

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS, HPCTF, REPO
-from tests.test_shared_run_dirs import other_user
+from tests.conftest import DIGITS, HPCTF, REPO, other_user
 
 pytestmark = pytest.mark.tf
 
