@@ -4,12 +4,14 @@ in the way (hpctf.core.run.notifications) -- against a real receiver on loopback
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -189,3 +191,57 @@ def test_job_end_requeues_without_a_message_then_tells_done_once_and_a_down_rece
             assert warnings == [
                 "hpctf: warning: notify: done not sent to 127.0.0.1: [Errno 111] Connection refused"
             ], done.stderr
+
+
+def _serving(answer: Callable[[socket.socket], None]) -> tuple[str, threading.Thread]:
+    """A loopback receiver that reads one request and answers it with ``answer``."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve() -> None:
+        with server, server.accept()[0] as connection:
+            connection.recv(65536)
+            with contextlib.suppress(OSError):
+                answer(connection)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{server.getsockname()[1]}/{URL_SECRET}", thread
+
+
+def test_a_dribbling_receiver_is_cut_at_the_deadline_in_all(tmp_path: Path) -> None:
+    """One byte every 0.3 s never trips a per-read timeout of 1 s: the deadline is the whole
+    send's (it held job-end, and the job's node, for 15 minutes)."""
+    run = RunDir(tmp_path)
+    started_and_ended(run, "9", 0, "done")
+
+    def dribble(connection: socket.socket) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 200:
+            connection.sendall(bytes([byte]))
+            time.sleep(0.3)
+
+    url, _ = _serving(dribble)
+    err = io.StringIO()
+    began = time.monotonic()
+    assert notify_end(run, config_with(Notify(webhook=url)), "9", err=err, timeout=1.0) is None
+    assert time.monotonic() - began < 2.0
+    (line,) = err.getvalue().splitlines()
+    assert "done not sent to 127.0.0.1: TimeoutError" in line and URL_SECRET not in line
+    assert not [e for e in run.events() if e["event"] == journal.NOTIFIED]
+
+
+def test_a_redirect_is_not_a_delivery(tmp_path: Path) -> None:
+    """A 302 was followed as a GET without the message, answered 200 there, and counted as
+    sent."""
+    run = RunDir(tmp_path)
+    started_and_ended(run, "9", 0, "done")
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    elsewhere, _ = _serving(lambda c: c.sendall(ok))
+    moved = f"HTTP/1.1 302 Found\r\nLocation: {elsewhere}\r\nContent-Length: 0\r\n\r\n"
+    url, thread = _serving(lambda c: c.sendall(moved.encode()))
+    err = io.StringIO()
+    assert notify_end(run, config_with(Notify(webhook=url)), "9", err=err) is None
+    thread.join(5)
+    assert "redirected (302)" in err.getvalue()
+    assert not [e for e in run.events() if e["event"] == journal.NOTIFIED]

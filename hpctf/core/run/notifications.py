@@ -5,8 +5,8 @@ requeue follows.
 
 Once per event: each message sent is recorded in the run's journal (``notified``, with the
 start it is about), and a retried job-end finds it there. Never in the way: a receiver that
-is down, slow or refuses costs at most :data:`TIMEOUT_S` and one warning line on stderr, and
-nothing is recorded (a later job-end of the same start tries again). The URL is a secret
+is down, slow, dribbling or redirecting costs at most :data:`TIMEOUT_S` in all and one warning
+line on stderr, and nothing is recorded (a later job-end of the same start tries again). The URL is a secret
 (:mod:`hpctf.core.run.secret_store`): no line names more of it than its host.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -61,14 +62,50 @@ def message(run_name: str, run_dir: str, event: str, why: str) -> dict[str, Any]
     return {"text": said, "run": run_name, "run_dir": run_dir, "event": event, "why": why}
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is no delivery: urllib would follow a 302 as a GET without the message and
+    count it sent."""
+
+    def redirect_request(
+        self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> None:
+        raise urllib.error.HTTPError(
+            req.full_url,
+            code,
+            f"redirected ({code}): give notify.webhook the address it redirects to",
+            headers,
+            fp,
+        )
+
+
 def post_json(url: str, body: bytes, timeout: float) -> None:
-    """POST ``body`` (JSON) to ``url``; raise OSError (URLError, HTTPError, a timeout) when it
-    does not answer 2xx within ``timeout`` seconds."""
+    """POST ``body`` (JSON) to ``url``; raise OSError (URLError, HTTPError, TimeoutError) when
+    it does not answer 2xx within ``timeout`` seconds in all: connect, send and read together.
+    urllib's own timeout bounds each socket operation, not the whole, so a receiver that
+    dribbles a byte every few seconds held job-end (and the job's node) for 15 minutes; the
+    request runs in a thread of its own that the caller stops waiting for (a daemon thread:
+    the process leaves without it). Redirects are refused, not followed."""
     request = urllib.request.Request(
         url, data=body, method="POST", headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        response.read(1024)
+    opener = urllib.request.build_opener(_NoRedirect)
+    outcome: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                response.read(1024)
+            outcome.append(None)
+        except BaseException as exc:  # given to the caller's thread, raised there
+            outcome.append(exc)
+
+    thread = threading.Thread(target=send, name="hpctf-notify", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        raise TimeoutError(f"no whole answer within {timeout:g} s")
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def notify_end(
