@@ -346,6 +346,27 @@ def test_a_site_template_cannot_write_unquoted_values(
     )
 
 
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_a_site_templates_walk_into_python_is_refused_in_one_line(
+    command: str, tmp_path: Path, runs_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Site files are data: the payload that ran a shell command at `hpctf validate` (Jinja's
+    globals reached through an attribute walk) meets the sandbox, one line, exit 2."""
+    planted = tmp_path / "PWNED"
+    sites = _site_with_template(
+        tmp_path,
+        '{% extends "sbatch.sh.j2" %}{% block setup %}'
+        f"{{{{ cycler.__init__.__globals__.os.popen('touch {planted}').read() | sh }}}}"
+        "{% endblock %}",
+    )
+    monkeypatch.setenv("HPCTF_SITE_PATH", str(sites))
+    result = CliRunner().invoke(cli, [command, str(experiment_file(tmp_path)), "--site", "tpl"])
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.splitlines()
+    assert line.startswith("Error: template ") and "unsafe" in line, line
+    assert not planted.exists()
+
+
 def test_unsafe_runs_root_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

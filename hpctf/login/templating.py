@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2.sandbox import SandboxedEnvironment
 from jinja2 import nodes
 
 from hpctf.core.assets import shipped_dir
@@ -117,7 +118,10 @@ def _absolute_template(name: str) -> tuple[str, str, Any] | None:
     return path.read_text(encoding="utf-8"), str(path), lambda: path.stat().st_mtime == mtime
 
 
-ENVIRONMENT = jinja2.Environment(
+# Sandboxed: a site's template is data a user may not have written (a shared site directory);
+# Jinja's sandbox refuses the attribute walks that reach Python
+# (``cycler.__init__.__globals__.os.popen(...)`` ran at `hpctf validate` before).
+ENVIRONMENT = SandboxedEnvironment(
     loader=jinja2.ChoiceLoader(
         [
             jinja2.FileSystemLoader(str(shipped_dir("templates"))),
