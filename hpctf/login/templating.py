@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import SandboxedEnvironment
 from jinja2 import nodes
+from jinja2.sandbox import SandboxedEnvironment
 
 from hpctf.core.assets import shipped_dir
 from hpctf.core.errors import UserError

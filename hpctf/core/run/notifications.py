@@ -6,8 +6,8 @@ requeue follows.
 Once per event: each message sent is recorded in the run's journal (``notified``, with the
 start it is about), and a retried job-end finds it there. Never in the way: a receiver that
 is down, slow, dribbling or redirecting costs at most :data:`TIMEOUT_S` in all and one warning
-line on stderr, and nothing is recorded (a later job-end of the same start tries again). The URL is a secret
-(:mod:`hpctf.core.run.secret_store`): no line names more of it than its host.
+line on stderr, and nothing is recorded (a later job-end of the same start tries again). The
+URL is a secret (:mod:`hpctf.core.run.secret_store`): no line names more of it than its host.
 """
 
 from __future__ import annotations
