@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from hpctf.cli import cli
 from hpctf.core.settings.config import Site
 from hpctf.core.settings.sites import available, find_site, listing, read_site, search_path
 from hpctf.login.resolving.loader import load_config
-from tests.conftest import DIGITS, REPO, write
+from tests.conftest import DIGITS, REPO, other_user, write
 
 SHIPPED = REPO / "site_configs"
 MINIMAL = "scheduler: slurm\nruns_root: /scratch/runs\n"
@@ -351,3 +353,40 @@ def test_bad_site_exits_2_with_one_line_and_writes_nothing(
     assert lines[0].startswith(f"Error: {sites / named}.yaml"), lines[0]
     assert not runs_root.exists()
     assert not fake_sbatch.exists()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["-o", "ProxyCommand=touch {planted}"],
+        ["-oLocalCommand touch {planted}", "-o", "PermitLocalCommand=yes"],
+        ["-F", "{config}"],
+    ],
+    ids=["proxycommand", "localcommand", "config-file"],
+)
+def test_ssh_options_that_run_commands_come_only_from_your_own_site_file(
+    options: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Site files are data: a ProxyCommand (or a -F config, which may hold a Match exec) in a
+    site file another user owns would run as you at `hpctf status --site X`: refused in one
+    line, naming the file and what it would run; the same file of your own is read."""
+    owner = other_user()
+    planted = tmp_path / "PWNED"
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    given = [o.format(planted=planted, config=tmp_path / "ssh_config") for o in options]
+    site = sites / "shared.yaml"
+    site.write_text(
+        "name: shared\nextends: local-slurm\n"
+        f"login: {{host: cluster, ssh_options: {json.dumps(given)}}}\n"
+    )
+    monkeypatch.setenv("HPCTF_SITE_PATH", str(sites))
+    mine = CliRunner().invoke(cli, ["sites", "shared"])
+    assert mine.exit_code == 0, mine.output
+    os.chown(site, owner.pw_uid, owner.pw_gid)
+    for command in (["sites", "shared"], ["status", "--site", "shared"]):
+        theirs = CliRunner().invoke(cli, command)
+        assert theirs.exit_code == 2, theirs.output
+        (line,) = theirs.output.splitlines()
+        assert f"{site}:3: login.ssh_options" in line and "hpctf-other's" in line, line
+    assert not planted.exists()

@@ -15,7 +15,10 @@ shadows: ``~/.config/hpctf/sites/gpu.yaml`` with ``extends: gpu`` starts from th
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+import pwd
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,7 +184,58 @@ def read_site_file(path: Path, env: Mapping[str, str]) -> tuple[Site, Origins]:
     and line where the offending key was given.
     """
     data, origins = _layers(path, env, ())
-    return validate_model(Site, data, origins, str(path)), origins
+    site = validate_model(Site, data, origins, str(path))
+    if site.login is not None:
+        check_ssh_commands(site.login.ssh_options, origins.get(("login", "ssh_options")))
+    return site, origins
+
+
+# ssh options whose value runs a command as the user (or, -F, reads a config file that can:
+# ProxyCommand, LocalCommand, Match exec): taken only from a site file the user owns.
+_COMMAND_KEYWORDS = {"proxycommand", "localcommand", "permitlocalcommand", "knownhostscommand",
+                     "match", "include"}  # fmt: skip
+
+
+def command_options(options: Sequence[str]) -> list[str]:
+    """The options among ``options`` (ssh's arguments) that can run commands."""
+    found = []
+    for index, option in enumerate(options):
+        if option.startswith("-F"):
+            found.append("-F")
+            continue
+        if option == "-o" and index + 1 < len(options):
+            value = options[index + 1]
+        elif option.startswith("-o"):
+            value = option[2:]
+        else:
+            continue
+        keyword = re.split(r"[\s=]", value.strip(), maxsplit=1)[0]
+        if keyword.lower() in _COMMAND_KEYWORDS:
+            found.append(keyword)
+    return found
+
+
+def check_ssh_commands(options: Sequence[str], origin: Origin | None) -> None:
+    """A UserError when ``options`` that run commands come from a file another user owns (a
+    shared site directory): their ProxyCommand would run as you at `hpctf status --site X`."""
+    found = command_options(options)
+    if not found or origin is None or not origin.file:
+        return
+    try:
+        owner = Path(origin.file).stat().st_uid
+    except OSError:
+        return  # read a moment ago; gone now: nothing will run from it
+    if owner == os.geteuid():
+        return
+    try:
+        name = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        name = f"uid {owner}"
+    raise UserError(
+        f"{origin.where()}: login.ssh_options {', '.join(found)} would run commands as you, and "
+        f"this site file is {name}'s: copy it into ~/.config/hpctf/sites/ (yours) after "
+        "reading what it runs, or leave those options out"
+    )
 
 
 def read_site(name: str, env: Mapping[str, str]) -> tuple[Site, Origins]:
