@@ -19,6 +19,7 @@ from hpctf.login.remote import cluster_side, forward, shipping
 from hpctf.login.remote.ssh import remote_command
 from hpctf.login.remote.where import remote_login
 from hpctf.python_api import remote_run as remote_runs
+from tests.conftest import DIGITS
 from tests.sshd import HOSTILE
 
 
@@ -130,3 +131,44 @@ def test_the_code_store_is_a_folder_only_its_owner_may_write(tmp_path: Path) -> 
     (linked / cluster_side.SUBMITS).symlink_to(made)
     with pytest.raises(EnvironmentProblem, match="only you may write"):
         cluster_side._private(linked, cluster_side.SUBMITS)
+
+
+def test_a_sites_secrets_travel_on_stdin_never_in_the_argument_vector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ps shows every user the argument vector of ssh on the laptop and of hpctf on the login
+    host: the site's secret env values and its webhook travel only in the submission's
+    standard input; every other command's site leaves them out."""
+    import subprocess
+
+    from hpctf.login.remote.forward import on_cluster
+    from hpctf.login.remote.shipping import submit_remote
+    from hpctf.login.resolving.loader import load_config
+
+    token, hook = "tok-9f8e7d6c5b4a", "https://hooks.example.org/services/T0/B0/SECRETPART"
+    site_file = tmp_path / "remote.yaml"
+    site_file.write_text(
+        "name: remote\nextends: local-slurm\nlogin: {host: cluster}\n"
+        f"env: {{WANDB_API_KEY: {token}, PLAIN: visible}}\nnotify: {{webhook: '{hook}'}}\n"
+    )
+    config = load_config(DIGITS, str(site_file), [], {"HOME": str(tmp_path)}).config
+    sent: list[tuple[list[str], bytes | None]] = []
+
+    class Connection:
+        login = config.site.login
+
+        def run(self, args: list[str], stdin: bytes | None = None, **_: object) -> object:
+            sent.append((list(args), stdin))
+            return subprocess.CompletedProcess(args, 0, "", "")
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    submit_remote(Connection(), "submit", config, config.site, DIGITS, [], [],  # type: ignore[arg-type]
+                  {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HOME": str(tmp_path)})  # fmt: skip
+    on_cluster(Connection(), config.site, ["status"])  # type: ignore[arg-type]
+    for args, _ in sent:
+        argv = " ".join(args)
+        assert token not in argv and "SECRETPART" not in argv, argv
+        assert "visible" in argv  # the rest of the site still goes
+    (args, stdin), _ = sent
+    assert args[2] == "_remote-submit" and stdin is not None
+    assert token.encode() in stdin and b"SECRETPART" in stdin

@@ -28,6 +28,7 @@ from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.rundir import RunDir, free_path, remove_new_run_dir, runs_root
 from hpctf.core.safe_files import private_folder, write_atomic
 from hpctf.login.remote.shipping import MAX_CODE_STREAM, NEEDS_CODE, tree_hash
+from hpctf.login.remote.site_file import enter
 
 STORE = ".hpctf-code"
 SUBMITS = ".hpctf-submits"
@@ -123,6 +124,9 @@ def remote_submit(site_name: str) -> None:
         raise UserError("_remote-submit: the request is not one hpctf sent") from None
     if not token.isalnum() or not code.isalnum() or "/" in run_id or run_id.startswith("."):
         raise UserError("_remote-submit: the request is not one hpctf sent")
+    if isinstance(request.get("site"), dict):
+        # The whole site, secrets too, came on stdin: the one in argv was without them.
+        enter(json.dumps(request["site"], sort_keys=True), os.environ)
     root = _root(site_name)
     store = _private(root, STORE) / code
     if not store.is_dir():

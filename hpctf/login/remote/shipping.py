@@ -145,7 +145,7 @@ def submit_remote(
         "overrides": list(overrides),
         "options": list(options),
     }
-    site_doc = site_document(site)
+    site_doc = site_document(site, secrets=True)
     key = hashlib.sha256(
         json.dumps([request, site_doc, connection.login.host], sort_keys=True).encode()
     ).hexdigest()[:32]
@@ -160,7 +160,10 @@ def submit_remote(
         pending.write_text(json.dumps({**earlier, "host": connection.login.host}))
     run_id = earlier["run_id"]
     request.update(earlier)
-    prefix = ["_remote", json.dumps(site_doc, sort_keys=True)]
+    # The whole site (its secrets too) on standard input, with the request; the argument vector
+    # (ps shows it to every user) holds the site without them.
+    request["site"] = site_doc
+    prefix = ["_remote", json.dumps(site_document(site), sort_keys=True)]
     args = [*prefix, "_remote-submit", "--site", site.name]
     try:
         answer = connection.run(args, stdin=json.dumps(request).encode(), capture=capture)

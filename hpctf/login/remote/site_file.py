@@ -11,14 +11,24 @@ from typing import Any
 
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import write_atomic
+from hpctf.core.secrets import secret_env
 from hpctf.core.settings.config import Site
 from hpctf.login.remote.where import ON_LOGIN
 
 
-def site_document(site: Site) -> dict[str, Any]:
+def site_document(site: Site, secrets: bool = False) -> dict[str, Any]:
     """What the cluster is told of the site: the resolved site (``extends`` followed, nothing
-    expanded: ``~`` and ``$VARS`` are the cluster's), and the text of its template."""
+    expanded: ``~`` and ``$VARS`` are the cluster's), and the text of its template.
+
+    Without ``secrets`` the site's secret ``env`` values and its ``notify:`` (the webhook URL
+    is a secret) are left out: that document travels in ssh's argument vector, which every
+    user of both hosts reads with ``ps``, and only a submission needs them (it sends the whole
+    document on ssh's standard input, :func:`hpctf.login.remote.shipping.submit_remote`)."""
     data = site.model_dump(mode="json", exclude_none=True, exclude={"extends", "template"})
+    if not secrets:
+        hidden = secret_env({k: str(v) for k, v in site.env.items()})
+        data["env"] = {k: v for k, v in data.get("env", {}).items() if k not in hidden}
+        data.pop("notify", None)
     template = None
     if site.template is not None:
         try:
