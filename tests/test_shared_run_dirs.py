@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from hpctf.cli import cli
 from hpctf.core import safe_files
 from hpctf.core.run.rundir import RunDir
-from tests.conftest import DIGITS, other_user
+from tests.conftest import DIGITS, HPCTF, other_user
 from tests.fake_slurm import FakeSlurm, new_run
 
 THESIS = b"\\documentclass{article} my thesis, five years of it\n"
@@ -876,3 +876,63 @@ def test_the_doctor_script_holding_a_site_token_is_yours_alone(
             assert script.stat().st_mode & 0o777 == mode, name
     finally:
         os.umask(old)
+
+
+@pytest.mark.parametrize("planted", ["fifo", "dev-zero", "sparse-2g"])
+def test_special_files_in_a_run_hang_no_reader(
+    planted: str, runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    """A FIFO, /dev/zero (through a link) or a 2 GB sparse file planted as DONE, metrics.jsonl,
+    secrets.env and rank 0's log: status, runs, logs and status --json each end in bounded
+    time and memory, the run's row kept, the planted file said once at most."""
+    path = new_run(runs_root, fake_slurm)
+    (path / "logs").mkdir(exist_ok=True)
+    for name in ("DONE", "metrics.jsonl", "secrets.env", "logs/rank-0.log"):
+        target = path / name
+        target.unlink(missing_ok=True)
+        if planted == "fifo":
+            os.mkfifo(target)
+        elif planted == "dev-zero":
+            target.symlink_to("/dev/zero")
+        else:
+            with target.open("wb") as handle:
+                handle.truncate(2 << 30)
+    for args in (["status", str(path)], ["runs"], ["status"], ["logs", str(path)],
+                 ["status", "--json", str(path)]):  # fmt: skip
+        began = time.monotonic()
+        proc = subprocess.run(
+            ["prlimit", f"--as={3 << 30}", *HPCTF, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert time.monotonic() - began < 30, args
+        assert proc.returncode in (0, 2, 3), (args, proc.stdout[-500:], proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
+        assert len(proc.stderr.splitlines()) <= 1, (args, proc.stderr)
+
+
+def test_a_truncated_log_is_said_and_read_again_from_its_start(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    """logrotate's copytruncate under `logs -f`: the follower noticed nothing for 47 s, then
+    went on mid-line, 12,000 steps later; now it says so and reads the log from its start."""
+    from hpctf.core.run.history import read_history
+    from hpctf.login.watching.logs import LogReader
+
+    path = new_run(runs_root, fake_slurm)
+    (path / "logs").mkdir(exist_ok=True)
+    log = path / "logs" / "rank-0.log"
+    log.write_text("".join(f"step {n}\n" for n in range(1, 2001)))
+    run = RunDir(path)
+    reader = LogReader(run, 0, None)
+    history = read_history(run)
+    assert "".join(reader.read(history)).endswith("step 2000\n")
+    with log.open("r+") as handle:  # copytruncate: the file emptied in place
+        handle.truncate(0)
+    with log.open("a") as handle:
+        handle.write("step 7800\nstep 7801\n")
+    again = "".join(reader.read(history))
+    assert "was truncated to 20 bytes after 18,893 were read" in again.splitlines()[0]
+    assert again.splitlines()[1:] == ["step 7800", "step 7801"]

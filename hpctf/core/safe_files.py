@@ -188,6 +188,28 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def open_regular(path: Path, what: str) -> BinaryIO:
+    """``path`` opened for reading, a regular file, without following a link at its last
+    component and without blocking on open (O_NONBLOCK: a FIFO with no writer would hold the
+    reader forever); anything else (a FIFO, /dev/zero, a directory, a link) is a
+    :class:`NotARegularFile` in one line naming ``what`` it was to be. For a file read as a
+    stream (metrics, logs); :func:`read_bounded` reads a small one whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except IsADirectoryError:
+        raise NotARegularFile(f"{path}: {what} is a directory, not a file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotARegularFile(f"{path}: {what} is a symbolic link; not followed") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise NotARegularFile(f"{path}: {what} is {_kind(info.st_mode)}, not a file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def read_bounded(path: Path, cap: int, what: str) -> bytes:
     """The bytes of ``path``, a regular file of at most ``cap`` bytes; anything else (a FIFO,
     a device such as /dev/zero, a directory, a bigger file) is a :class:`NotARegularFile` in

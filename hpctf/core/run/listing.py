@@ -23,6 +23,7 @@ from hpctf.core.run import snapshot
 from hpctf.core.run.history import Job, RunHistory, RunState, Start, read_history
 from hpctf.core.run.metrics_history import metric_records
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import NotARegularFile, read_bounded
 from hpctf.core.scheduler.launcher import launcher_for
 
 if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
@@ -98,6 +99,10 @@ class RunFacts:
         )
 
 
+# DONE is a line of JSON; more is no DONE hpctf wrote.
+DONE_BYTES = 64 << 10
+
+
 def facts_of(run: RunDir, config: ResolvedConfig, history: RunHistory) -> RunFacts:
     """The facts of ``run`` (its frozen ``config`` and ``history`` already read)."""
     records = metric_records(run.metrics, METRICS_TAIL_BYTES)
@@ -153,8 +158,8 @@ def _progress(
         (int(r["total_steps"]) for r in reversed(records) if isinstance(r.get("total_steps"), int)),
         None,
     )
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        step = int(json.loads(run.done.read_text(encoding="utf-8"))["step"])
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, NotARegularFile):
+        step = int(json.loads(read_bounded(run.done, DONE_BYTES, "DONE"))["step"])
     return step, total, (losses[-1] if losses else {})
 
 
@@ -166,8 +171,8 @@ def eval_results(
     DONE."""
     evals = [r["eval"] for r in records if isinstance(r.get("eval"), dict)]
     try:
-        final = json.loads(run.done.read_text(encoding="utf-8")).get("eval")
-    except (OSError, ValueError, AttributeError):
+        final = json.loads(read_bounded(run.done, DONE_BYTES, "DONE")).get("eval")
+    except (OSError, ValueError, AttributeError, NotARegularFile):
         final = None
     if isinstance(final, dict) and final:
         evals.append(final)

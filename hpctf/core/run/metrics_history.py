@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hpctf.core.safe_files import NotARegularFile, open_regular
+
 RESUMED_FROM = "resumed_from"
 # Keras's own name for an evaluation's metric: ``model.fit``'s epochs are recorded with their
 # logs' names (eval: {"val_loss": ...}), hpctf's loop with the metrics' (eval: {"loss": ...}).
@@ -67,18 +69,26 @@ def by_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [rows[step] for step in sorted(rows)]
 
 
+# The most of metrics.jsonl a reader takes, from its end: about 100,000 logged steps; a bigger
+# file (a damaged or planted one, a run logging every step for months) is read by its tail,
+# so a listing's memory stays bounded whatever sits in a run directory.
+MAX_READ_BYTES = 16 << 20
+
+
 def metric_records(path: Path, tail_bytes: int | None = None) -> list[dict[str, Any]]:
     """The effective records of metrics.jsonl (:func:`effective_history`); only those in its
-    last ``tail_bytes`` when given (a marker before the tail superseded nothing in it)."""
+    last ``tail_bytes`` when given, and never more than its last :data:`MAX_READ_BYTES` (a
+    marker before the tail superseded nothing in it). Not a regular file: none."""
+    tail_bytes = min(tail_bytes if tail_bytes is not None else MAX_READ_BYTES, MAX_READ_BYTES)
     try:
-        with path.open("rb") as handle:
+        with open_regular(path, "metrics.jsonl") as handle:  # a FIFO, /dev/zero: none
             if tail_bytes is not None:
                 size = handle.seek(0, os.SEEK_END)
                 handle.seek(max(0, size - tail_bytes))
                 if size > tail_bytes:
                     handle.readline()  # a partial first line
             data = handle.read()
-    except OSError:
+    except (OSError, NotARegularFile):
         return []
     records = []
     for line in data.decode("utf-8", errors="replace").splitlines():

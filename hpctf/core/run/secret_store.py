@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctf.core.safe_files import write_atomic
+from hpctf.core.safe_files import NotARegularFile, read_bounded, write_atomic
 from hpctf.core.secrets import REDACTED, SECRETS_FILE, redact, secret_env, shell_file, uri_passwords
 
 if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
@@ -106,8 +106,9 @@ def read(run_path: Path) -> dict[str, str]:
     """The secrets in ``run_path/secrets.env``; {} when there is none or it is not ours to read
     (another user's run: its config stays redacted)."""
     try:
-        lines = (run_path / SECRETS_FILE).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
+        data = read_bounded(run_path / SECRETS_FILE, 1 << 20, SECRETS_FILE)
+        lines = data.decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError, NotARegularFile):
         return {}
     found: dict[str, str] = {}
     for line in lines:

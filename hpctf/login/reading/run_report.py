@@ -21,7 +21,8 @@ from hpctf.core.run.history import (
     RunState,
     Start,
 )
-from hpctf.core.run.listing import RunFacts
+from hpctf.core.run.listing import DONE_BYTES, RunFacts
+from hpctf.core.safe_files import NotARegularFile, read_bounded
 from hpctf.core.scheduler import slurm
 from hpctf.login.reading.progress import code_text, duration, progress, sparkline
 from hpctf.login.reading.runs import RunRecord, metric_records
@@ -274,7 +275,7 @@ def describe_run(run: RunRecord, document: Mapping[str, Any]) -> str:
             f"{_end(start, jobs.get(start.job_id), logged)}"
         )
     lines.append(f"last logged step: {document['step'] if document['step'] is not None else '-'}")
-    done = run.run.done.read_text().strip() if run.run.done.exists() else "no"
+    done = done_text(run.run.done)
     lines.append(f"done: {done}")
     return "\n".join(lines) + "\n"
 
@@ -325,3 +326,14 @@ def _end(start: Start, job: Mapping[str, str] | None, logged: int | None = None)
         saved = f"its last checkpoint step {end_step}" if end_step else "no checkpoint"
         return f"{start.reason} at step {logged} ({exit_words(start.exit_code)}; {saved})"
     return f"{start.reason} at step {end_step} ({exit_words(start.exit_code)})"
+
+
+def done_text(path: Path) -> str:
+    """DONE's line as the single-run view shows it: ``no`` without one; a DONE that is no
+    regular file of a line (a FIFO, a device, a huge file) is said, not read."""
+    try:
+        return read_bounded(path, DONE_BYTES, "DONE").decode("utf-8", errors="replace").strip()
+    except FileNotFoundError:
+        return "no"
+    except (OSError, NotARegularFile) as exc:
+        return f"unreadable ({exc})"

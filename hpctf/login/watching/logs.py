@@ -4,6 +4,7 @@ begins; ``-f`` follows the live job, and the next one after a requeue, until the
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.printable import printable
 from hpctf.core.run.history import RunHistory, Start
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import open_regular
 from hpctf.login.reading.run_report import local_launcher_gone
 from hpctf.login.reading.runs import FINAL_RUN_STATES, RunRecord
 from hpctf.login.reading.slurm_view import slurm_records
@@ -58,20 +60,44 @@ class LogReader:
 
     def read(self, history: RunHistory, final: bool = False) -> Iterator[str]:
         """The text the log gained since the last call, separators included. Call with the
-        history read BEFORE the log, so every start whose lines are read is already known."""
+        history read BEFORE the log, so every start whose lines are read is already known.
+        Read in chunks (a huge log in bounded memory); a log shorter than what was read of it
+        (truncated, as logrotate's copytruncate does) is said and read again from its start;
+        a log that is not a regular file (a FIFO, a device) is one line (a UserError)."""
+        path = self.run.rank_log(self.rank)
         try:
-            with self.run.rank_log(self.rank).open("rb") as handle:
-                handle.seek(self.position)
-                data = handle.read()
+            handle = open_regular(path, f"rank {self.rank}'s log")
         except FileNotFoundError:
             return
-        self.position += len(data)
-        data = self.pending + data
-        lines = data.split(b"\n")
-        self.pending = b"" if final else lines.pop()
-        if final and lines and lines[-1] == b"":
-            lines.pop()
         starts = worker_starts(history)
+        with handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size < self.position:
+                yield (
+                    f"hpctf: {printable(str(path), keep_lines=False)} was truncated to {size:,} "
+                    f"bytes after {self.position:,} were read: reading it from its start\n"
+                )
+                self.position, self.pending = 0, b""
+            if self.position == 0 and size > SHOWN_BYTES:
+                yield (
+                    f"hpctf: {printable(str(path), keep_lines=False)} is {size:,} bytes: its "
+                    f"last {SHOWN_BYTES >> 20} MiB follow\n"
+                )
+                self.position = size - SHOWN_BYTES
+                handle.seek(self.position)
+                handle.readline()  # from the first whole line on
+                self.position = handle.tell()
+            handle.seek(self.position)
+            while chunk := handle.read(CHUNK_BYTES):
+                self.position += len(chunk)
+                lines = (self.pending + chunk).split(b"\n")
+                self.pending = lines.pop()
+                yield from self._shown(lines, starts)
+        if final and self.pending:
+            lines, self.pending = [self.pending], b""
+            yield from self._shown(lines, starts)
+
+    def _shown(self, lines: list[bytes], starts: list[tuple[int, Start]]) -> Iterator[str]:
         for line in lines:
             if WORKER_HEADER.match(line):
                 self.headers += 1
@@ -88,6 +114,13 @@ class LogReader:
                     yield separator(number, start, self.rank)
             if self.showing:
                 yield line.decode("utf-8", errors="replace") + "\n"
+
+
+# What one read of a log takes at a time: its memory, whatever the log's size.
+CHUNK_BYTES = 1 << 20
+# The most of a log shown from its end: a log bigger than this (a planted or runaway one) is
+# shown by its tail, in bounded time.
+SHOWN_BYTES = 64 << 20
 
 
 def batch_output(run: RunDir, history: RunHistory, job_id: str) -> Path | None:
