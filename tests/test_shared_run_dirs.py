@@ -936,3 +936,23 @@ def test_a_truncated_log_is_said_and_read_again_from_its_start(
     again = "".join(reader.read(history))
     assert "was truncated to 20 bytes after 18,893 were read" in again.splitlines()[0]
     assert again.splitlines()[1:] == ["step 7800", "step 7801"]
+
+
+@pytest.mark.parametrize("command", ["resubmit", "cancel"])
+def test_another_users_run_is_theirs_to_resubmit_or_cancel(
+    command: str, runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    """In a shared runs root: a resubmit would sbatch their job.sbatch as you, a cancel record
+    their run cancelled. One line naming the owner, exit 2, nothing submitted or written."""
+    owner = other_user()
+    path = new_run(runs_root, fake_slurm)
+    for item in [path, *path.rglob("*")]:
+        os.lchown(item, owner.pw_uid, owner.pw_gid)
+    before = sorted(p.name for p in (path / "journal").iterdir())
+    submitted = len(fake_slurm.calls("sbatch"))
+    proc = hpctf(command, str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert f"{path} is hpctf-other's run: hpctf {command} acts only on runs of your own" in line
+    assert sorted(p.name for p in (path / "journal").iterdir()) == before
+    assert len(fake_slurm.calls("sbatch")) == submitted

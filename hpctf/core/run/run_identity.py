@@ -14,6 +14,8 @@ other run's history as its own; a new run from the experiment is one command.
 
 from __future__ import annotations
 
+import os
+import pwd
 from pathlib import Path
 
 from hpctf.core.errors import UserError
@@ -39,3 +41,23 @@ def _same(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve() or (a.exists() and a.samefile(b))
     except OSError:
         return False
+
+
+def check_owned(run: RunDir, action: str) -> None:
+    """A UserError unless the caller owns ``run``'s directory: in a shared runs root another
+    user's run is theirs to ``action`` (a resubmit would sbatch their job.sbatch as you, a
+    cancel record their run cancelled). Reading it (status, logs, plot) needs no such check."""
+    try:
+        owner = run.path.stat().st_uid
+    except OSError:
+        return  # gone: whatever reads it next says so
+    if owner == os.geteuid():
+        return
+    try:
+        name = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        name = f"uid {owner}"
+    raise UserError(
+        f"{run.path} is {name}'s run: hpctf {action} acts only on runs of your own (ask {name}, "
+        "or submit the experiment as a run of yours)"
+    )

@@ -15,7 +15,7 @@ import click
 from hpctf.core.errors import DamagedRecord, EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, ownership, snapshot
 from hpctf.core.run.history import RunHistory, read_history
-from hpctf.core.run.run_identity import check_not_a_copy
+from hpctf.core.run.run_identity import check_not_a_copy, check_owned
 from hpctf.core.run.rundir import RunDir, with_snapshot
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.scheduler.slurm import FINAL_STATES
@@ -45,6 +45,7 @@ def resubmit_run(
     names. Everything is checked before anything is written: a UserError leaves the run as
     it was."""
     run = RunDir.open(run_dir)
+    check_owned(run, "resubmit")  # its job.sbatch would run as you
     check_not_a_copy(run)  # a copy's script would start the original
     _check_not_a_trial(run)
     history = read_history(run)

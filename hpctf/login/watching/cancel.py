@@ -8,7 +8,7 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.run import journal, run_index
-from hpctf.core.run.run_identity import check_not_a_copy
+from hpctf.core.run.run_identity import check_not_a_copy, check_owned
 from hpctf.login.reading.runs import RunRecord
 from hpctf.login.submitting.launchers import job_launcher
 from hpctf.login.submitting.local_control import (
@@ -49,6 +49,7 @@ def cancel_run(run_dir: Path) -> list[str]:
     """``hpctf cancel RUN`` and :meth:`hpctf.RunRecord.cancel`: scancel the run's open jobs and
     record it; the jobs cancelled (none when none was open)."""
     run = RunRecord.read(run_dir)
+    check_owned(run.run, "cancel")
     check_not_a_copy(run.run)  # a copy's journal names the original's jobs
     run.history.require_whole()  # which jobs are open: from a whole journal
     launcher = job_launcher(run.config.site)
@@ -63,6 +64,7 @@ def cancel_run(run_dir: Path) -> list[str]:
 
 def _cancel_local(run: RunRecord) -> None:
     """A local run: its launcher stopped as by Ctrl-C, waited for, and the saved step said."""
+    check_owned(run.run, "cancel")
     check_not_a_copy(run.run)
     run.history.require_whole()
     if local_launcher(run.run, run.history) is not None:
