@@ -129,3 +129,25 @@ def test_a_trial_ref_round_trips_and_a_run_without_one_is_no_trial(tmp_path: Pat
     )
     (tmp_path / TRIAL_FILE).write_text(trial_ref_text(ref))
     assert read_trial_ref(tmp_path) == ref
+
+
+@pytest.mark.parametrize("choice", ["@home", "`x", "[a", "%x", "|x", "\x1b"])
+def test_categorical_choices_yaml_cannot_parse_back_are_one_line(
+    choice: str, tmp_path: Path
+) -> None:
+    """Each choice is checked as ``--set KEY=TEXT`` gives it; a text YAML cannot parse made
+    validate exit 70 (a bug line): now the entry's annotation judges it, one line, exit 2."""
+    experiment = yaml.safe_load(DIGITS.read_text())
+    experiment["train"]["python_path"] = [str(DIGITS.parent)]
+    experiment["train"]["eval_every_steps"] = 50
+    experiment["sweep"] = {
+        "parameters": {"train.args.learning_rate": {"type": "categorical", "choices": [choice]}},
+        "objective": {"metric": "eval.loss", "direction": "minimize"},
+        "trials": 2,
+    }
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    result = CliRunner().invoke(cli, ["validate", str(path), "--site", "local-slurm"])
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.splitlines()
+    assert "is not a float" in line and "bug" not in line

@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import yaml
+
 from hpctf.core.errors import UserError
 from hpctf.core.search.trial_config import fixed_key
 from hpctf.core.settings.search import CategoricalParam, Choice, Param, Search
@@ -34,7 +36,11 @@ def set_text(value: Choice) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    return value if parse_yaml(value) == value else json.dumps(value)
+    try:
+        parsed = parse_yaml(value)
+    except yaml.YAMLError:  # `@home`, a backtick, `[a`: --set gives text YAML cannot parse back
+        return value
+    return value if parsed == value else json.dumps(value)
 
 
 def _samples(param: Param) -> list[Choice]:
