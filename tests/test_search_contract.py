@@ -151,3 +151,15 @@ def test_categorical_choices_yaml_cannot_parse_back_are_one_line(
     assert result.exit_code == 2, result.output
     (line,) = result.output.splitlines()
     assert "is not a float" in line and "bug" not in line
+
+
+def test_a_trials_parameters_reach_the_terminal_escaped_and_cut() -> None:
+    """status SWEEP: a newline and an OSC sequence in a choice painted a fake row; a 50 KB
+    value made a 50 KB line."""
+    from hpctf.login.sweeps.search_watch import PARAMS_CHARS, _params_text
+
+    painted = _params_text({"train.args.act": "relu\n3  {}  done\x1b]0;owned\x07"})
+    assert "\n" not in painted and "\x1b" not in painted and "\x07" not in painted
+    assert painted.startswith("act=relu\\n3")
+    long = _params_text({"train.args.act": "x" * 50_000, "train.args.lr": 0.1})
+    assert len(long) == PARAMS_CHARS and long.endswith("...")

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.printable import printable
 from hpctf.core.run import journal
 from hpctf.core.run.hours import Hours, hours_json, hours_text, parse_usage, run_hours
 from hpctf.core.run.listing import RunFacts
@@ -166,12 +167,25 @@ def status_text(record: SweepDir, document: Mapping[str, Any]) -> str:
     rows = []
     for d in document["trials"]:
         step = "-" if d["step"] is None else f"{d['step']}/{d['total_steps'] or '?'}"
-        params = " ".join(f"{k.rsplit('.', 1)[-1]}={_value(v) if isinstance(v, float) else v}"
-                          for k, v in d["params"].items())  # fmt: skip
+        params = _params_text(d["params"])
         rows.append((str(d["trial"]), params, d["job"] or "-", slurm_text(d["slurm"]),
                      d["state"], step, _value(d["value"])))  # fmt: skip
     header = ("TRIAL", "PARAMS", "JOB", "SLURM", "STATE", "STEP", "VALUE")
     return text + format_table(header, rows)
+
+
+# A trial's parameters in the table: at most this many characters (a 50 KB value made a 50 KB
+# line), every control character escaped (a newline and an OSC sequence painted a fake row).
+PARAMS_CHARS = 120
+
+
+def _params_text(params: Mapping[str, Any]) -> str:
+    text = " ".join(
+        f"{key.rsplit('.', 1)[-1]}={_value(value) if isinstance(value, float) else value}"
+        for key, value in params.items()
+    )
+    text = printable(text, keep_lines=False)
+    return text if len(text) <= PARAMS_CHARS else text[: PARAMS_CHARS - 3] + "..."
 
 
 def search_status(path: Path, as_json: bool, sort: str | None, top: int | None) -> None:
