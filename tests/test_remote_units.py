@@ -3,6 +3,7 @@ stream's address, the options a shipped sweep keeps, and waiting on many remote 
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 from pathlib import Path
@@ -172,3 +173,19 @@ def test_a_sites_secrets_travel_on_stdin_never_in_the_argument_vector(
     (args, stdin), _ = sent
     assert args[2] == "_remote-submit" and stdin is not None
     assert token.encode() in stdin and b"SECRETPART" in stdin
+
+
+def test_a_long_cache_path_puts_ssh_sockets_where_their_names_fit(tmp_path: Path) -> None:
+    """A Unix socket's path holds 107 bytes: a cache path over about 39 characters made every
+    SSH command fail; the sockets go to this user's own folder in /tmp instead."""
+    from hpctf.login.remote.ssh import SOCKET_PATH_MAX, control_dir
+
+    import tempfile
+
+    short = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
+    assert control_dir({"XDG_CACHE_HOME": str(short)}) == short / "hpctf" / "ssh"
+    long = tmp_path / ("x" * 60)
+    where = control_dir({"XDG_CACHE_HOME": str(long)})
+    assert where == Path(f"/tmp/hpctf-{os.geteuid()}/ssh")
+    assert len(str(where / ("f" * 40))) + 17 <= SOCKET_PATH_MAX
+    assert (where.stat().st_mode & 0o777) == 0o700 and where.stat().st_uid == os.geteuid()

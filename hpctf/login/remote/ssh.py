@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import EnvironmentProblem
+from hpctf.core.safe_files import private_folder
 from hpctf.core.settings.config import Login
 
 CONTROL_PERSIST = "8h"
@@ -29,17 +30,34 @@ CONTROL_PERSIST = "8h"
 SSH_FAILED = 255
 
 
+# A Unix socket's path holds at most 107 bytes (sun_path); ssh names a master's socket by %C
+# (40 hex digits) and creates it under a temporary name 17 characters longer first.
+SOCKET_PATH_MAX = 107
+_SOCKET_NAME = 1 + 40 + 17
+
+
 def control_dir(env: Mapping[str, str]) -> Path:
     """Where the master connections' sockets live: ``$XDG_CACHE_HOME/hpctf/ssh`` (default
     ``~/.cache/hpctf/ssh``), made and kept mode 0700: whoever can reach a socket can run
-    commands as you on the cluster."""
+    commands as you on the cluster. Where that path is too long for a socket's name (a cache
+    path over about 39 characters), ``/tmp/hpctf-UID/ssh``: this user's own, mode 0700, or
+    refused in one line."""
     cache = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or "~").expanduser() / ".cache")
     where = Path(cache) / "hpctf" / "ssh"
+    shared = len(os.fsencode(where)) + _SOCKET_NAME > SOCKET_PATH_MAX
+    if shared:  # in /tmp, where anyone could have made the folders first
+        where = Path("/tmp") / f"hpctf-{os.geteuid()}" / "ssh"
+        private_folder(where.parent, create=True)
     try:
         where.mkdir(parents=True, exist_ok=True, mode=0o700)
         where.chmod(0o700)
     except OSError as exc:
         raise EnvironmentProblem(f"cannot make {where} for ssh's sockets: {exc.strerror}") from exc
+    if shared and not (private_folder(where.parent, False) and private_folder(where, False)):
+        raise EnvironmentProblem(
+            f"{where} for ssh's sockets is not a folder only you can write (someone made it "
+            "first?): remove it, or set XDG_CACHE_HOME to a short path of your own"
+        )
     return where
 
 
