@@ -64,6 +64,13 @@ def test_a_code_stream_with_a_path_outside_is_refused() -> None:
         list(cluster_side._members(shipping.tar_stream([("../evil.py", 0o444, b"")])))
 
 
+@pytest.mark.parametrize("stream", [b"not a tar at all" * 100, b"\0" * 10, b""])
+def test_a_code_stream_that_is_no_tar_is_one_line(stream: bytes) -> None:
+    """A malformed stream into the code store exited 70 (a bug line)."""
+    with pytest.raises(UserError, match="_remote-code: not a code stream hpctf sent"):
+        list(cluster_side._members(stream))
+
+
 def test_a_shipped_sweep_keeps_its_options() -> None:
     command = cli.get_command(click.Context(cli), "sweep")
     assert command is not None

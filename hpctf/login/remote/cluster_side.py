@@ -55,15 +55,20 @@ def _private(root: Path, name: str) -> Path:
 
 
 def _members(data: bytes) -> Iterator[tuple[str, int, bytes]]:
-    """The regular files of a code stream: names relative and inside it, or a UserError."""
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        for member in tar:
-            parts = Path(member.name).parts
-            if not member.isfile() or member.name.startswith("/") or ".." in parts:
-                raise UserError(f"_remote-code: {member.name!r} is not a plain relative file")
-            handle = tar.extractfile(member)
-            assert handle is not None
-            yield member.name, member.mode & 0o777, handle.read()
+    """The regular files of a code stream: names relative and inside it, or a UserError (a
+    stream that is no tar, or a damaged one, too)."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for member in tar:
+                parts = Path(member.name).parts
+                if not member.isfile() or member.name.startswith("/") or ".." in parts:
+                    raise UserError(f"_remote-code: {member.name!r} is not a plain relative file")
+                handle = tar.extractfile(member)
+                if handle is None:
+                    raise UserError(f"_remote-code: {member.name!r} has no content")
+                yield member.name, member.mode & 0o777, handle.read()
+    except tarfile.TarError as exc:
+        raise UserError(f"_remote-code: not a code stream hpctf sent ({exc})") from None
 
 
 @click.command("_remote-code", hidden=True)
@@ -83,15 +88,17 @@ def remote_code(site_name: str, code: str) -> None:
     incoming = store / f".incoming-{os.getpid()}"
     shutil.rmtree(incoming, ignore_errors=True)
     incoming.mkdir(parents=True)
-    for name, mode, content in entries:
-        target = incoming / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-        target.chmod(mode & 0o555)
     try:
+        for name, mode, content in entries:
+            target = incoming / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+            target.chmod(mode & 0o555)
         os.rename(incoming, store / code)
-    except OSError:  # another laptop sent the same tree first
-        shutil.rmtree(incoming, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(incoming, ignore_errors=True)  # nothing half-made is left in the store
+        if not (store / code).is_dir():  # not: another laptop sent the same tree first
+            raise EnvironmentProblem(f"_remote-code: cannot store the code: {exc}") from exc
 
 
 @contextlib.contextmanager

@@ -69,6 +69,10 @@ class SweepDir:
                 f"{path}: not a sweep directory (no {SWEEP_FILE}); pass the directory that "
                 "`hpctf sweep` printed"
             ) from None
+        except PermissionError:
+            raise UserError(
+                f"{file}: not yours to read (permission denied): ask its owner"
+            ) from None
         except (OSError, ValueError) as exc:
             raise UserError(f"{file}: damaged sweep record: {exc}") from None
         points = data.get("points") if isinstance(data, dict) else None
