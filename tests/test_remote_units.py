@@ -185,9 +185,9 @@ def test_a_sites_secrets_travel_on_stdin_never_in_the_argument_vector(
 def test_a_long_cache_path_puts_ssh_sockets_where_their_names_fit(tmp_path: Path) -> None:
     """A Unix socket's path holds 107 bytes: a cache path over about 39 characters made every
     SSH command fail; the sockets go to this user's own folder in /tmp instead."""
-    from hpctf.login.remote.ssh import SOCKET_PATH_MAX, control_dir
-
     import tempfile
+
+    from hpctf.login.remote.ssh import SOCKET_PATH_MAX, control_dir
 
     short = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
     assert control_dir({"XDG_CACHE_HOME": str(short)}) == short / "hpctf" / "ssh"

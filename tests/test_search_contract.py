@@ -163,3 +163,26 @@ def test_a_trials_parameters_reach_the_terminal_escaped_and_cut() -> None:
     assert painted.startswith("act=relu\\n3")
     long = _params_text({"train.args.act": "x" * 50_000, "train.args.lr": 0.1})
     assert len(long) == PARAMS_CHARS and long.endswith("...")
+
+
+@pytest.mark.parametrize("line", ['{"op_code": 4, "worker_id": "w"}', "[1, 2]", '"text"', "7"])
+def test_a_journal_line_of_valid_json_in_the_wrong_shape_is_a_damaged_record(
+    line: str, tmp_path: Path
+) -> None:
+    """Valid JSON Optuna's replay cannot take exited 70 with Optuna's bare KeyError."""
+    from hpctf.core.errors import EnvironmentProblem
+    from hpctf.core.search.study import JOURNAL_FILE
+
+    search = Search.model_validate(
+        {
+            "parameters": {"train.args.lr": {"type": "float", "low": 0.001, "high": 0.1}},
+            "objective": {"metric": "eval.loss", "direction": "minimize"},
+            "trials": 4,
+        }
+    )
+    journal = tmp_path / JOURNAL_FILE
+    create_study(journal, "search", search)
+    with journal.open("a") as handle:
+        handle.write(line + "\n")
+    with pytest.raises(EnvironmentProblem, match=r"cannot replay|damaged|cut short"):
+        open_study(journal, "search", search.pruner)

@@ -98,6 +98,12 @@ def damage_named(journal: Path) -> Iterator[None]:
         if str(exc) != "Invalid log format.":  # optuna.storages.journal._file.read_logs
             raise
         raise DamagedRecord(f"{journal}: a line cut short before others; {_DAMAGED}") from None
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        # A line of valid JSON in a shape Optuna's replay cannot take (a hand edit, another
+        # tool's write): its error is a bare KeyError or TypeError from inside the replay.
+        raise DamagedRecord(
+            f"{journal}: a line Optuna cannot replay ({type(exc).__name__}: {exc}); {_DAMAGED}"
+        ) from None
 
 
 _DAMAGED = (
