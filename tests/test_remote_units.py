@@ -196,3 +196,18 @@ def test_a_long_cache_path_puts_ssh_sockets_where_their_names_fit(tmp_path: Path
     assert where == Path(f"/tmp/hpctf-{os.geteuid()}/ssh")
     assert len(str(where / ("f" * 40))) + 17 <= SOCKET_PATH_MAX
     assert (where.stat().st_mode & 0o777) == 0o700 and where.stat().st_uid == os.geteuid()
+
+
+def test_a_site_template_too_big_to_travel_is_one_line(tmp_path: Path) -> None:
+    """A site template over 128 KB made every forwarded command exit 70 (the argument too
+    long for exec)."""
+    from hpctf.login.remote.site_file import site_document
+
+    template = tmp_path / "big.sh.j2"
+    template.write_text('{% extends "sbatch.sh.j2" %}\n' + "# padding\n" * 20_000)
+    site = Site.model_validate(
+        {"name": "big", "scheduler": "slurm", "runs_root": "~/r", "template": str(template),
+         "login": {"host": "cluster"}}
+    )  # fmt: skip
+    with pytest.raises(UserError, match="over the limit of 65,536 bytes"):
+        site_document(site)

@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import UserError
-from hpctf.core.safe_files import write_atomic
+from hpctf.core.safe_files import NotARegularFile, read_bounded, write_atomic
 from hpctf.core.secrets import secret_env
 from hpctf.core.settings.config import Site
 from hpctf.login.remote.where import ON_LOGIN
+
+# A site's template travels in ssh's argument vector with every command: one argument holds at
+# most 128 KiB on Linux (MAX_ARG_STRLEN), the site's own values beside it.
+TEMPLATE_BYTES = 64 << 10
 
 
 def site_document(site: Site, secrets: bool = False) -> dict[str, Any]:
@@ -32,9 +36,14 @@ def site_document(site: Site, secrets: bool = False) -> dict[str, Any]:
     template = None
     if site.template is not None:
         try:
-            template = Path(site.template).read_text(encoding="utf-8")
+            text = read_bounded(Path(site.template), TEMPLATE_BYTES, "the site's template")
         except OSError as exc:
             raise UserError(f"site {site.name}: template {site.template}: {exc.strerror}") from None
+        except NotARegularFile as exc:
+            raise UserError(
+                f"site {site.name}: {exc} (it travels with every command sent to the cluster)"
+            ) from None
+        template = text.decode("utf-8", errors="replace")
     return {"site": data, "template": template}
 
 
