@@ -211,3 +211,15 @@ def test_a_site_template_too_big_to_travel_is_one_line(tmp_path: Path) -> None:
     )  # fmt: skip
     with pytest.raises(UserError, match="over the limit of 65,536 bytes"):
         site_document(site)
+
+
+def test_submit_records_older_than_a_week_are_forgotten(tmp_path: Path) -> None:
+    """Each submit token's folder on the cluster was kept forever."""
+    submits = tmp_path / ".hpctf-submits"
+    old, new = submits / "a", submits / "b"
+    for folder in (old, new):
+        (folder / "run_dir").parent.mkdir(parents=True)
+        (folder / "run_dir").write_text("/x\n")
+    os.utime(old, (1, 1))
+    cluster_side._forget_old_submits(submits)
+    assert not old.exists() and new.is_dir()

@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import tarfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,9 @@ def remote_submit(site_name: str) -> None:
     store = _private(root, STORE) / code
     if not store.is_dir():
         sys.exit(NEEDS_CODE)
-    work = _private(root, SUBMITS) / token
+    submits = _private(root, SUBMITS)
+    _forget_old_submits(submits)
+    work = submits / token
     work.mkdir(exist_ok=True, mode=0o700)
     experiment_file = work / "experiment.yaml"
     write_atomic(experiment_file, json.dumps(_experiment(request, store)), mode=0o600)
@@ -147,6 +150,22 @@ def remote_submit(site_name: str) -> None:
         if request.get("command") == "sweep":
             sys.exit(_sweep_once(work, experiment_file, site_name, overrides, request))
         sys.exit(submit_once(work, experiment_file, site_name, overrides, run_id))
+
+
+# How long a submit token's record is kept: a laptop retries an unanswered submit within
+# minutes; a week covers a laptop closed over a weekend.
+SUBMIT_RECORD_S = 7 * 24 * 3600
+
+
+def _forget_old_submits(submits: Path) -> None:
+    """Remove the records of submits older than :data:`SUBMIT_RECORD_S` (each token's folder
+    was kept forever); a record in use is newer (its lock is touched by every retry)."""
+    old = time.time() - SUBMIT_RECORD_S
+    with contextlib.suppress(OSError):
+        for record in submits.iterdir():
+            with contextlib.suppress(OSError):
+                if record.is_dir() and not record.is_symlink() and record.stat().st_mtime < old:
+                    shutil.rmtree(record)
 
 
 def _sweep_once(
