@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import pwd
 import stat
 import tempfile
 from pathlib import Path
@@ -252,3 +253,18 @@ def private_folder(folder: Path, create: bool) -> bool:
         and found.st_uid == os.geteuid()
         and not found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     )
+
+
+def someone_elses(path: Path) -> str | None:
+    """The name of the user who owns ``path`` when it is not this process's user (``uid N``
+    without a name), else None; None too when ``path`` is gone."""
+    try:
+        owner = path.stat().st_uid
+    except OSError:
+        return None
+    if owner == os.geteuid():
+        return None
+    try:
+        return pwd.getpwuid(owner).pw_name
+    except KeyError:
+        return f"uid {owner}"

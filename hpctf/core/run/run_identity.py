@@ -14,13 +14,12 @@ other run's history as its own; a new run from the experiment is one command.
 
 from __future__ import annotations
 
-import os
-import pwd
 from pathlib import Path
 
 from hpctf.core.errors import UserError
 from hpctf.core.run.history import made_in
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.safe_files import someone_elses
 
 
 def check_not_a_copy(run: RunDir) -> None:
@@ -47,16 +46,9 @@ def check_owned(run: RunDir, action: str) -> None:
     """A UserError unless the caller owns ``run``'s directory: in a shared runs root another
     user's run is theirs to ``action`` (a resubmit would sbatch their job.sbatch as you, a
     cancel record their run cancelled). Reading it (status, logs, plot) needs no such check."""
-    try:
-        owner = run.path.stat().st_uid
-    except OSError:
-        return  # gone: whatever reads it next says so
-    if owner == os.geteuid():
+    name = someone_elses(run.path)
+    if name is None:
         return
-    try:
-        name = pwd.getpwuid(owner).pw_name
-    except KeyError:
-        name = f"uid {owner}"
     raise UserError(
         f"{run.path} is {name}'s run: hpctf {action} acts only on runs of your own (ask {name}, "
         "or submit the experiment as a run of yours)"

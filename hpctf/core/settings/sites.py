@@ -15,8 +15,6 @@ shadows: ``~/.config/hpctf/sites/gpu.yaml`` with ``extends: gpu`` starts from th
 from __future__ import annotations
 
 import json
-import os
-import pwd
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from typing import Any
 
 from hpctf.core.assets import shipped_dir
 from hpctf.core.errors import UserError
+from hpctf.core.safe_files import someone_elses
 from hpctf.core.settings.config import Site
 from hpctf.core.settings.sources import KeyPath, Origin, Origins, file_origins, load_yaml
 from hpctf.core.settings.validation import validate_model
@@ -221,16 +220,9 @@ def check_ssh_commands(options: Sequence[str], origin: Origin | None) -> None:
     found = command_options(options)
     if not found or origin is None or not origin.file:
         return
-    try:
-        owner = Path(origin.file).stat().st_uid
-    except OSError:
-        return  # read a moment ago; gone now: nothing will run from it
-    if owner == os.geteuid():
+    name = someone_elses(Path(origin.file))
+    if name is None:
         return
-    try:
-        name = pwd.getpwuid(owner).pw_name
-    except KeyError:
-        name = f"uid {owner}"
     raise UserError(
         f"{origin.where()}: login.ssh_options {', '.join(found)} would run commands as you, and "
         f"this site file is {name}'s: copy it into ~/.config/hpctf/sites/ (yours) after "
