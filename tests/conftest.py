@@ -13,7 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -225,3 +225,34 @@ def other_user() -> pwd.struct_passwd:
     except KeyError:
         subprocess.run(["useradd", "--no-create-home", OTHER_USER], check=True)
         return pwd.getpwnam(OTHER_USER)
+
+
+def submit_script(
+    cwd: Path, script: Path, args: Sequence[str], *sets: str, workers: int = 2
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``hpctf submit SCRIPT --site local`` on ``workers`` local workers, its arguments
+    ``args`` (train.script_args), a progress line every step and no save by steps, each of
+    ``sets`` one more ``--set``; the finished submit and the run directory."""
+    given = [
+        f"resources.tasks_per_node={workers}",
+        "train.log_every_steps=1",
+        "checkpoint.every_steps=1000",
+        f"train.script_args={json.dumps(list(args))}",
+        *sets,
+    ]
+    proc = subprocess.run(
+        [
+            *HPCTF,
+            "submit",
+            str(script),
+            "--site",
+            "local",
+            *(a for s in given for a in ("--set", s)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=cwd,
+    )
+    return proc, run_dir_from(proc.stdout)

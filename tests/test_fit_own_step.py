@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import HPCTF, REPO, run_dir_from
+from tests.conftest import HPCTF, REPO, submit_script
 
 pytestmark = pytest.mark.tf
 
@@ -23,29 +23,7 @@ SCRIPT = REPO / "tests" / "scripts" / "fit_own_step.py"
 def _submit(
     cwd: Path, *args: str, workers: int = 2
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    proc = subprocess.run(
-        [
-            *HPCTF,
-            "submit",
-            str(SCRIPT),
-            "--site",
-            "local",
-            "--set",
-            f"resources.tasks_per_node={workers}",
-            "--set",
-            "train.log_every_steps=1",
-            "--set",
-            "checkpoint.every_steps=1000",
-            "--set",
-            f"train.script_args={json.dumps(list(args))}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        cwd=cwd,
-    )
-    return proc, run_dir_from(proc.stdout)
+    return submit_script(cwd, SCRIPT, args, workers=workers)
 
 
 def _printed(run_dir: Path, what: str, ranks: int = 2) -> list[Any]:

@@ -11,36 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import HPCTF, REPO, run_dir_from
+from tests.conftest import HPCTF, REPO, submit_script
 
 SCRIPT = REPO / "tests" / "scripts" / "fit_matrix.py"
 
 
 def _submit(cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
-    proc = subprocess.run(
-        [
-            *HPCTF,
-            "submit",
-            str(SCRIPT),
-            "--site",
-            "local",
-            "--set",
-            "resources.tasks_per_node=2",
-            "--set",
-            "train.log_every_steps=1",
-            "--set",
-            "checkpoint.every_steps=1000",
-            "--set",
-            f"train.script_args={json.dumps(list(args))}",
-            *(["--set", "train.keras=2"] if args[0] == "2" else []),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        cwd=cwd,
-    )
-    return proc, run_dir_from(proc.stdout)
+    keras_2 = ["train.keras=2"] if args[0] == "2" else []
+    return submit_script(cwd, SCRIPT, args, *keras_2)
 
 
 def _printed(run_dir: Path, what: str) -> list[Any]:
