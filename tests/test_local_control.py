@@ -176,9 +176,9 @@ def test_a_cancel_is_acted_on_while_the_terminal_reads_nothing(
     run_dir = run_dir_from(launcher.stdout.readline())
     rank_0 = run_dir / "logs" / "rank-0.log"
     started = time.monotonic()
-    # Well past a page of progress lines, none of them read.
+    # Four pages of progress lines, none of them read: the pipe is full.
     while time.monotonic() < started + 120 and (
-        not rank_0.exists() or len(rank_0.read_bytes()) < 64_000
+        not rank_0.exists() or len(rank_0.read_bytes()) < 16_000
     ):
         time.sleep(0.2)
     cancel = subprocess.Popen(

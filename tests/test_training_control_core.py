@@ -77,10 +77,13 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_a_warning_at_an_agreement_is_saved_at_that_step_recorded_then_exit_75(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from hpctf.compute.loop import control as control_module
     from hpctf.compute.loop.preemption import Preempted
 
+    bounded: list[int] = []  # the exit bound the worker sets (os._exit: not in this process)
+    monkeypatch.setattr(control_module, "exit_later", bounded.append)
     control, votes, run_dir = _control(tmp_path, preemption_check_every_steps=5)
     for step in range(1, 5):
         control.step_done(step, {"loss": 1.0})
@@ -88,7 +91,7 @@ def test_a_warning_at_an_agreement_is_saved_at_that_step_recorded_then_exit_75(
     votes.signal = signal.SIGUSR2
     with pytest.raises(Preempted) as stopped:
         control.step_done(5, {"loss": 1.0})
-    assert stopped.value.code == 75
+    assert stopped.value.code == 75 and bounded == [75]
     assert control.saved_step == 5 and (run_dir / "checkpoints" / "ckpt-5.index").exists()
     (record,) = [e for e in _events(run_dir) if e["event"] == "saved_on_warning"]
     assert (record["step"], record["signal"]) == (5, "USR2")

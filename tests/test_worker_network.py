@@ -110,8 +110,8 @@ def test_a_local_runs_workers_are_out_of_reach_of_other_users(
 def test_worker_network_host_is_the_open_door_the_namespace_closes(
     runs_root: Path, tmp_path: Path
 ) -> None:
-    """The control: on this machine's network another user connects, and a TensorFlow session
-    from outside reads the worker's environment, secrets and all."""
+    """The control: on this machine's network another user connects to the same ports (the
+    door a TensorFlow session from outside went through to read the worker's environment)."""
     other_user()
     site = tmp_path / "open.yaml"
     site.write_text(
@@ -120,8 +120,6 @@ def test_worker_network_host_is_the_open_door_the_namespace_closes(
     )
     launcher, run_dir, ports = _long_run(tmp_path, str(site))
     try:
-        assert _as_other_user(CONNECT, str(ports[0])) == "open"
-        attack = _attack(ports[0])
-        assert MARKER in attack.stdout, attack.stdout + attack.stderr[-2000:]
+        assert [_as_other_user(CONNECT, str(port)) for port in ports] == ["open"] * len(ports)
     finally:
         _stop(launcher, run_dir)
