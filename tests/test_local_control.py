@@ -25,23 +25,26 @@ LONG = ["train.steps=100000", "train.log_every_steps=1", "checkpoint.every_steps
 SETS = [arg for setting in LONG for arg in ("--set", setting)]
 
 
-def _launch(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
-    """`hpctf submit --site local` in the background; returns once rank 0 trained a step."""
+def _start(tmp_path: Path, pipe_bytes: int | None = None) -> tuple[subprocess.Popen[str], Path]:
+    """`hpctf submit --site local` of a long run in the background, its output a pipe (of
+    ``pipe_bytes`` when given) that the caller reads; returns once it named its run."""
     launcher = subprocess.Popen(
-        [
-            *HPCTF,
-            "submit",
-            str(DIGITS),
-            "--site",
-            "local",
-            *(a for s in LONG for a in ["--set", s]),
-        ],
+        [*HPCTF, "submit", str(DIGITS), "--site", "local", *SETS],
         stdout=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
     )
     assert launcher.stdout is not None
-    run_dir = run_dir_from(launcher.stdout.readline())
+    if pipe_bytes is not None:
+        import fcntl
+
+        fcntl.fcntl(launcher.stdout.fileno(), 1031, pipe_bytes)  # F_SETPIPE_SZ
+    return launcher, run_dir_from(launcher.stdout.readline())
+
+
+def _launch(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    """`hpctf submit --site local` in the background; returns once rank 0 trained a step."""
+    launcher, run_dir = _start(tmp_path)
     rank_0 = run_dir / "logs" / "rank-0.log"
     deadline = time.monotonic() + 120
     while not (rank_0.exists() and "step 20/" in rank_0.read_text()):
@@ -163,17 +166,7 @@ def test_a_cancel_is_acted_on_while_the_terminal_reads_nothing(
     """The launcher's terminal stops reading (a full pipe, as under a paused pager or a test
     that reads one line): the echo must not hold the launcher, so ``hpctf cancel`` still saves
     and stops the run at once (a full pipe held it for 9 minutes, until a second cancel)."""
-    import fcntl
-
-    launcher = subprocess.Popen(
-        [*HPCTF, "submit", str(DIGITS), "--site", "local", *SETS],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert launcher.stdout is not None
-    fcntl.fcntl(launcher.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ: full after a page
-    run_dir = run_dir_from(launcher.stdout.readline())
+    launcher, run_dir = _start(tmp_path, pipe_bytes=4096)  # full after a page
     rank_0 = run_dir / "logs" / "rank-0.log"
     started = time.monotonic()
     # Four pages of progress lines, none of them read: the pipe is full.
@@ -205,14 +198,7 @@ def test_a_cancel_while_the_workers_start_is_kept_and_acted_on(
 ) -> None:
     """``hpctf cancel`` right after the run directory is printed, while the workers import
     TensorFlow and join: the stop is not lost; the run ends cancelled, without training on."""
-    launcher = subprocess.Popen(
-        [*HPCTF, "submit", str(DIGITS), "--site", "local", *SETS],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert launcher.stdout is not None
-    run_dir = run_dir_from(launcher.stdout.readline())
+    launcher, run_dir = _start(tmp_path)
     proc = subprocess.run(
         [*HPCTF, "cancel", str(run_dir)], capture_output=True, text=True, timeout=180, check=False
     )
