@@ -225,6 +225,30 @@ def test_keras_3_trainer_names_that_fit_under_the_strategy_replaces() -> None:
     )
 
 
+def test_keras_3_names_an_own_train_step_and_batch_normalization_use() -> None:
+    """compat/keras_fit runs a model's own train_step as on one machine through the loss
+    module's scale_loss_for_distribution / unscale_loss_for_distribution and
+    TFOptimizer._all_reduce_sum_gradients; BatchNormalization's statistics are found through
+    Layer._flatten_layers; every weight through Model.weights."""
+    import importlib
+
+    import keras
+
+    from hpctf.compute.compat.keras_fit import model_weights, replica_local_variables
+
+    losses = importlib.import_module("keras.src.losses.loss")
+    for name in ("scale_loss_for_distribution", "unscale_loss_for_distribution"):
+        assert callable(getattr(losses, name, None)), gone("an own train_step", f"loss.{name}")
+    optimizer = importlib.import_module("keras.src.backend.tensorflow.optimizer")
+    found = getattr(getattr(optimizer, "TFOptimizer", None), "_all_reduce_sum_gradients", None)
+    assert callable(found), gone("an own train_step", "TFOptimizer._all_reduce_sum_gradients")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization()])
+    assert len(replica_local_variables({"model": model})) == 2, gone(
+        "one model across ranks", "Layer._flatten_layers and BatchNormalization's statistics"
+    )
+    assert len(model_weights({"model": model})) == 4, gone("every weight saved", "Model.weights")
+
+
 def test_tf_keras_reduce_per_replica() -> None:
     """compat/keras_fit reads tf_keras's "auto" reduction as the mean across replicas."""
     import importlib
