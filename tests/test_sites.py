@@ -390,3 +390,21 @@ def test_ssh_options_that_run_commands_come_only_from_your_own_site_file(
         (line,) = theirs.output.splitlines()
         assert f"{site}:3: login.ssh_options" in line and "hpctf-other's" in line, line
     assert not planted.exists()
+
+
+def test_hpctf_sites_name_shows_no_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hpctf sites NAME` printed a site's secret env values and its webhook URL."""
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    (sites / "team.yaml").write_text(
+        "name: team\nextends: local-slurm\n"
+        "env: {HF_TOKEN: hf-0123456789abcdef, DB_URL: 'postgres://me:pa55word@db/x', N: '4'}\n"
+        "notify: {webhook: 'https://hooks.example.org/services/T0/B0/SECRETPART'}\n"
+    )
+    monkeypatch.setenv("HPCTF_SITE_PATH", str(sites))
+    result = CliRunner().invoke(cli, ["sites", "team"])
+    assert result.exit_code == 0, result.output
+    for secret in ("hf-0123456789abcdef", "pa55word", "SECRETPART"):
+        assert secret not in result.output, result.output
+    assert '  HF_TOKEN: "***"  # <- site ' in result.output
+    assert '  N: "4"' in result.output  # the rest as it is

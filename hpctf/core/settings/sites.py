@@ -24,6 +24,7 @@ from typing import Any
 from hpctf.core.assets import shipped_dir
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import someone_elses
+from hpctf.core.secrets import REDACTED, secret_env
 from hpctf.core.settings.config import Site
 from hpctf.core.settings.sources import KeyPath, Origin, Origins, file_origins, load_yaml
 from hpctf.core.settings.validation import validate_model
@@ -250,7 +251,14 @@ def describe_site(site: Site, origins: Origins) -> str:
         return f"  # <- {origin}"
 
     out = [f"# site {site.name}, resolved; search order: HPCTF_SITE_PATH, ~/.config, shipped"]
-    for key, value in site.model_dump(mode="json").items():
+    data = site.model_dump(mode="json")
+    # Secrets are not for the terminal (a screen share, a pasted bug report): a secret env
+    # value and the webhook URL show as ***; their file and line say where they are.
+    hidden = secret_env({k: str(v) for k, v in site.env.items()})
+    data["env"] = {k: REDACTED if k in hidden else v for k, v in data.get("env", {}).items()}
+    if isinstance(data.get("notify"), dict) and data["notify"].get("webhook"):
+        data["notify"] = {**data["notify"], "webhook": REDACTED}
+    for key, value in data.items():
         if isinstance(value, dict) and value:
             out.append(f"{key}:")
             out.extend(f"  {k}: {json.dumps(v)}{note((key, str(k)))}" for k, v in value.items())
