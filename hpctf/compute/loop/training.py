@@ -313,7 +313,7 @@ class _Steps:
             due = bool(every_eval) and step % (every_eval or 1) == 0
             if (due and step != total) or (epoch_end and self.evaluator is not None):
                 results, evaluated = self.evaluate(step), step
-                if due and step != total and every_eval:  # the trial's resource: pruning.py
+                if due and step != total:  # the cadence's evaluations are the trial's resource
                     self.report(step, results, ask=True)
             if epoch_end:
                 hooks.epoch_end(step, results if evaluated == step else None)

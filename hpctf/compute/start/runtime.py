@@ -29,7 +29,7 @@ from hpctf.compute.process.worker_tmp import use_own_tmp
 from hpctf.compute.script.entry import keras_environment, run_script
 from hpctf.compute.start import quick_preflight
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.run import journal
+from hpctf.core.run import journal, secret_store
 from hpctf.core.run.history import record_end_read
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
@@ -158,9 +158,11 @@ def _refusal_recorded(run: RunDir, spec: ClusterSpec) -> Iterator[None]:
     try:
         yield
     except UserError as exc:
+        # The journal is readable by others: the run's secrets out of the line, by value.
+        line = redact(str(exc), secret_store.read(run.path).values())
         with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full
             journal.record_user_code_failed(
-                run, spec.journal_job, spec.node, spec.task_index, "UserError", None, str(exc)
+                run, spec.journal_job, spec.node, spec.task_index, "UserError", None, line
             )
         raise
 
