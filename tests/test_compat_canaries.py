@@ -6,7 +6,10 @@ cluster. The tables of what each was checked against are in the compat modules' 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 import jinja2
 import pytest
 
-from hpctf.compute.compat import probe, python_internals
+from hpctf.compute.compat import probe
 from hpctf.compute.compat import tensorflow_internals as internals
 
 pytestmark = pytest.mark.tf
@@ -168,15 +171,22 @@ def test_optimizer_learning_rate() -> None:
 
 
 def test_run_exitfuncs() -> None:
-    import atexit
-
-    ran: list[int] = []
-    atexit.register(ran.append, 1)
-    try:
-        assert python_internals.run_exit_functions(), gone("bounded exit", "atexit._run_exitfuncs")
-        assert ran == [1], gone("bounded exit", "atexit._run_exitfuncs (ran nothing)")
-    finally:
-        atexit.unregister(ran.append)
+    """In a Python of its own: running this process's ``atexit`` functions would run Keras's
+    and TensorFlow's too, and the canaries after this one would meet a torn-down Keras."""
+    probe_script = (
+        "import atexit\n"
+        "from hpctf.compute.compat import python_internals\n"
+        "ran = []\n"
+        "atexit.register(ran.append, 1)\n"
+        "print(python_internals.run_exit_functions(), ran)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe_script], capture_output=True, text=True, env=env, check=False
+    )
+    said = done.stdout.strip()
+    assert not said.startswith("False"), gone("bounded exit", "atexit._run_exitfuncs")
+    assert said == "True [1]", gone("bounded exit", "atexit._run_exitfuncs (ran nothing)", said)
 
 
 def test_tf_keras_training_state() -> None:

@@ -107,6 +107,10 @@ def test_a_sweep_is_one_throttled_array_whose_tasks_requeue_alone(
     # Point 2 takes the free slot; cancel it alone after its first checkpoint, and resubmit
     # the sweep: a new array over the points that did not finish and are not in Slurm.
     until(lambda: bool(checkpoint_steps(runs[2])), sample, deadline, logs_of(runs[2]))
+    # Suspended first (one scontrol, milliseconds): a loaded machine may take seconds to start
+    # `hpctf cancel`, in which the point's remaining steps could all run (seen in CI: point 2
+    # DONE before its cancel landed, so there was nothing to resubmit).
+    subprocess.run(["scontrol", "suspend", f"{array}_2"], env=env, check=True)
     hpctf(env, "cancel", str(runs[2]))
     until(lambda: "cancelled" in events(runs[2]) and (slurm.job_info(f"{array}_2") or {})
           .get("JobState") == "CANCELLED", sample, deadline, "point 2 not cancelled")  # fmt: skip
