@@ -102,6 +102,18 @@ def require_tool(name: str) -> str:
     return path
 
 
+@pytest.fixture(autouse=True)
+def secrets_forgotten() -> Iterator[None]:
+    """A command remembers the secrets of the run it read for the rest of its process
+    (hpctf.core.secrets.remember); a test that runs commands in pytest's own process starts
+    knowing none, as a command does."""
+    yield
+    from hpctf.core import secrets
+
+    with secrets._known_lock:
+        secrets._known.clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_job_output_in_the_checkout() -> Iterator[None]:
     """No test leaves a job's output (sbatch's default slurm-<id>.out in the submitting
@@ -211,6 +223,17 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 def line_of(path: Path, text: str) -> int:
     """The number of the line of ``path`` that holds ``text`` (for file:line in messages)."""
     return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def files_holding(root: Path, *secrets: str) -> dict[str, int]:
+    """Every file under ``root`` whose bytes hold one of ``secrets`` -> its mode."""
+    found = {}
+    for file in root.rglob("*"):
+        if file.is_file() and not file.is_symlink():
+            data = file.read_bytes()
+            if any(s.encode() in data for s in secrets):
+                found[str(file.relative_to(root))] = file.stat().st_mode & 0o777
+    return found
 
 
 OTHER_USER = "hpctf-other"

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from hpctf.cli import cli
 from hpctf.core import safe_files
 from hpctf.core.run.rundir import RunDir
-from tests.conftest import DIGITS, HPCTF, other_user
+from hpctf.core.secrets import is_secret, reveal
+from tests.conftest import DIGITS, HPCTF, files_holding, other_user
 from tests.fake_slurm import FakeSlurm, new_run
 
 THESIS = b"\\documentclass{article} my thesis, five years of it\n"
@@ -249,17 +250,6 @@ SECRETS_YAML = (
 )
 
 
-def files_holding(root: Path, *secrets: str) -> dict[str, int]:
-    """Every file under ``root`` whose bytes hold one of ``secrets`` -> its mode."""
-    found = {}
-    for file in root.rglob("*"):
-        if file.is_file() and not file.is_symlink():
-            data = file.read_bytes()
-            if any(s.encode() in data for s in secrets):
-                found[str(file.relative_to(root))] = file.stat().st_mode & 0o777
-    return found
-
-
 def test_secrets_stay_in_owner_only_files_and_out_of_the_script(
     runs_root: Path, fake_slurm: FakeSlurm, tmp_path: Path
 ) -> None:
@@ -277,7 +267,8 @@ def test_secrets_stay_in_owner_only_files_and_out_of_the_script(
     assert "HF_TOKEN: ***" in next(path.glob("code/*/experiment.yaml")).read_text()
     # Whoever may read secrets.env (the run's owner: worker, resubmit, sweep) gets the values.
     config = RunDir(path).load_config()
-    assert config.experiment.env["HF_TOKEN"] == TOKEN
+    token = config.experiment.env["HF_TOKEN"]
+    assert is_secret(token) and reveal(token) == TOKEN and str(token) == "***"
     assert config.experiment.tracking.mlflow is not None
     assert URI_PASSWORD in str(config.experiment.tracking.mlflow.tracking_uri)
     script = (path / "job.sbatch").read_text()
@@ -303,7 +294,7 @@ def test_secrets_stay_in_owner_only_files_and_out_of_the_script(
     assert (path / "job.sbatch").read_text() == script
     extended = RunDir(path).load_config()
     assert extended.experiment.train.steps == 400
-    assert extended.experiment.env["HF_TOKEN"] == TOKEN
+    assert reveal(extended.experiment.env["HF_TOKEN"]) == TOKEN
 
 
 def test_a_python_source_holding_a_secret_stays_owner_only_and_submit_names_it(

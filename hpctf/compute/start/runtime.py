@@ -25,15 +25,16 @@ from hpctf.compute.doctor.node_checks import check_port_free, check_tensorflow_g
 from hpctf.compute.loop.preemption import install_early_handlers
 from hpctf.compute.process import startup_clock
 from hpctf.compute.process.launcher_watch import launcher_ended, watch_launcher
+from hpctf.compute.process.redacted_output import redact_standard_streams
 from hpctf.compute.process.worker_tmp import use_own_tmp
 from hpctf.compute.script.entry import keras_environment, run_script
 from hpctf.compute.start import quick_preflight
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.run import journal, secret_store
+from hpctf.core.run import journal
 from hpctf.core.run.history import record_end_read
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.secrets import redact
+from hpctf.core.secrets import redact, secret_env
 from hpctf.core.settings.config import ResolvedConfig
 
 log = logging.getLogger("hpctf.worker")
@@ -51,8 +52,9 @@ class _RankFormatter(logging.Formatter):
         return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
-        # A tracker's error quotes its URL: a password in it must not reach the rank log,
-        # which others may read (hpctf.core.secrets).
+        # A tracker's error quotes its URL, an exception's line may quote a token: the rank
+        # log may be read by others (hpctf.core.secrets, the run's secrets are remembered
+        # when its config is read).
         return redact(super().format(record))
 
 
@@ -158,8 +160,8 @@ def _refusal_recorded(run: RunDir, spec: ClusterSpec) -> Iterator[None]:
     try:
         yield
     except UserError as exc:
-        # The journal is readable by others: the run's secrets out of the line, by value.
-        line = redact(str(exc), secret_store.read(run.path).values())
+        # The journal is readable by others: its records are redacted of the run's secrets.
+        line = str(exc)
         with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full
             journal.record_user_code_failed(
                 run, spec.journal_job, spec.node, spec.task_index, "UserError", None, line
@@ -173,6 +175,11 @@ def run_worker(run_dir: Path, env: Mapping[str, str]) -> int:
     run = RunDir(run_dir.resolve())
     check_not_a_copy(run)
     config = run.load_config()
+    # The run's secret env: values, read from secrets.env (0600) with the config, for the
+    # user's code in this process and what it starts; never in this process's environment at
+    # exec (/proc/PID/environ), which the batch script and the local launcher leave them out of.
+    os.environ.update(secret_env({**config.site.env, **config.experiment.env}))
+    redact_standard_streams()  # the user's prints too: the rank log may be read by others
     spec = cluster_spec(env, config.site.port_range, config.site.hostname_template)
     _say_who(spec, env)
     # A local launcher's workers end with it (under Slurm, srun and slurmstepd see to it).

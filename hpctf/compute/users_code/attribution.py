@@ -48,6 +48,7 @@ from typing import Any, Literal, TypeVar
 
 from hpctf.core.errors import USER_CODE_EXIT, EnvironmentProblem, UserError, one_line
 from hpctf.core.run import journal
+from hpctf.core.secrets import redact
 
 log = logging.getLogger("hpctf.worker")
 
@@ -323,7 +324,7 @@ def report(error: UserCodeError, run: Any, spec: Any) -> int:
     """Log ``error`` (traceback, then its line), record it in ``run``'s journal; return the
     exit status. ``run`` is a RunDir, ``spec`` the task's ClusterSpec. Every rank that raised
     records (like a failed node check): the others may be ended by srun before they can."""
-    sys.stdout.write(traceback_text(error))
+    sys.stdout.write(redact(traceback_text(error)))  # the rank log may be read by others
     sys.stdout.flush()
     log.error("%s", error.line)
     try:

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from hpctf.core.secrets import redact
 from hpctf.core.version import VERSION
 
 
@@ -201,12 +202,24 @@ def created_file(run: JournalDir, experiment: str, site: str) -> tuple[str, dict
 
 
 def entry(event: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """One journal entry: the event, the writer's clock, its fields."""
+    """One journal entry: the event, the writer's clock, its fields, every text in them
+    redacted of the secrets this process knows (the journal is readable by whoever may read
+    the run: a user exception's line may quote a token)."""
     return {
         "event": event,
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **fields,
+        **{name: _redacted(value) for name, value in fields.items()},
     }
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value
 
 
 def record_submitted(

@@ -25,6 +25,7 @@ from hpctf.core.printable import printable
 from hpctf.core.run import journal
 from hpctf.core.run.history import read_history
 from hpctf.core.run.rundir import RunDir
+from hpctf.core.secrets import redact
 from hpctf.core.settings.notify import notify_of
 
 if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
@@ -58,6 +59,7 @@ def wanted(event: str, on: Sequence[str]) -> bool:
 
 def message(run_name: str, run_dir: str, event: str, why: str) -> dict[str, Any]:
     """The JSON a webhook gets: ``text`` for Slack, Teams and Mattermost, and the fields."""
+    why = redact(why)  # the team's chat: a user exception's line may quote a token
     said = f"hpctf: run {run_name} {event.replace('_', ' ')}" + (f": {why}" if why else "")
     return {"text": said, "run": run_name, "run_dir": run_dir, "event": event, "why": why}
 

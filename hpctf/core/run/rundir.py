@@ -40,7 +40,7 @@ from hpctf.core.safe_files import (
     umask,
 )
 from hpctf.core.safe_files import write_atomic as write_atomic  # its old home
-from hpctf.core.secrets import SECRETS_FILE, secret_env, uri_passwords
+from hpctf.core.secrets import SECRETS_FILE, plain_env, secret_env, uri_credentials
 
 if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
     # `hpctf status` of runs already indexed reads none
@@ -445,15 +445,15 @@ def _pointing_at(config: ResolvedConfig, copied: list[snapshot.Source]) -> Resol
 
 
 def secret_values(config: ResolvedConfig) -> list[str]:
-    """The secrets in ``config`` (:mod:`hpctf.core.secrets`): its env's secret values and the
-    passwords in its tracking URI and env values."""
+    """The secrets in ``config`` (:mod:`hpctf.core.secrets`): its env's secret values, its
+    webhooks, and the credentials in its tracking URI and env values."""
     env = {**config.site.env, **config.experiment.env}
-    uri = (
-        config.experiment.tracking.mlflow.tracking_uri if config.experiment.tracking.mlflow else ""
-    )
-    found = [*secret_env(env).values(), *uri_passwords(uri or "")]
-    for value in env.values():
-        found += uri_passwords(value)
+    mlflow = config.experiment.tracking.mlflow
+    uri = (mlflow.tracking_uri if mlflow else None) or ""
+    webhooks = [n.webhook for n in (config.experiment.notify, config.site.notify) if n]
+    found = [*secret_env(env).values(), *uri_credentials(uri), *(w for w in webhooks if w)]
+    for value in plain_env(env).values():
+        found += uri_credentials(value)
     return found
 
 

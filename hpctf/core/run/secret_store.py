@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctf.core.safe_files import NotARegularFile, read_bounded, write_atomic
-from hpctf.core.secrets import REDACTED, SECRETS_FILE, redact, secret_env, shell_file, uri_passwords
+from hpctf.core.secrets import (
+    REDACTED,
+    SECRETS_FILE,
+    redact,
+    remember,
+    reveal,
+    secret_env,
+    shell_file,
+    uri_credentials,
+)
 
 if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
     # `hpctf status` of runs already indexed reads none
@@ -35,12 +44,12 @@ UNEXPORTED = frozenset({TRACKING_URI_VAR, *WEBHOOK_VARS.values()})
 def split(config: ResolvedConfig) -> tuple[ResolvedConfig, dict[str, str]]:
     """``config`` with its secrets redacted, and the secrets: ``{NAME: value}`` of the env's
     secret entries (site and experiment merged, as the job sees them), plus
-    :data:`TRACKING_URI_VAR` when the tracking URI holds a password."""
-    site_env, experiment_env = config.site.env, config.experiment.env
-    secrets = secret_env({**site_env, **experiment_env})
-    experiment = config.experiment.model_copy(update={"env": _redacted(experiment_env)})
+    :data:`TRACKING_URI_VAR` when the tracking URI holds credentials. The env's secrets are
+    of the secret type already, dumped as ``***``."""
+    secrets = secret_env({**config.site.env, **config.experiment.env})
+    experiment = config.experiment
     mlflow = config.experiment.tracking.mlflow
-    if mlflow is not None and mlflow.tracking_uri and uri_passwords(mlflow.tracking_uri):
+    if mlflow is not None and mlflow.tracking_uri and uri_credentials(mlflow.tracking_uri):
         secrets[TRACKING_URI_VAR] = mlflow.tracking_uri
         tracking = experiment.tracking.model_copy(
             update={
@@ -48,9 +57,16 @@ def split(config: ResolvedConfig) -> tuple[ResolvedConfig, dict[str, str]]:
             }
         )
         experiment = experiment.model_copy(update={"tracking": tracking})
-    site = config.site.model_copy(update={"env": _redacted(site_env)})
-    experiment, site = _webhooks_swapped(experiment, site, lambda where, url: REDACTED, secrets)
+    experiment, site = _webhooks_swapped(
+        experiment, config.site, lambda where, url: REDACTED, secrets
+    )
+    _remember(secrets)
     return config.model_copy(update={"site": site, "experiment": experiment}), secrets
+
+
+def _remember(secrets: dict[str, str]) -> None:
+    """From now on this process's redaction knows ``secrets``, and the credentials in them."""
+    remember([*secrets.values(), *(c for v in secrets.values() for c in uri_credentials(v))])
 
 
 def _webhooks_swapped(
@@ -76,8 +92,15 @@ def restore(config: ResolvedConfig, secrets: dict[str, str]) -> ResolvedConfig:
     if not secrets:
         return config
 
-    def back(env: dict[str, str]) -> dict[str, str]:
-        return {k: secrets.get(k, v) if v == REDACTED else v for k, v in env.items()}
+    from hpctf.core.settings.values import Secret
+
+    _remember(secrets)
+
+    def back(env: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: Secret(secrets[k]) if reveal(v) == REDACTED and k in secrets else v
+            for k, v in env.items()
+        }
 
     experiment = config.experiment.model_copy(update={"env": back(config.experiment.env)})
     mlflow = experiment.tracking.mlflow
@@ -131,8 +154,3 @@ def write_frozen(run_path: Path, config: ResolvedConfig) -> None:
     if secrets:
         write_atomic(run_path / SECRETS_FILE, text(secrets), mode=0o600)
     write_atomic(run_path / "config.json", redacted.model_dump_json(indent=2))
-
-
-def _redacted(env: dict[str, str]) -> dict[str, str]:
-    secret = secret_env(env)
-    return {k: REDACTED if k in secret else v for k, v in env.items()}

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from hpctf.core.secrets import REDACTED
-from hpctf.core.settings.values import MailUser, Strict
+from hpctf.core.settings.values import MailUser, MarkableText, Strict
 
 NotifyEvent = Literal["done", "failed", "gave_up", "budget_exhausted"]
 DEFAULT_EVENTS: tuple[NotifyEvent, ...] = ("done", "failed", "gave_up")
@@ -52,7 +52,7 @@ def _webhook(value: str) -> str:
     return value
 
 
-WebhookUrl = Annotated[str, AfterValidator(_webhook)]
+WebhookUrl = Annotated[MarkableText, AfterValidator(_webhook)]
 
 
 class Notify(Strict):

@@ -24,7 +24,7 @@ from typing import Any
 from hpctf.core.assets import shipped_dir
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import someone_elses
-from hpctf.core.secrets import REDACTED, secret_env
+from hpctf.core.secrets import REDACTED
 from hpctf.core.settings.config import Site
 from hpctf.core.settings.sources import KeyPath, Origin, Origins, file_origins, load_yaml
 from hpctf.core.settings.validation import validate_model
@@ -253,9 +253,8 @@ def describe_site(site: Site, origins: Origins) -> str:
     out = [f"# site {site.name}, resolved; search order: HPCTF_SITE_PATH, ~/.config, shipped"]
     data = site.model_dump(mode="json")
     # Secrets are not for the terminal (a screen share, a pasted bug report): a secret env
-    # value and the webhook URL show as ***; their file and line say where they are.
-    hidden = secret_env({k: str(v) for k, v in site.env.items()})
-    data["env"] = {k: REDACTED if k in hidden else v for k, v in data.get("env", {}).items()}
+    # value (dumped as *** by its type) and the webhook URL show as ***; their file and line
+    # say where they are.
     if isinstance(data.get("notify"), dict) and data["notify"].get("webhook"):
         data["notify"] = {**data["notify"], "webhook": REDACTED}
     for key, value in data.items():

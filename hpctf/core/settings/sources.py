@@ -24,6 +24,7 @@ import yaml
 
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import read_bounded, shortened
+from hpctf.core.secrets import MARK
 
 KeyPath = tuple[str, ...]
 
@@ -218,6 +219,24 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."),
 )
 _Loader.add_constructor(_INT_TAG, _yaml12_int)
+
+
+def _secret(loader: yaml.SafeLoader, node: yaml.Node) -> dict[str, Any]:
+    """``!secret VALUE``: loaded as ``{secret: VALUE}``, the mark the settings read as a secret
+    (hpctf.core.settings.values.Secret); the same for a value given as JSON or ``--set``."""
+    if not isinstance(node, yaml.ScalarNode):
+        raise yaml.constructor.ConstructorError(
+            None, None, "!secret takes one value (a string or a number)", node.start_mark
+        )
+    # The value's own type as if untagged: !secret 22 is the number 22 (then "22" in env).
+    plain_style = node.style in (None, "")  # quoted or a block: a string
+    implicit = (plain_style, not plain_style)
+    resolved = loader.resolve(yaml.ScalarNode, node.value, implicit)  # type: ignore[no-untyped-call]
+    plain = yaml.ScalarNode(resolved, node.value, node.start_mark, node.end_mark, node.style)
+    return {MARK: loader.construct_object(plain)}
+
+
+_Loader.add_constructor("!secret", _secret)
 
 
 def parse_yaml(text: str) -> Any:

@@ -7,13 +7,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from hpctf.core.settings.values import Strict
+from hpctf.core.settings.values import MarkableText, Strict
 
 
 class MLflowTracking(Strict):
     """Where the chief logs the run in MLflow (:mod:`hpctf.compute.records.tracking`)."""
 
-    tracking_uri: str | None = Field(
+    tracking_uri: MarkableText | None = Field(
         None, description="e.g. http://mlflow:5000 or file:///path; default: $MLFLOW_TRACKING_URI"
     )
     experiment: str | None = Field(None, description="MLflow experiment; default: the name")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import re
+import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, TypeVar
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import quoted, shortened
+from hpctf.core.secrets import MARK
 from hpctf.core.settings.sources import KeyPath, Origin, Origins, origin_of, parse_yaml
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -113,8 +115,21 @@ def _describe(error: Mapping[str, Any], model: type[BaseModel], path: list[str])
         if hint:
             message += f" (did you mean {hint[0]!r}?)"
     if error["type"] not in {"value_error", "assertion_error"} and "input" in error:
-        message += f" (got {quoted(error['input'])})"
+        message += f" (got {_shown(path, error['input'])})"
     return message
+
+
+# Keys whose values may be secrets (hpctf.core.secrets): a wrong value is named by its kind,
+# never echoed (an error line goes to a terminal, a CI log, a bug report).
+_SECRET_KEYS = {"env", "tracking_uri", "webhook"}
+
+
+def _shown(path: Sequence[str], value: Any) -> str:
+    if _SECRET_KEYS & set(path):
+        kinds = {dict: "a mapping", list: "a list", str: "a string", bool: "true/false"}
+        kind = kinds.get(type(value), f"a {type(value).__name__}")
+        return f"{kind}, not shown: it may be a secret"
+    return quoted(value)
 
 
 def validation_problems(
@@ -168,15 +183,34 @@ def validate_model(
 def _override_value(model: type[BaseModel], parts: Sequence[str], raw: str) -> Any:
     """A ``--set`` value typed by the schema: text for string keys, YAML for the rest."""
     target = _unwrap(annotation_at(model, parts))
-    if target is str:
+    if target is str or _text_or_secret(target):
         optional = _accepts_none(annotation_at(model, parts))
-        return None if optional and raw.strip() in {"null", "~"} else raw
+        if optional and raw.strip() in {"null", "~"}:
+            return None
+        return _marked_secret(raw) or raw
     if not raw.strip():
         return ""
     try:
         return parse_yaml(raw)
     except yaml.YAMLError:
         return raw
+
+
+def _text_or_secret(annotation: Any) -> bool:
+    """Whether ``annotation`` is a union of text and the secret type (an ``env:`` value)."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    return union and str in typing.get_args(annotation)
+
+
+def _marked_secret(raw: str) -> dict[str, Any] | None:
+    """``--set env.DB=!secret TEXT`` (or ``{secret: TEXT}``): the mark, else None."""
+    if not raw.lstrip().startswith(("!secret", "{")):
+        return None
+    try:
+        parsed = parse_yaml(raw)
+    except yaml.YAMLError:
+        return None
+    return parsed if isinstance(parsed, dict) and set(parsed) == {MARK} else None
 
 
 def override_value(model: type[BaseModel], key: str, raw: str) -> Any:

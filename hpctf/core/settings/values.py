@@ -10,7 +10,17 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    SecretStr,
+)
+
+from hpctf.core.secrets import MARK, REDACTED, is_secret_entry
 
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -239,7 +249,42 @@ MailType = Literal[
 ]
 MailTypes = Annotated[list[MailType], BeforeValidator(_split_commas)]
 Exclusive = Annotated[bool | Literal["user", "mcs"], BeforeValidator(_exclusive)]
-EnvValue = Annotated[str, BeforeValidator(_scalar_to_str)]
+
+
+class Secret(SecretStr):
+    """A secret value (:mod:`hpctf.core.secrets`): ``str()``, ``repr()`` and every dump print
+    ``***``; :func:`hpctf.core.secrets.reveal` gives the text to the one place that needs it."""
+
+    def _display(self) -> str:
+        return REDACTED
+
+
+def _marked(value: Any) -> Any:
+    """``{secret: value}`` (what ``!secret value`` loads as): the value, a :class:`Secret`."""
+    if isinstance(value, dict) and set(value) == {MARK}:
+        inner = _scalar_to_str(value[MARK])
+        if not isinstance(inner, str):
+            raise ValueError("a secret ({secret: ...} or !secret) must be a single value")
+        return Secret(inner)
+    return _scalar_to_str(value)
+
+
+def _unmarked(value: Any) -> Any:
+    """A field that is always kept as a secret (a webhook, a tracking URI): a mark is welcome
+    and changes nothing."""
+    if isinstance(value, dict) and set(value) == {MARK}:
+        return value[MARK]
+    return value
+
+
+# Serialised as *** to JSON: config.json, doctor's report and `hpctf sites` never hold the
+# value; a Python dump keeps the Secret (a config copied with changes keeps its secrets).
+SecretValue = Annotated[
+    Secret, PlainSerializer(lambda _: REDACTED, return_type=str, when_used="json")
+]
+EnvValue = Annotated[str | SecretValue, BeforeValidator(_marked)]
+# A value that may be written as {secret: ...} although it is a secret anyway.
+MarkableText = Annotated[str, BeforeValidator(_unmarked)]
 ShellText = Annotated[str, BeforeValidator(_shell_line), AfterValidator(_check_shell_text)]
 ShellLines = Annotated[list[ShellText], BeforeValidator(_one_line_list)]
 
@@ -251,8 +296,12 @@ def env_owner(name: str) -> str | None:
     return next((why for p, why in OWNED_ENV_PREFIXES.items() if name.startswith(p)), None)
 
 
-def check_env(env: Mapping[str, str]) -> Mapping[str, str]:
-    for key, value in env.items():
+def check_env(env: Mapping[str, str | Secret]) -> dict[str, str | Secret]:
+    """``env`` checked, each unmarked entry that is a secret by rule made a :class:`Secret`:
+    the one place an entry's secrecy is decided."""
+    checked: dict[str, str | Secret] = {}
+    for key, given in env.items():
+        value = given.get_secret_value() if isinstance(given, Secret) else given
         if not ENV_NAME_RE.fullmatch(key):
             raise ValueError(
                 f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
@@ -263,7 +312,9 @@ def check_env(env: Mapping[str, str]) -> Mapping[str, str]:
             raise ValueError(f"{key} cannot be given in env: {owner}")
         if "\n" in value or "\r" in value or "\0" in value:
             raise ValueError(f"the value of {key} holds a newline or NUL byte")
-    return env
+        secret = isinstance(given, Secret) or is_secret_entry(key, value)
+        checked[key] = Secret(value) if secret else value
+    return checked
 
 
 def check_entry(value: Any) -> Any:

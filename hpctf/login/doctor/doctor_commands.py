@@ -34,7 +34,7 @@ from hpctf.core.safe_files import umask, write_atomic
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.hostnames import expand_nodelist
 from hpctf.core.scheduler.launcher import launcher_for
-from hpctf.core.secrets import secret_env
+from hpctf.core.secrets import public_env, secret_env
 from hpctf.core.settings import sbatch_options
 from hpctf.core.settings.config import Experiment, ResolvedConfig, Resources, Site, Train
 from hpctf.core.settings.replicas import expected_replicas
@@ -110,7 +110,7 @@ def render_script(config: ResolvedConfig, directory: Path) -> str:
         "python": config.python,
         "modules": config.site.modules,
         "venv": config.site.venv,
-        "env": sorted(config.site.env.items()),
+        "env": sorted(public_env(config.site.env).items()),
         "setup": [ShellCode(line.rstrip("\n")) for line in config.site.setup],
         "nodes": res.nodes,
         "tasks_per_node": res.tasks_per_node,
@@ -174,7 +174,7 @@ def run_local(config: ResolvedConfig, directory: Path, env: Mapping[str, str], t
     ntasks = config.ntasks
     preflight = [config.python, "-m", "hpctf", "preflight", str(directory)]
     logs = directory / "logs"
-    procs = spawn_tasks(preflight, ntasks, {**env, **config.site.env}, _rank_log(logs))
+    procs = spawn_tasks(preflight, ntasks, {**env, **public_env(config.site.env)}, _rank_log(logs))
     deadline = time.monotonic() + timeout
     try:
         for proc in procs:

@@ -11,7 +11,7 @@ from typing import Any
 
 from hpctf.core.errors import UserError
 from hpctf.core.safe_files import NotARegularFile, read_bounded, write_atomic
-from hpctf.core.secrets import secret_env
+from hpctf.core.secrets import MARK, secret_env
 from hpctf.core.settings.config import Site
 from hpctf.login.remote.where import ON_LOGIN
 
@@ -29,9 +29,11 @@ def site_document(site: Site, secrets: bool = False) -> dict[str, Any]:
     user of both hosts reads with ``ps``, and only a submission needs them (it sends the whole
     document on ssh's standard input, :func:`hpctf.login.remote.shipping.submit_remote`)."""
     data = site.model_dump(mode="json", exclude_none=True, exclude={"extends", "template"})
-    if not secrets:
-        hidden = secret_env({k: str(v) for k, v in site.env.items()})
-        data["env"] = {k: v for k, v in data.get("env", {}).items() if k not in hidden}
+    hidden, env = secret_env(site.env), data.get("env", {})
+    if secrets:  # each with its mark: the cluster side keeps it a secret whatever its name
+        data["env"] = {k: {MARK: hidden[k]} if k in hidden else v for k, v in env.items()}
+    else:
+        data["env"] = {k: v for k, v in env.items() if k not in hidden}
         data.pop("notify", None)
     template = None
     if site.template is not None:

@@ -28,6 +28,7 @@ from hpctf.core.run.history import record_end_read
 from hpctf.core.run.notifications import notify_end
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import open_append
+from hpctf.core.secrets import is_secret, plain_env
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.private_network import PrivateNetwork, open_private_network
 
@@ -259,7 +260,12 @@ def launch(
     if owner is not None:
         raise UserError(f"{owner.describe()} owns {run.path}; wait for it, or stop it")
     ntasks = config.ntasks
-    base = {**env, **config.site.env, **config.experiment.env, LAUNCHER_PID_ENV: str(job_id)}
+    # The secret env: values are not given: each worker reads them from secrets.env, so that
+    # they are not in its environment at exec (hpctf.compute.start.runtime.run_worker).
+    given = {**config.site.env, **config.experiment.env}
+    secret = {k for k, v in given.items() if is_secret(v)}
+    public = {k: v for k, v in {**env, **plain_env(given)}.items() if k not in secret}
+    base = {**public, LAUNCHER_PID_ENV: str(job_id)}
     journal.record_started(run, str(job_id), socket.gethostname(), config.site.preemption.signal)
     stop = _StopSignals()
     procs: list[subprocess.Popen[bytes]] = []

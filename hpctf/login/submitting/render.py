@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 
 from hpctf.core.errors import UserError
-from hpctf.core.secrets import secret_env
+from hpctf.core.secrets import plain_env, secret_env
 from hpctf.core.settings import sbatch_options
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.core.settings.sources import KeyPath, Origin
@@ -56,7 +56,7 @@ def render(config: ResolvedConfig, run_dir: Path, array: ArrayScript | None = No
         "python": config.python,
         "modules": config.site.modules,
         "venv": config.site.venv,
-        "env": sorted((k, v) for k, v in env.items() if k not in secret),
+        "env": sorted((k, v) for k, v in plain_env(env).items() if k not in secret),
         "secrets": sorted(secret),
         "setup": [
             ShellCode(line.rstrip("\n")) for line in (*config.site.setup, *config.experiment.setup)
