@@ -13,6 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from hpctf.cli import cli
+from hpctf.core.run.run_identity import slurm_comment
 from hpctf.core.run.rundir import RunDir
 from tests.conftest import DIGITS, REPO, run_dir_from, write
 
@@ -370,7 +371,9 @@ def test_submit_calls_sbatch_parsable_and_records_job(runs_root: Path, fake_sbat
     assert result.exit_code == 0, result.output
     assert "submitted job 4242" in result.output
     (run_dir,) = runs_root.iterdir()
-    assert fake_sbatch.read_text().split() == ["--parsable", str(run_dir / "job.sbatch")]
+    # The comment names the run: a submit killed during sbatch leaves a job hpctf finds.
+    comment = f"--comment={slurm_comment(run_dir)}"
+    assert fake_sbatch.read_text().split() == ["--parsable", comment, str(run_dir / "job.sbatch")]
     events = RunDir(run_dir).events()
     assert [e["event"] for e in events] == ["created", "submitted"]
     assert events[1]["job_id"] == "4242"

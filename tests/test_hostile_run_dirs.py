@@ -15,6 +15,7 @@ from hpctf.cli import cli
 from hpctf.core.errors import DamagedRecord
 from hpctf.core.run import journal
 from hpctf.core.run.journal import problem as journal_problem
+from hpctf.core.run.run_identity import slurm_comment
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm, slurm_queries
 from tests.conftest import DIGITS
@@ -266,7 +267,9 @@ def test_a_copied_run_directory_neither_runs_nor_cancels_the_original(
     for command in (["job-start", str(copy)], ["worker", str(copy)]):
         result = CliRunner().invoke(cli, command)
         assert (result.exit_code, result.output) == (2, said), command
-    assert fake_slurm.calls("sbatch") == [f"--parsable {original}/job.sbatch"]
+    assert fake_slurm.calls("sbatch") == [
+        f"--parsable --comment={slurm_comment(original)} {original}/job.sbatch"
+    ]
     assert fake_slurm.calls("scancel") == [] and fake_slurm.calls("scontrol") == []
     assert [e["event"] for e in RunDir(original).events()][-1] == "started"  # nothing written
     # A moved run directory is refused alike; the original itself is not.

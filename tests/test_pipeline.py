@@ -17,6 +17,7 @@ from click.testing import CliRunner
 import hpctf
 from hpctf.cli import cli
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run.run_identity import slurm_comment
 from hpctf.core.scheduler import slurm
 from hpctf.login import templating
 from hpctf.login.submitting import pipeline
@@ -67,8 +68,8 @@ def test_the_cli_and_python_submit_make_byte_identical_run_directories(
     )
     assert [name for name in cli_files if cli_files[name] != python_files[name]] == []
     assert fake_slurm.calls("sbatch") == [
-        f"--parsable {by_cli / 'job.sbatch'}",
-        f"--parsable {by_python / 'job.sbatch'}",
+        f"--parsable --comment={slurm_comment(by_cli)} {by_cli / 'job.sbatch'}",
+        f"--parsable --comment={slurm_comment(by_python)} {by_python / 'job.sbatch'}",
     ]
 
 

@@ -21,6 +21,7 @@ from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm
 from tests.conftest import (
+    DIGITS,
     HPCTF,
     checkpoint_steps,
     losses,
@@ -368,3 +369,49 @@ def test_a_full_disk_at_save_time_keeps_the_last_checkpoint_and_resumes_after_a_
             failed_after_s=round(failed_after, 1),
             resubmit_to_done_s=round(completed_after, 1),
         )
+
+
+def test_a_submit_killed_while_sbatch_ran_leaves_no_job_hpctf_cannot_find(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """sbatch took the job, then the submit was SIGKILLed before its journal heard of it (a
+    busy controller answers in seconds). The job's comment names the run: status says so,
+    resubmit records it and refuses a second job beside it, cancel stops it."""
+    real = require_tool("sbatch")
+    shim = tmp_path / "bin" / "sbatch"
+    shim.parent.mkdir()
+    # The real sbatch, then the submit (its parent) killed before it reads the job id.
+    shim.write_text(f'#!/bin/sh\nout=$({real} "$@") || exit 1\nkill -KILL $PPID\necho "$out"\n')
+    shim.chmod(0o755)
+    env = {**slurm_cluster, "PATH": f"{shim.parent}:{slurm_cluster['PATH']}"}
+    env["HPCTF_RUNS_ROOT"] = str(tmp_path / "runs")
+    held = ["--set", "resources.extra_sbatch=[--hold]"]  # pending for as long as the test
+    killed = subprocess.run(
+        [*HPCTF, "submit", str(DIGITS), "--site", "local-slurm", *held],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert "submitted" not in [e["event"] for e in RunDir(run_dir).events()]
+    env["PATH"] = slurm_cluster["PATH"]
+
+    def hpctf(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*HPCTF, *args, str(run_dir)], env=env, capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
+
+    status = hpctf("status")
+    (job,) = re.findall(r"note: Slurm holds job (\d+) of this run", status.stdout)
+    assert slurm.job_info(job, env)["JobState"] == "PENDING"  # type: ignore[index]
+    again = hpctf("resubmit")
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert (
+        f"job {job} of {run_dir} was in Slurm's queue but not in the run's journal" in again.stderr
+    )
+    assert f"job {job} of {run_dir} is still PENDING" in again.stderr
+    assert [e["job_id"] for e in RunDir(run_dir).events() if e["event"] == "submitted"] == [job]
+    stopped = hpctf("cancel")
+    assert stopped.returncode == 0 and stopped.stdout == f"cancelled: {job}\n", stopped.stderr
+    deadline = time.monotonic() + 60
+    while (slurm.job_info(job, env) or {}).get("JobState") not in (None, "CANCELLED"):
+        assert time.monotonic() < deadline, slurm.job_info(job, env)
+        time.sleep(0.3)

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from hpctf.cli import cli
 from hpctf.core.run import journal
+from hpctf.core.run.run_identity import slurm_comment
 from hpctf.core.run.rundir import RunDir
 from hpctf.login.resolving import readings
 from hpctf.login.sweeps.plan import (
@@ -279,7 +280,7 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     fake_slurm.answer("scontrol", "MaxArraySize            = 1001\nMaxJobCount = 10000\n")
     path = _sweep(fake_slurm, "--max-running", "2")
     (call,) = fake_slurm.calls("sbatch")
-    assert call == f"--parsable {path}/array-0.sbatch"
+    assert call == f"--parsable --comment={slurm_comment(path)} {path}/array-0.sbatch"
     assert "#SBATCH --array=0-2%2" in (path / "array-0.sbatch").read_text()
     record = json.loads((path / "sweep.json").read_text())
     assert [p["values"] for p in record["points"]] == [{"train.seed": str(i)} for i in range(3)]
@@ -333,7 +334,8 @@ def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     fake_slurm.answer("sbatch", "4300\n")
     result = CliRunner().invoke(cli, ["resubmit", str(path)])
     assert result.exit_code == 0, result.output
-    assert fake_slurm.calls("sbatch")[-1] == f"--parsable {path}/array-1.sbatch"
+    comment = f"--comment={slurm_comment(path)}"
+    assert fake_slurm.calls("sbatch")[-1] == f"--parsable {comment} {path}/array-1.sbatch"
     script = (path / "array-1.sbatch").read_text()
     assert "#SBATCH --array=0-1%2" in script
     assert re.findall(r"^  '(/[^']+)'$", script, re.M) == [str(runs[0]), str(runs[2])]

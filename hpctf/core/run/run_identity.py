@@ -14,6 +14,7 @@ other run's history as its own; a new run from the experiment is one command.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from hpctf.core.errors import UserError
@@ -53,3 +54,12 @@ def check_owned(run: RunDir, action: str) -> None:
         f"{run.path} is {name}'s run: hpctf {action} acts only on runs of your own (ask {name}, "
         "or submit the experiment as a run of yours)"
     )
+
+
+def slurm_comment(path: Path) -> str:
+    """The ``--comment`` hpctf gives every job it submits for the run or sweep directory
+    ``path``: a submit killed while sbatch ran leaves a job its journal never heard of, which
+    ``cancel`` and ``resubmit`` find in Slurm's queue by this comment
+    (:meth:`hpctf.login.submitting.launchers.SlurmJobs.adopt_unrecorded`)."""
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
+    return f"hpctf:{digest}"

@@ -156,6 +156,23 @@ def squeue_jobs(
     return {job_id: job for job_id, job in parse_squeue(out).items() if job_id in ids}
 
 
+def commented_jobs(comment: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """The ids of the caller's jobs that slurmctld holds, pending or running, whose comment is
+    ``comment``, in ONE squeue call (array tasks one by one). Raises SlurmError when it cannot
+    answer."""
+    argv = ["squeue", "--me", "--array", "--noheader", "--format=%i|%k"]
+    try:
+        out = query(argv, env=env)
+    except SlurmGone:  # "Invalid job id": no job to speak of
+        return []
+    found = []
+    for line in out.splitlines():
+        job_id, _, said = line.strip().partition("|")
+        if said == comment and job_id:
+            found.append(job_id)
+    return sorted(found)
+
+
 def sacct_jobs(
     job_ids: Sequence[str], env: Mapping[str, str] | None = None
 ) -> dict[str, JobRecord]:

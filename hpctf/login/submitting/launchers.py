@@ -27,12 +27,15 @@ import click
 
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
 from hpctf.core.run import journal
+from hpctf.core.run.run_identity import slurm_comment
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.launcher import Launcher, LocalLauncher, SlurmLauncher
 from hpctf.core.scheduler.launcher import launcher_for as facts_for
+from hpctf.core.scheduler.slurm_queries import commented_jobs
 
 if TYPE_CHECKING:  # pydantic's models: not imported for `hpctf status`
+    from hpctf.core.run.history import RunHistory
     from hpctf.core.settings.config import ResolvedConfig, Site
 
 
@@ -72,6 +75,11 @@ class JobLauncher:
         """What the scheduler says of job ``job_id`` now (``JobState``, ``Reason``...), None
         once it knows nothing of it."""
         raise NotImplementedError
+
+    def adopt_unrecorded(self, run: RunDir, history: RunHistory) -> RunHistory:
+        """``history`` with every job of ``run`` that the scheduler holds and the journal does
+        not know recorded as submitted (none where jobs cannot outlive their submit)."""
+        return history
 
 
 class LocalJobs(JobLauncher):
@@ -132,10 +140,19 @@ class SlurmJobs(JobLauncher):
 
     kind = SlurmLauncher
 
-    def submit_script(self, script: Path, extra: Sequence[str] = (), quiet: bool = False) -> str:
+    def submit_script(
+        self,
+        script: Path,
+        extra: Sequence[str] = (),
+        quiet: bool = False,
+        owner: Path | None = None,
+    ) -> str:
         """``sbatch`` ``script`` with ``extra`` options; the job id. The ``SBATCH_*`` variables
-        left out of the user's shell are said on stderr (unless ``quiet``)."""
-        job_id, dropped = slurm.sbatch(script, os.environ, extra)
+        left out of the user's shell are said on stderr (unless ``quiet``). ``owner``: the run
+        or sweep directory whose job it is, written in the job's comment
+        (:func:`~hpctf.core.run.run_identity.slurm_comment`)."""
+        tag = [f"--comment={slurm_comment(owner)}"] if owner is not None else []
+        job_id, dropped = slurm.sbatch(script, os.environ, [*tag, *extra])
         if dropped and not quiet:
             click.echo(
                 f"note: left out {', '.join(dropped)} from your shell: a run's sbatch options "
@@ -148,7 +165,7 @@ class SlurmJobs(JobLauncher):
         self, run: RunDir, config: ResolvedConfig, exclude: str | None, caller: Caller
     ) -> int:
         extra = [f"--exclude={exclude}"] if exclude else []
-        job_id = self.submit_script(run.script, extra)
+        job_id = self.submit_script(run.script, extra, owner=run.path)
         journal.record_submitted(run, job_id, exclude=exclude)
         click.echo(f"submitted job {job_id}")
         click.echo(f"run directory: {run.path}")
@@ -161,6 +178,22 @@ class SlurmJobs(JobLauncher):
 
     def describe(self, job_id: str) -> dict[str, str] | None:
         return slurm.job_info(job_id)
+
+    def adopt_unrecorded(self, run: RunDir, history: RunHistory) -> RunHistory:
+        """A submit killed while sbatch ran (a busy controller takes seconds) leaves a job in
+        Slurm that the journal never heard of: found by its comment, recorded, said."""
+        if history.open_jobs:
+            return history
+        known = {job.job_id for job in history.jobs}
+        found = commented_jobs(slurm_comment(run.path))
+        for job_id in (j for j in found if j not in known):
+            history = history.plus(journal.record_submitted(run, job_id))
+            click.echo(
+                f"note: job {job_id} of {run.path} was in Slurm's queue but not in the run's "
+                "journal (a submit stopped while sbatch ran); recorded now",
+                err=True,
+            )
+        return history
 
 
 JOB_LAUNCHERS: dict[str, type[JobLauncher]] = {

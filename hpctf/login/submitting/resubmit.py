@@ -53,6 +53,7 @@ def resubmit_run(
     config = run.load_config()
     _check_request(run, config, exclude, from_scratch, overrides)
     launcher = job_launcher(config.site)
+    history = launcher.adopt_unrecorded(run, history)
     _check_not_running(run, history, launcher)
     claim = _claim(run, launcher.facts.slurm)
     try:

@@ -141,7 +141,7 @@ def submit_array(record: SweepDir, config: ResolvedConfig, script: Path | None =
     a resubmit sends the same agents again); record the array in sweep.json."""
     arrays = record.data.setdefault("arrays", [])
     path = script or record.path / "array-0.sbatch"
-    job_id = slurm_jobs(config.site).submit_script(path, [])
+    job_id = slurm_jobs(config.site).submit_script(path, [], owner=record.path)
     arrays.append({"job_id": job_id, "tasks": record.data.get("tasks"), "script": str(path)})
     record.write()
     click.echo(f"submitted job array {job_id}: {record.data.get('tasks')} agent(s)")

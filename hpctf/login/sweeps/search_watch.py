@@ -35,7 +35,7 @@ from hpctf.core.settings.search import Search
 from hpctf.login.reading.run_report import format_table, run_document
 from hpctf.login.reading.slurm_view import job_states, slurm_records, slurm_text
 from hpctf.login.sweeps.ranking import rank
-from hpctf.login.sweeps.sweep_dir import SweepDir
+from hpctf.login.sweeps.sweep_dir import SweepDir, refuse_unrecorded_arrays, unrecorded_arrays
 
 _STUDY_STATES = {"COMPLETE": "done", "PRUNED": "pruned", "FAIL": "failed"}
 
@@ -218,6 +218,7 @@ def search_cancel(record: SweepDir) -> None:
     """``hpctf cancel SWEEP`` of a search: one scancel of its arrays (every task, queued or
     running), and ``cancelled`` in each trial run that had an open job."""
     arrays = [str(a["job_id"]) for a in record.data.get("arrays") or []]
+    arrays += unrecorded_arrays(record)
     if not arrays:
         click.echo(f"nothing to cancel: {record.path} has submitted no array")
         return
@@ -235,6 +236,7 @@ def search_resubmit(record: SweepDir) -> int:
     still in Slurm."""
     from hpctf.login.sweeps.search_start import submit_array  # the sweeps room's own module
 
+    refuse_unrecorded_arrays(record)
     arrays = record.data.get("arrays") or []
     if arrays:
         last = str(arrays[-1]["job_id"])

@@ -37,7 +37,9 @@ from hpctf.login.sweeps.sweep_dir import (
     array_size_limit,
     new_sweep_path,
     point_documents,
+    refuse_unrecorded_arrays,
     status_text,
+    unrecorded_arrays,
 )
 
 if TYPE_CHECKING:  # pydantic's models: not imported for `hpctf status`
@@ -85,7 +87,9 @@ def submit_arrays(
             f"afterany:{ids[-1]}" if ids else "",
         ]
         extra = [f"--dependency={','.join(d for d in dependency if d)}"] if ids else []
-        job_id = slurm_jobs(config.site).submit_script(path, extra, quiet=bool(ids))
+        job_id = slurm_jobs(config.site).submit_script(
+            path, extra, quiet=bool(ids), owner=sweep.path
+        )
         _record_submitted([Path(run_dirs[i]) for i in chunk_indices], job_id)
         sweep.data.setdefault("arrays", []).append(
             {"job_id": job_id, "indices": list(chunk_indices), "script": str(path)}
@@ -184,7 +188,7 @@ def sweep_cancel(path: Path) -> None:
         return
     runs = record.runs()
     open_jobs = {run.run.path: run.history.open_jobs for run in runs}
-    every = [job for jobs in open_jobs.values() for job in jobs]
+    every = [job for jobs in open_jobs.values() for job in jobs] + unrecorded_arrays(record)
     if not every:
         click.echo(f"nothing to cancel: no point of {record.path} has an open job")
         return
@@ -217,6 +221,7 @@ def sweep_resubmit(path: Path, extra_options: dict[str, Any]) -> int:
     config = runs[unfinished[0]].config
     if not launcher_for(config.site).slurm:
         return _run_locally(record, unfinished)
+    refuse_unrecorded_arrays(record)
     current = {i: job for i in unfinished if (job := runs[i].job)}
     view = slurm_records(list(current.values()))
     if view.problem:

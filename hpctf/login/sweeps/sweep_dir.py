@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.listing import RunFacts
+from hpctf.core.run.run_identity import slurm_comment
 from hpctf.core.run.run_index import Index
 from hpctf.core.run.rundir import free_path, runs_root
 from hpctf.core.safe_files import write_atomic
@@ -129,6 +130,26 @@ class SweepDir:
                 runs.append(facts)
         index.save(keep=(r.path for r in runs))
         return runs
+
+
+def unrecorded_arrays(sweep: SweepDir) -> list[str]:
+    """The job arrays Slurm holds for ``sweep`` (by their comment,
+    :func:`~hpctf.core.run.run_identity.slurm_comment`) that its sweep.json does not name: a
+    sweep or resubmit stopped while sbatch ran. One squeue call."""
+    recorded = {str(a.get("job_id")) for a in sweep.data.get("arrays") or []}
+    found = slurm_queries.commented_jobs(slurm_comment(sweep.path))
+    return sorted({job.split("_")[0] for job in found} - recorded)
+
+
+def refuse_unrecorded_arrays(sweep: SweepDir) -> None:
+    """A UserError while Slurm holds an array of ``sweep`` that sweep.json does not name: a
+    new array beside it would train its points twice."""
+    if arrays := unrecorded_arrays(sweep):
+        raise UserError(
+            f"job array {', '.join(arrays)} of {sweep.path} is in Slurm's queue but not in its "
+            f"sweep.json (a command stopped while sbatch ran): hpctf cancel {sweep.path} stops "
+            "it, then resubmit"
+        )
 
 
 def sweep_text(data: Mapping[str, Any]) -> str:

@@ -55,9 +55,10 @@ def cancel_run(run_dir: Path) -> list[str]:
     launcher = job_launcher(run.config.site)
     if not run.slurm:
         return launcher.cancel(run.run, [])  # its launcher records the cancel
-    open_jobs = launcher.cancel(run.run, run.history.open_jobs)
+    history = launcher.adopt_unrecorded(run.run, run.history)
+    open_jobs = launcher.cancel(run.run, history.open_jobs)
     if open_jobs:
-        cancelled = run.history.plus(journal.record_cancelled(run.run, open_jobs))
+        cancelled = history.plus(journal.record_cancelled(run.run, open_jobs))
         run_index.note(run.run, run.config, cancelled)
     return open_jobs
 

@@ -19,6 +19,9 @@ from hpctf.core.errors import UserError
 from hpctf.core.printable import printable as _printable
 from hpctf.core.run.hours import Hours, hours_json, hours_text, summed
 from hpctf.core.run.listing import RunFacts
+from hpctf.core.run.run_identity import slurm_comment
+from hpctf.core.scheduler.slurm import SlurmError
+from hpctf.core.scheduler.slurm_queries import commented_jobs
 from hpctf.core.secrets import redact
 from hpctf.login.reading.hours_view import hours_of
 from hpctf.login.reading.run_report import (
@@ -146,16 +149,39 @@ def status(
         documents[0]["hours"] = hours_json(hours[runs[0].path])
     else:
         documents = [run_document(run, view, now) for run in runs]
+    unrecorded = _unrecorded_jobs(read[0]) if single else ""
     if as_json:
-        notes = [view.problem] if view.problem else []
+        notes = [n for n in (view.problem, unrecorded) if n]
         click.echo(
             redact(json.dumps({"runs": documents, "sweeps": sweeps, "notes": notes}, indent=2))
         )
     elif single:
         click.echo(for_terminal(describe_run(read[0], documents[0])), nl=False)
         click.echo(f"hours: {hours_text(hours[runs[0].path])}")
+        if unrecorded:
+            click.echo(unrecorded)
     elif documents or sweeps:
         click.echo(for_terminal(status_table(documents, sweeps)), nl=False)
+
+
+def _unrecorded_jobs(run: RunRecord) -> str:
+    """A note naming the jobs Slurm holds for ``run`` that its journal does not know (a submit
+    stopped while sbatch ran), when it has no open job; "" otherwise. Status only reads: the
+    next cancel or resubmit records them."""
+    if not run.slurm or run.history.open_jobs or run.run.done.exists():
+        return ""
+    try:
+        found = commented_jobs(slurm_comment(run.run.path))
+    except SlurmError:
+        return ""  # what Slurm could not say is said by the job states' own note
+    known = {job.job_id for job in run.history.jobs}
+    if not (jobs := [j for j in found if j not in known]):
+        return ""
+    return (
+        f"note: Slurm holds job {', '.join(jobs)} of this run, which its journal does not know "
+        f"(a submit stopped while sbatch ran): hpctf cancel {run.run.path} stops it, "
+        "hpctf resubmit records it"
+    )
 
 
 @click.command()
