@@ -785,3 +785,23 @@ def test_init_fit_writes_a_fit_script_experiment_that_validates(
     assert validated.exit_code == 0, validated.output
     rendered = CliRunner().invoke(cli, ["render", str(experiment)])
     assert rendered.exit_code == 0, rendered.output
+
+
+def test_a_job_that_may_share_nodes_with_other_users_is_warned_of(
+    tmp_path: Path, runs_root: Path, fake_sbatch: Path
+) -> None:
+    """On a site whose nodes other users' jobs share, a submit that is not exclusive says, in
+    one line, that they reach its TensorFlow ports; exclusive (or user) and a site of whole
+    nodes say nothing."""
+    site = write(
+        tmp_path / "shared.yaml", "name: shared\nextends: local-slurm\nshared_nodes: true\n"
+    )
+    warned = CliRunner().invoke(cli, ["submit", str(DIGITS), "--site", str(site)])
+    assert warned.exit_code == 0, warned.output
+    (line,) = [x for x in warned.stderr.splitlines() if "share" in x]
+    assert line.startswith("warning: on site shared other users' jobs may share this job's nodes")
+    assert "resources.exclusive: true" in line
+    for args in (["--site", str(site), "--set", "resources.exclusive=user"],
+                 ["--site", "local-slurm"]):  # fmt: skip
+        quiet = CliRunner().invoke(cli, ["submit", str(DIGITS), *args])
+        assert quiet.exit_code == 0 and "share" not in quiet.stderr, quiet.output

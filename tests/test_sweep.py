@@ -273,6 +273,26 @@ def _sweep(fake: FakeSlurm, *args: str) -> Path:
     return Path(re.search(r"^sweep directory: (\S+)$", result.output, re.M).group(1))  # type: ignore[union-attr]
 
 
+def test_an_array_sweep_json_never_heard_of_is_cancelled_and_blocks_resubmit(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    """A second sweep command killed while sbatch ran left array 5555 in Slurm, unrecorded:
+    found by the sweep's comment, resubmit refuses a third array beside it in one line, and
+    cancel stops it with the recorded one."""
+    fake_slurm.answer("scontrol", "MaxArraySize            = 1001\nMaxJobCount = 10000\n")
+    path = _sweep(fake_slurm)
+    ours = slurm_comment(path)
+    fake_slurm.answer("squeue", f"5555_0|{ours}\n5555_1|{ours}\n4242_0|{ours}\n77|other\n")
+    refused = CliRunner().invoke(cli, ["resubmit", str(path)])
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
+    assert "job array 5555 of" in refused.output and "not in its sweep.json" in refused.output
+    assert len(fake_slurm.calls("sbatch")) == 1
+    cancelled = CliRunner().invoke(cli, ["cancel", str(path)])
+    assert cancelled.exit_code == 0, cancelled.output
+    (scancel,) = fake_slurm.calls("scancel")
+    assert "5555" in scancel.split() and "77" not in scancel.split()
+
+
 def test_sweep_submits_one_array_and_records_each_task_in_its_run(
     runs_root: Path,
     fake_slurm: FakeSlurm,

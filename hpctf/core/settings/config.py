@@ -441,6 +441,12 @@ class Site(Strict):
         "(only they reach TensorFlow's unauthenticated ports; no network but their loopback); "
         "host shares this machine's network (a script that downloads its data)",
     )
+    shared_nodes: bool = Field(
+        True,
+        description="Slurm sites: other users' jobs may run on a node beside yours (shared "
+        "partitions); submit then warns unless resources.exclusive, for they reach "
+        "TensorFlow's ports; false where nodes are given whole",
+    )
     doctor: Doctor = Field(default_factory=Doctor, description="thresholds for hpctf doctor")
     sweep: Sweep = Field(default_factory=Sweep, description="how hpctf sweep submits job arrays")
     notify: Notify | None = Field(

@@ -36,6 +36,7 @@ from hpctf.core.run.rundir import (
     plan_run_dir,
     remove_new_run_dir,
 )
+from hpctf.core.scheduler.launcher import launcher_for as facts_for
 from hpctf.core.scheduler.slurm import SlurmFailure
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.launchers import CLI, Caller, job_launcher
@@ -132,6 +133,7 @@ class RunJob:
                 continue
             if self.warn:
                 warn_if_writable_by_others(planned.run.path)
+                warn_if_nodes_shared(self.config)
                 warn_left_out(planned.run.path)
             return replace(planned, config=frozen, script=script)
         raise RunDirTaken(f"no free run directory under {planned.run.path.parent}")
@@ -193,6 +195,21 @@ def warn_if_writable_by_others(path: Path) -> None:
             f"chmod go-w {path}, and set umask 022 before hpctf submit",
             err=True,
         )
+
+
+def warn_if_nodes_shared(config: ResolvedConfig) -> None:
+    """Say so on stderr when a Slurm job may share a node with other users' jobs: they reach
+    its workers' TensorFlow ports over loopback, unauthenticated, and run ops as you
+    (docs/reference/security.md); TensorFlow lets hpctf bind them nowhere else."""
+    site, exclusive = config.site, config.experiment.resources.exclusive
+    if not facts_for(site).slurm or not site.shared_nodes or exclusive:
+        return
+    click.echo(
+        f"warning: on site {site.name} other users' jobs may share this job's nodes and reach "
+        "its TensorFlow ports (run code as you while it runs): set resources.exclusive: true "
+        "(or user), or shared_nodes: false in a site whose nodes are given whole",
+        err=True,
+    )
 
 
 def warn_left_out(path: Path) -> None:

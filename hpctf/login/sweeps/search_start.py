@@ -33,7 +33,11 @@ from hpctf.login.resolving.loader import load_config
 from hpctf.login.resolving.readings import Readings
 from hpctf.login.resolving.search_keys import check_search_keys
 from hpctf.login.submitting.launchers import slurm_jobs
-from hpctf.login.submitting.pipeline import warn_if_writable_by_others, warn_left_out
+from hpctf.login.submitting.pipeline import (
+    warn_if_nodes_shared,
+    warn_if_writable_by_others,
+    warn_left_out,
+)
 from hpctf.login.submitting.render import ArrayScript, render
 from hpctf.login.sweeps.sweep_dir import (
     SweepDir,
@@ -132,6 +136,7 @@ def create_search(experiment: Path, plan: SearchPlan, overrides: Sequence[str]) 
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)  # nothing was submitted from it yet
         raise
+    warn_if_nodes_shared(config)
     warn_left_out(path / SEARCH_DIR)
     return record
 

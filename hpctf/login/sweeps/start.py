@@ -24,6 +24,7 @@ from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.submitting.launchers import CLI, Caller
 from hpctf.login.submitting.pipeline import (
     create_points,
+    warn_if_nodes_shared,
     warn_if_writable_by_others,
     warn_left_out,
 )
@@ -122,6 +123,7 @@ def create_sweep(
     except BaseException:
         shutil.rmtree(sweep_path, ignore_errors=True)  # nothing was submitted from it yet
         raise
+    warn_if_nodes_shared(base)
     warn_left_out(run_dirs[0])
     return record
 
