@@ -904,6 +904,47 @@ def test_special_files_in_a_run_hang_no_reader(
         assert len(proc.stderr.splitlines()) <= 1, (args, proc.stderr)
 
 
+def peak_rss_mb(argv: list[str]) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """The peak resident memory of ``argv``, in MB, measured by a Python of its own whose one
+    child it is (ru_maxrss of RUSAGE_CHILDREN: pytest's own children would count here)."""
+    probe = (
+        "import resource, subprocess, sys\n"
+        "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "sys.stdout.write(done.stdout)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
+        "sys.exit(done.returncode)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    return int(proc.stdout.splitlines()[-1]), proc
+
+
+def test_status_of_a_run_with_200_mb_of_metrics_stays_under_150_mb(
+    runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    """A run logging every step for months: 200 MB of metrics.jsonl (1.85 GB of memory for
+    `status RUN` once). Its tail is read, line by line, keys interned: measured here 104 MB
+    for status, 127 MB for status --json, whose document holds every loss it read."""
+    path = new_run(runs_root, fake_slurm)
+    train = {"loss": 0.5, "steps_per_s": 97.9, "rss_mb": 687.9, "threads": 123, "total_steps": 1}
+    rows = []
+    for n in range(8000):
+        rows.append(json.dumps({"step": n, **train}))
+        if n % 10 == 0:
+            rows.append(json.dumps({"step": n, "eval": {"loss": 0.6, "accuracy": 0.86}}))
+    block = ("\n".join(rows) + "\n").encode()
+    with (path / "metrics.jsonl").open("wb") as handle:
+        for _ in range((200 << 20) // len(block) + 1):
+            handle.write(block)
+    assert (path / "metrics.jsonl").stat().st_size > 200 << 20
+    for args in (["status", str(path)], ["status", "--json", str(path)]):
+        peak, proc = peak_rss_mb([*HPCTF, *args])
+        assert proc.returncode == 0, proc.stderr
+        assert peak < 150, (args, peak)  # 180 MB before the lines were read one by one
+
+
 def test_a_truncated_log_is_said_and_read_again_from_its_start(
     runs_root: Path, fake_slurm: FakeSlurm
 ) -> None:

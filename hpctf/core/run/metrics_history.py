@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,20 +83,37 @@ def metric_records(path: Path, tail_bytes: int | None = None) -> list[dict[str, 
     tail_bytes = min(tail_bytes if tail_bytes is not None else MAX_READ_BYTES, MAX_READ_BYTES)
     try:
         with open_regular(path, "metrics.jsonl") as handle:  # a FIFO, /dev/zero: none
-            if tail_bytes is not None:
-                size = handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, size - tail_bytes))
-                if size > tail_bytes:
-                    handle.readline()  # a partial first line
-            data = handle.read()
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - tail_bytes))
+            if size > tail_bytes:
+                handle.readline()  # a partial first line
+            # Line by line, the records kept lean: a whole tail decoded and split at once, and
+            # a dict of its own for each of 100,000 records' eval groups, held 2-3 times the
+            # memory of the records alone (a 200 MB file: 134 MB of Python objects).
+            return effective_history(_records(handle, size))
     except (OSError, NotARegularFile):
         return []
-    records = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
+
+
+def _records(handle: Any, size: int) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``handle``'s lines up to ``size`` bytes (what was there when it was
+    opened); a line still being written, or not an object, is left out."""
+    left = size - handle.tell()
+    for line in handle:
+        left -= len(line)
+        if left < 0:
+            break
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line still being written
+            record = _DECODER.decode(line.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
         if isinstance(record, dict):
-            records.append(record)
-    return effective_history(records)
+            yield record
+
+
+def _interned(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {sys.intern(key): value for key, value in pairs}
+
+
+# Every record repeats the same few keys: one string each, not one per record.
+_DECODER = json.JSONDecoder(object_pairs_hook=_interned)
