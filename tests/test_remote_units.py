@@ -20,7 +20,7 @@ from hpctf.login.remote import cluster_side, forward, shipping
 from hpctf.login.remote.ssh import remote_command
 from hpctf.login.remote.where import remote_login
 from hpctf.python_api import remote_run as remote_runs
-from tests.conftest import DIGITS
+from tests.conftest import DIGITS, other_user
 from tests.sshd import HOSTILE
 
 
@@ -223,3 +223,19 @@ def test_submit_records_older_than_a_week_are_forgotten(tmp_path: Path) -> None:
     os.utime(old, (1, 1))
     cluster_side._forget_old_submits(submits)
     assert not old.exists() and new.is_dir()
+
+
+def test_another_users_code_store_in_a_shared_runs_root_locks_nobody_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's (or a planted) ``.hpctf-code`` in a shared runs root: this user's code
+    goes to a store of their own under ~/.cache/hpctf, never into theirs."""
+    other = other_user()
+    root = tmp_path / "shared"
+    (root / ".hpctf-code").mkdir(parents=True, mode=0o777)
+    os.chown(root / ".hpctf-code", other.pw_uid, other.pw_gid)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    store = cluster_side._private(root, ".hpctf-code")
+    assert store == tmp_path / "home" / ".cache" / "hpctf" / "hpctf-code"
+    assert store.stat().st_mode & 0o777 == 0o700
+    assert cluster_side._private(root, ".hpctf-submits") == root / ".hpctf-submits"  # ours

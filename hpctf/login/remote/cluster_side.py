@@ -43,16 +43,18 @@ def _root(site_name: str) -> Path:
 
 def _private(root: Path, name: str) -> Path:
     """``root/name``, a folder of this user's that nobody else may write (the code store, the
-    submit tokens): code another user put in a shared runs root must never run as this one."""
-    folder = root / name
-    with contextlib.suppress(OSError):  # a shared project root may be another's: ours below it
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not private_folder(folder, create=False):
-        raise EnvironmentProblem(
-            f"{folder} is not a folder of yours that only you may write: "
-            "hpctf keeps shipped code and submits there; remove it or use a runs_root of yours"
-        )
-    return folder
+    submit tokens): code another user put in a shared runs root must never run as this one.
+    Where another user holds that name (a shared runs root: theirs, or planted), this user's
+    own ``~/.cache/hpctf/<name>`` instead: nobody locks another out of the SSH path."""
+    for folder in (root / name, Path.home() / ".cache" / "hpctf" / name.lstrip(".")):
+        with contextlib.suppress(OSError):  # a shared root may be another's: ours below it
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if private_folder(folder, create=False):
+            return folder
+    raise EnvironmentProblem(
+        f"neither {root / name} nor {folder} is a folder of yours that only you may write: "
+        "hpctf keeps shipped code and submits there; remove them or use a runs_root of yours"
+    )
 
 
 def _members(data: bytes) -> Iterator[tuple[str, int, bytes]]:
