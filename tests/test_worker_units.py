@@ -14,6 +14,7 @@ import pytest
 from hpctf.compute.doctor.procstat import parse_status, process_usage
 from hpctf.compute.loop.watchdog import ProgressWatchdog
 from hpctf.core.errors import STALLED_EXIT
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.tf
 
@@ -363,3 +364,15 @@ def test_a_lost_peer_is_named_by_rank_and_host(
     text = str(lost)
     assert text.startswith(named) and " on node localhost) stopped answering" in text
     assert "\n" not in text and f"this rank ({rank} on localhost)" in text
+
+
+def test_a_tensorflow_outside_the_proven_range_is_said_in_the_probe_line() -> None:
+    """pyproject.toml keeps TensorFlow below the next minor; one installed anyway (a site's
+    module, --no-deps) is named untested in every rank's first line."""
+    from hpctf.compute.compat.probe import outside_proven
+
+    assert outside_proven("2.21.0") == outside_proven("2.16.2") == ""
+    for version in ("2.22.0rc0", "2.15.1", "3.0.0"):
+        assert outside_proven(version) == " (outside the proven 2.16-2.21: untested)"
+    ceiling = (REPO / "pyproject.toml").read_text()
+    assert ceiling.count(">=2.16,<2.22") == 6  # tf, gpu (x86_64 and others), keras2 (both)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import platform
+import re
 from collections.abc import Callable
 
 from hpctf.compute.compat import python_internals, tensorflow_internals
@@ -70,11 +71,30 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+# The TensorFlow minors proven (docs/reference/versions.md), the ceiling pyproject.toml keeps.
+PROVEN_TENSORFLOW = ((2, 16), (2, 21))
+
+
+def outside_proven(version: str) -> str:
+    """`` (outside the proven 2.16-2.21: untested)`` for a TensorFlow ``version`` beyond the
+    range hpctf was tested on; "" inside it."""
+    numbers = re.match(r"(\d+)\.(\d+)", version)
+    (low, high) = PROVEN_TENSORFLOW
+    if numbers is None:
+        return ""
+    minor = (int(numbers.group(1)), int(numbers.group(2)))
+    if low <= minor <= high:
+        return ""
+    proven = f"{low[0]}.{low[1]}-{high[0]}.{high[1]}"
+    return f" (outside the proven {proven}: untested)"
+
+
 def versions() -> str:
     """``tensorflow X, keras Y[, tf_keras Z], python W``, from the installed distributions."""
     import tensorflow as tf
 
-    parts = [f"tensorflow {tf.__version__}", f"keras {_version('keras') or 'none'}"]
+    tensorflow = f"tensorflow {tf.__version__}{outside_proven(tf.__version__)}"
+    parts = [tensorflow, f"keras {_version('keras') or 'none'}"]
     if (tf_keras := _version("tf_keras")) is not None:
         parts.append(f"tf_keras {tf_keras}")
     parts.append(f"python {platform.python_version()}")
