@@ -2,10 +2,11 @@
 
 :func:`start_sshd` runs ``/usr/sbin/sshd -D`` as root on a loopback port with a throwaway
 host key, ``PermitRootLogin no``, ``UsePAM no`` and ``LogLevel VERBOSE``; the only user it
-lets in is :data:`USER`, a throwaway account, with a throwaway key. That user cannot reach
-this checkout's venv (its interpreter lives under root's 0700 home), so
-:func:`cluster_side` makes a venv from the system's python3 (the same 3.11) that reads the
-checkout's site-packages: the same hpctf, the same TensorFlow.
+lets in is :data:`USER`, a throwaway account, with a throwaway key. That user cannot run
+this checkout's venv (its interpreter lives under root's 0700 home), and the clone itself may
+sit under a folder only root may enter, so :func:`cluster_side` binds the checkout read-only
+at a path of its own under /tmp and makes a venv from the system's python3 (the same 3.11)
+that reads the checkout's site-packages there: the same hpctf, the same TensorFlow.
 """
 
 from __future__ import annotations
@@ -132,20 +133,47 @@ def start_sshd(base: Path, name: str, env: dict[str, str], user_key_pub: str) ->
     return Sshd(port, log, process)
 
 
-def cluster_side(base: Path, owner: pwd.struct_passwd) -> tuple[Path, Path]:
-    """A venv the test user can run (system python3 + this checkout's site-packages) and an
-    ``hpctf`` command in it; returns (python, hpctf)."""
+REPO = Path(__file__).resolve().parent.parent
+
+
+def reachable_checkout() -> Path:
+    """This checkout where the test user can read it, whatever folder the clone sits in: bound
+    read-only at a folder of its own under /tmp (outside any folder a test removes), or the
+    clone's own path where nothing can be mounted. :func:`release_checkout` undoes it."""
+    mount = Path(tempfile.mkdtemp(prefix="hpctf-checkout-", dir="/tmp"))
+    mount.chmod(0o755)
+    bound = subprocess.run(
+        ["mount", "--bind", "-o", "ro", str(REPO), str(mount)], capture_output=True, check=False
+    )
+    if bound.returncode != 0:
+        mount.rmdir()
+        return REPO
+    return mount
+
+
+def release_checkout(path: Path) -> None:
+    if path != REPO:
+        subprocess.run(["umount", "--lazy", str(path)], capture_output=True, check=False)
+        with contextlib.suppress(OSError):
+            path.rmdir()  # an empty folder once unmounted; never a walk into the checkout
+
+
+def cluster_side(base: Path, checkout: Path) -> tuple[Path, Path]:
+    """A venv the test user can run (system python3 + this checkout's site-packages, both as
+    they are seen through ``checkout``) and an ``hpctf`` command in it; returns (python,
+    hpctf)."""
     venv = base / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
-    ours = sysconfig.get_paths()["purelib"]
+    ours = Path(sysconfig.get_paths()["purelib"])
+    seen = checkout / ours.relative_to(REPO) if ours.is_relative_to(REPO) else ours
+    # The checkout first on the path: the venv's editable install names the clone's own path.
     (venv / "lib" / "python3.11" / "site-packages" / "checkout.pth").write_text(
-        f"import site; site.addsitedir({ours!r})\n"
+        f"import site, sys; site.addsitedir({str(seen)!r}); sys.path.insert(0, {str(checkout)!r})\n"
     )
     hpctf = base / "bin" / "hpctf"
     hpctf.parent.mkdir()
     hpctf.write_text(f'#!/bin/sh\nexec {venv}/bin/python -m hpctf "$@"\n')
     hpctf.chmod(0o755)
-    del owner
     return venv / "bin" / "python", hpctf
 
 
@@ -171,6 +199,7 @@ class SetUp:
     login: Sshd
     jump: Sshd
     env: dict[str, str]
+    checkout: Path
 
     def stop(self) -> None:
         """Stop both sshds; remove what they served (the runs, the keys, the laptop's cache)."""
@@ -182,6 +211,7 @@ class SetUp:
             )  # fmt: skip
         self.login.stop()
         self.jump.stop()
+        release_checkout(self.checkout)  # before any removal: nothing walks into the clone
         shutil.rmtree(self.base, ignore_errors=True)
         shutil.rmtree(self.env["XDG_CACHE_HOME"], ignore_errors=True)
 
@@ -191,7 +221,8 @@ def set_up(slurm_conf: str | None) -> SetUp:
     base = Path(tempfile.mkdtemp(prefix="hpctf-ssh-", dir="/tmp"))
     base.chmod(0o755)
     pub = keygen(base / "id_ed25519")
-    python, hpctf = cluster_side(base, user)
+    checkout = reachable_checkout()
+    python, hpctf = cluster_side(base, checkout)
     runs = base / "runs"
     runs.mkdir()
     os.chown(runs, user.pw_uid, user.pw_gid)
@@ -238,4 +269,4 @@ def set_up(slurm_conf: str | None) -> SetUp:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCTF_RUNS_ROOT"))}
     env.update(HPCTF_SITE_PATH=str(sites), XDG_CACHE_HOME=str(cache))
     env.pop("HPCTF_ON_LOGIN", None)
-    return SetUp(base, runs, login, jump, env)
+    return SetUp(base, runs, login, jump, env, checkout)

@@ -124,21 +124,28 @@ def test_resubmit_update_code_from_a_laptop_is_refused_before_connecting(tmp_pat
         )
 
 
-def test_the_code_store_is_a_folder_only_its_owner_may_write(tmp_path: Path) -> None:
+def test_the_code_store_is_a_folder_only_its_owner_may_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Shipped code runs as its owner: a store others may write, or one planted as a link, is
-    refused rather than used; a missing one is made 0700."""
+    never used (this user's own ~/.cache/hpctf store instead); a missing one is made 0700;
+    where neither is private, one line."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    own = tmp_path / "home" / ".cache" / "hpctf" / cluster_side.STORE.lstrip(".")
     made = cluster_side._private(tmp_path / "root", cluster_side.STORE)
     assert made.is_dir() and (made.stat().st_mode & 0o777) == 0o700
     open_root = tmp_path / "open"
     (open_root / cluster_side.STORE).mkdir(parents=True)
     (open_root / cluster_side.STORE).chmod(0o777)
-    with pytest.raises(EnvironmentProblem, match="only you may write"):
-        cluster_side._private(open_root, cluster_side.STORE)
+    assert cluster_side._private(open_root, cluster_side.STORE) == own
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / cluster_side.SUBMITS).symlink_to(made)
+    submits = cluster_side._private(linked, cluster_side.SUBMITS)
+    assert submits == own.parent / cluster_side.SUBMITS.lstrip(".")
+    own.chmod(0o777)
     with pytest.raises(EnvironmentProblem, match="only you may write"):
-        cluster_side._private(linked, cluster_side.SUBMITS)
+        cluster_side._private(open_root, cluster_side.STORE)
 
 
 def test_a_sites_secrets_travel_on_stdin_never_in_the_argument_vector(
