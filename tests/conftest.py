@@ -148,7 +148,20 @@ def xdist_cluster(env: dict[str, str], worker: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[dict[str, str]]:
+def checkout_for_others() -> Iterator[Path]:
+    """This checkout where a second unix user (the SSH login user, the jobs it submits) can
+    read it, whatever folder the clone sits in (tests/sshd.py's reachable_checkout)."""
+    from tests import sshd
+
+    path = sshd.reachable_checkout()
+    try:
+        yield path
+    finally:
+        sshd.release_checkout(path)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(checkout_for_others: Path) -> Iterator[dict[str, str]]:
     """Start the test cluster once; failing to start is fatal where Slurm is required.
 
     HPCTF_SLURM_DIR, HPCTF_SLURM_PORT and HPCTF_SLURM_FIRST_JOB_ID (tests/slurm/cluster.sh)
@@ -171,7 +184,8 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
     conf = str(state / "etc" / "slurm.conf")
     os.environ["SLURM_CONF"] = conf
     try:
-        yield {**env, "SLURM_CONF": conf}
+        # The checkout as other users read it: bound before the nodes' namespaces were made.
+        yield {**env, "SLURM_CONF": conf, "HPCTF_TEST_CHECKOUT": str(checkout_for_others)}
     finally:
         subprocess.run([str(CLUSTER), "stop"], env=env, check=False)
         os.environ.pop("SLURM_CONF", None)

@@ -137,9 +137,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def reachable_checkout() -> Path:
-    """This checkout where the test user can read it, whatever folder the clone sits in: bound
+    """This checkout where another user can read it, whatever folder the clone sits in: bound
     read-only at a folder of its own under /tmp (outside any folder a test removes), or the
-    clone's own path where nothing can be mounted. :func:`release_checkout` undoes it."""
+    clone's own path where nothing can be mounted. :func:`release_checkout` undoes it. Made
+    once per session, before the Slurm test cluster starts (conftest's ``checkout_for_others``),
+    so that the emulated nodes' mount namespaces hold it too."""
     mount = Path(tempfile.mkdtemp(prefix="hpctf-checkout-", dir="/tmp"))
     mount.chmod(0o755)
     bound = subprocess.run(
@@ -199,7 +201,6 @@ class SetUp:
     login: Sshd
     jump: Sshd
     env: dict[str, str]
-    checkout: Path
 
     def stop(self) -> None:
         """Stop both sshds; remove what they served (the runs, the keys, the laptop's cache)."""
@@ -211,17 +212,18 @@ class SetUp:
             )  # fmt: skip
         self.login.stop()
         self.jump.stop()
-        release_checkout(self.checkout)  # before any removal: nothing walks into the clone
         shutil.rmtree(self.base, ignore_errors=True)
         shutil.rmtree(self.env["XDG_CACHE_HOME"], ignore_errors=True)
 
 
-def set_up(slurm_conf: str | None) -> SetUp:
+def set_up(slurm_conf: str | None, checkout: Path) -> SetUp:
+    """``checkout``: this checkout where the login user reads it (:func:`reachable_checkout`,
+    bound before the Slurm test cluster started: each emulated node's slurmd has a mount
+    namespace of its own, copied when it starts)."""
     user = ensure_user()
     base = Path(tempfile.mkdtemp(prefix="hpctf-ssh-", dir="/tmp"))
     base.chmod(0o755)
     pub = keygen(base / "id_ed25519")
-    checkout = reachable_checkout()
     python, hpctf = cluster_side(base, checkout)
     runs = base / "runs"
     runs.mkdir()
@@ -269,4 +271,4 @@ def set_up(slurm_conf: str | None) -> SetUp:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCTF_RUNS_ROOT"))}
     env.update(HPCTF_SITE_PATH=str(sites), XDG_CACHE_HOME=str(cache))
     env.pop("HPCTF_ON_LOGIN", None)
-    return SetUp(base, runs, login, jump, env, checkout)
+    return SetUp(base, runs, login, jump, env)

@@ -79,7 +79,7 @@ def remote(slurm_cluster: dict[str, str]) -> Iterator[Remote]:
     why = harness.usable()
     if why:
         pytest.skip(why)
-    setup = harness.set_up(slurm_cluster["SLURM_CONF"])
+    setup = harness.set_up(slurm_cluster["SLURM_CONF"], Path(slurm_cluster["HPCTF_TEST_CHECKOUT"]))
     remote = Remote(setup.base, setup.env, setup.login)
     try:
         yield remote
