@@ -106,7 +106,13 @@ def test_submit_logs_status_through_ssh_with_one_login_for_twenty_commands(remot
         remote.hpctf("status", "--site", "cluster", str(run_dir))
         remote.hpctf("runs", "--site", "cluster")
     assert remote.hpctf("status", "--site", "cluster", str(remote.runs / "nope"), check=2)
-    # submit, logs, >= 1 status, 16 more, 1 failing: 20 commands and more, one login.
+    # --site on a command that has none on the cluster (logs, plot): the laptop's word only.
+    said = remote.hpctf("logs", str(run_dir), "--site", "cluster").stdout
+    assert "step 20" in said or "training complete" in said, said
+    png = remote.base / "curve.png"
+    remote.hpctf("plot", str(run_dir), "--site", "cluster", "-o", str(png))
+    assert png.read_bytes().startswith(b"\x89PNG")
+    # submit, logs, >= 1 status, 16 more, 1 failing, logs, plot: 22 commands and more, one login.
     assert remote.sshd.accepted() - before == 1, remote.sshd.log.read_text()[-2000:]
     assert (run_dir / "DONE").is_file()  # trained on the cluster side, in its runs root
 

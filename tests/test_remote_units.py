@@ -246,3 +246,37 @@ def test_another_users_code_store_in_a_shared_runs_root_locks_nobody_out(
     assert store == tmp_path / "home" / ".cache" / "hpctf" / "hpctf-code"
     assert store.stat().st_mode & 0o777 == 0o700
     assert cluster_side._private(root, ".hpctf-submits") == root / ".hpctf-submits"  # ours
+
+
+@pytest.mark.parametrize(
+    ("name", "given", "sent"),
+    [
+        ("logs", ["RUN", "--site", "mycluster", "-f"], ["logs", "RUN", "-f"]),
+        ("cancel", ["--site=mycluster", "RUN"], ["cancel", "RUN"]),
+        ("resubmit", ["RUN", "--site", "mycluster", "--exclude", "n1"],
+         ["resubmit", "RUN", "--exclude", "n1"]),
+        ("plot", ["RUN", "--site", "mycluster", "-o", "x.png"], ["plot", "RUN", "-o", "x.png"]),
+        ("doctor", [], ["doctor", "--site", "mycluster"]),  # chosen by $HPCTF_SITE
+        ("status", ["--site", "mycluster", "RUN"], ["status", "--site", "mycluster", "RUN"]),
+        ("logs", ["--", "--site"], ["logs", "--", "--site"]),  # a RUN named --site
+    ],
+)  # fmt: skip
+def test_a_laptop_command_reaches_the_cluster_as_its_command_takes_it(
+    name: str, given: list[str], sent: list[str]
+) -> None:
+    """`logs RUN --site X` said "No such option '--site'" on the cluster, and `doctor` with
+    $HPCTF_SITE checked the cluster's `local`: --site goes where the command has it, named
+    whichever way the laptop chose the site, and nowhere else."""
+    assert forward.cluster_args(name, given, "mycluster") == sent
+
+
+def test_the_commands_that_take_site_are_the_clis() -> None:
+    from hpctf.cli import cli
+
+    ctx = click.Context(cli)
+    takes = {
+        name
+        for name in forward.ON_CLUSTER
+        if any("--site" in p.opts for p in cli.get_command(ctx, name).params)  # type: ignore[union-attr]
+    }
+    assert takes == forward.TAKES_SITE

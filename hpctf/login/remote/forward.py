@@ -25,6 +25,9 @@ if TYPE_CHECKING:  # imported where a site is behind SSH: every command asks thi
     from hpctf.login.remote.ssh import Connection
 
 ON_CLUSTER = frozenset({"status", "runs", "logs", "cancel", "resubmit", "plot", "doctor"})
+# The cluster's commands that have a --site option of their own (tests/test_remote_units.py
+# checks this against the CLI); the rest know the site from `_remote`'s document alone.
+TAKES_SITE = frozenset({"status", "runs", "doctor"})
 SHIPPED = frozenset({"submit", "sweep"})
 COMMANDS = ON_CLUSTER | SHIPPED
 _HELP = frozenset({"--help", "-h"})
@@ -73,7 +76,26 @@ def forwarded(
         return _plot(connection, site, Path(params["run_dir"]), params.get("output"))
     # `logs -f` on a terminal: a terminal there too, so Ctrl-C here ends the follow there.
     follow = name == "logs" and bool(params.get("follow"))
-    return int(on_cluster(connection, site, [name, *rest], terminal=follow).returncode)
+    args = cluster_args(name, rest, site.name)
+    return int(on_cluster(connection, site, args, terminal=follow).returncode)
+
+
+def cluster_args(name: str, rest: Sequence[str], site_name: str) -> list[str]:
+    """``hpctf NAME REST`` as the cluster's command takes it: the site named by ``--site``
+    where the command has that option (chosen here by ``--site`` or ``$HPCTF_SITE``, which
+    the cluster's shell does not have), and left out where it has not (``logs``, ``cancel``,
+    ``resubmit``, ``plot``: the ``_remote`` document names the site)."""
+    kept: list[str] = []
+    words = iter(rest)
+    for word in words:
+        if word == "--":
+            kept += [word, *words]
+            break
+        if word == "--site":
+            next(words, None)
+        elif not word.startswith("--site="):
+            kept.append(word)
+    return [name, *(["--site", site_name] if name in TAKES_SITE else []), *kept]
 
 
 def _plot(connection: Connection, site: Site, run_dir: Path, output: Path | None) -> int:
