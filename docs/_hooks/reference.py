@@ -1,9 +1,9 @@
 """The generated parts of the docs: every command from the click group, every experiment and
-site key from the schemas ``hpctf schema`` prints, the Python API, README's sections.
+site key from the schemas ``hpctf schema`` prints, the Python API.
 
 A page holds a block ``<!-- hpctf:commands -->`` ... ``<!-- /hpctf:commands -->`` (or
-``hpctf:schema experiment``, ``hpctf:schema site``, ``hpctf:python``, ``hpctf:api Task``,
-``hpctf:readme TITLE``) whose content is what the code says. The content is committed, so the
+``hpctf:schema experiment``, ``hpctf:schema site``, ``hpctf:python``, ``hpctf:api Task``)
+whose content is what the code says. The content is committed, so the
 pages read whole in the repository too; ``python docs/_hooks/reference.py`` writes it anew,
 and ``tests/test_docs.py`` fails when a committed block differs from what the code says today.
 As an MkDocs hook (``hooks:`` in mkdocs.yml) it fills every block again at every build, so
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import posixpath
 import re
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from click.testing import CliRunner
 
 log = logging.getLogger("mkdocs.hooks.hpctf")
 
-_WHAT = r"commands|python|schema (?:experiment|site)|api (?:Task|Files)|readme [A-Za-z ]+"
+_WHAT = r"commands|python|schema (?:experiment|site)|api (?:Task|Files)"
 # A generated block: its opening line, what was generated last (committed), its closing line.
 MARKER = re.compile(
     rf"^<!-- hpctf:(?P<what>{_WHAT}) -->\n(?:.*?\n)?<!-- /hpctf:(?P=what) -->$", re.M | re.S
@@ -39,17 +38,16 @@ CODE = re.compile(r"<(code|pre)\b.*?</\1>", re.S)
 # --- MkDocs events ----------------------------------------------------------------------------
 
 
-def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
-    readme = Path(config["config_file_path"]).parent / "README.md"
-    return filled(markdown, readme, page.file.src_uri)
+def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    return filled(markdown)
 
 
-def filled(markdown: str, readme: Path, page_uri: str) -> str:
+def filled(markdown: str) -> str:
     """``markdown`` with every generated block's content made anew from the code."""
 
     def block(found: re.Match[str]) -> str:
         what = found.group("what")
-        body = generated(what, readme, page_uri).strip("\n")
+        body = generated(what).strip("\n")
         return f"<!-- hpctf:{what} -->\n{body}\n<!-- /hpctf:{what} -->"
 
     return MARKER.sub(block, markdown)
@@ -62,11 +60,10 @@ def pages() -> list[Path]:
 
 def write_all() -> list[Path]:
     """Fill every page's blocks in place; the pages that changed."""
-    readme = DOCS.parent / "README.md"
     changed = []
     for page in pages():
         text = page.read_text(encoding="utf-8")
-        new = filled(text, readme, page.relative_to(DOCS).as_posix())
+        new = filled(text)
         if new != text:
             page.write_text(new, encoding="utf-8")
             changed.append(page)
@@ -79,32 +76,15 @@ def on_page_content(html: str, page: Any, **_: Any) -> str:
     return html
 
 
-def generated(what: str, readme: Path, page_uri: str) -> str:
+def generated(what: str) -> str:
     if what == "commands":
         return commands_markdown()
     if what == "python":
         return python_markdown()
     kind, _, argument = what.partition(" ")
-    if kind == "readme":
-        return readme_section(readme, argument, page_uri)
     if kind == "api":
         return api_markdown(argument)
     return schema_markdown(argument)
-
-
-def readme_section(readme: Path, title: str, page_uri: str) -> str:
-    """The body of README's ``## title`` section (README keeps what the lead updates there),
-    its links into ``docs/`` made relative to the page that includes it."""
-    text = readme.read_text(encoding="utf-8")
-    found = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    if found is None:
-        raise RuntimeError(f"README.md has no section '## {title}'")
-    here = posixpath.dirname(page_uri) or "."
-    return re.sub(
-        r"\]\(docs/([^)]+)\)",
-        lambda m: f"]({posixpath.relpath(m.group(1), here)})",
-        found.group(1).strip(),
-    )
 
 
 # --- commands ---------------------------------------------------------------------------------
