@@ -315,3 +315,10 @@ def test_tutorial_runs_on_slurm(name: str, tmp_path: Path, slurm_cluster: dict[s
 def test_tutorial_runs_over_ssh(name: str) -> None:
     assert blocks(TUTORIALS / name)
     pytest.skip(SSH_NOT_WIRED)
+
+
+def test_the_readme_is_read_in_five_minutes() -> None:
+    """What, install, the five-minute path, the laptop, the command sheet, where the docs are:
+    at most 150 lines; the benchmark table and the rest live in docs/."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines"
