@@ -40,7 +40,8 @@ class RemoteBench(Harness):
         why = sshd.usable()
         if why:
             raise BenchError(f"remote: {why}")
-        setup = sshd.set_up(None)
+        checkout = sshd.reachable_checkout()  # the clone may sit where the login user cannot read
+        setup = sshd.set_up(None, checkout)
         try:
             count = 20 if self.sizes.login_runs == 1 else RUNS
             say(f"remote: {count} run directories on the cluster side")
@@ -73,6 +74,7 @@ class RemoteBench(Harness):
                     times[name].append(round(once(argv, env), 4))
         finally:
             setup.stop()
+            sshd.release_checkout(checkout)
         ssh, local = median(times["through ssh"]), median(times["on the login side"])
         self.row(
             benchmark=f"remote: `hpctf status` of {count} runs through SSH",
