@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from hpctf.core.errors import UserError
 from tests.conftest import DIGITS, HPCTF
+from tests.fake_slurm import FakeSlurm
 
 pytest.importorskip("optuna")
 
@@ -104,3 +106,23 @@ def test_the_array_of_agents_passes_shellcheck(tmp_path: Path) -> None:
     script.write_text("".join(line + "\n" for line in proc.stdout.splitlines()[1:]))
     checked = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout
+
+
+def test_hpctf_sweep_from_python_starts_a_search_as_the_cli_does(
+    tmp_path: Path, runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    """`hpctf.sweep()` of an experiment with a `sweep:` section said "nothing to sweep: give
+    --grid ..." (CLI words, from Python); it goes through the CLI's one start: the search's
+    directory, its array submitted, a Sweep that reads as a search. Grid arguments with it
+    are refused in the CLI's one line."""
+    import hpctf
+
+    fake_slurm.answer("scontrol", "MaxArraySize            = 1001\nMaxJobCount = 10000\n")
+    path = experiment(tmp_path, GOOD)
+    with pytest.raises(UserError, match="has a sweep: section"):
+        hpctf.sweep(path, grid={"train.seed": [1, 2]}, site="local-slurm")
+    assert not list(runs_root.glob("*"))
+    found = hpctf.sweep(path, site="local-slurm")
+    assert found._is_search and (found.path / "study.journal").is_file()
+    (call,) = fake_slurm.calls("sbatch")
+    assert call.endswith(f"{found.path}/array-0.sbatch")

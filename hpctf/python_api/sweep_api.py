@@ -144,23 +144,18 @@ def sweep(
 ) -> Sweep:
     """``hpctf sweep EXPERIMENT --grid KEY=V1,V2 ...``: one run per point of the product of
     ``grid`` (``{"train.args.lr": [0.01, 0.1]}``), or ``draws`` random points from ``ranges``
-    (``{"train.args.lr": "1e-4:1e-1:log"}``). On a Slurm site it returns once the job array
+    (``{"train.args.lr": "1e-4:1e-1:log"}``); an experiment with a ``sweep:`` section (and no
+    grid) is searched, as ``hpctf sweep`` does. On a Slurm site it returns once the job array
     is submitted (:meth:`Sweep.wait` waits); on a local site once every point has run (worker
     output in the rank logs unless ``echo``; Ctrl-C: the point saves, KeyboardInterrupt)."""
     from hpctf.login.submitting.launchers import Caller
     from hpctf.login.sweeps.plan import DEFAULT_MAX_POINTS
-    from hpctf.login.sweeps.start import plan_sweep, start_sweep
+    from hpctf.login.sweeps.start import start_any
 
     grids = [f"{k}={','.join(value_text(v) for v in vs)}" for k, vs in (grid or {}).items()]
     range_texts = [f"{k}={v}" for k, v in (ranges or {}).items()]
-    overrides = set_texts(set)
-    points, configs = plan_sweep(
+    record, _ = start_any(
         Path(experiment), grids, range_texts, draws, seed, max_points or DEFAULT_MAX_POINTS,
-        site, overrides,
+        site, set_texts(set), max_running, Caller(echo=echo, interrupt=True),
     )  # fmt: skip
-    spec = {"grid": grids, "range": range_texts, "random": draws, "seed": seed,
-            "set": overrides, "max_running": max_running}  # fmt: skip
-    record, _ = start_sweep(
-        Path(experiment), points, configs, spec, Caller(echo=echo, interrupt=True)
-    )
     return Sweep(record.path)

@@ -184,32 +184,55 @@ def sweep(
     directory of its own, all of them one Slurm job array (local sites: one after another).
     An experiment with a ``sweep:`` section is searched instead: its trials, asked of an
     Optuna study, run on one job array of agents (Slurm sites)."""
-    if has_search(experiment):
-        given = [flag for flag, value in (("--grid", grids), ("--range", ranges),
-                 ("--random", draws), ("--max-running", max_running)) if value]  # fmt: skip
-        if given:
-            raise UserError(
-                f"{', '.join(given)}: {experiment} has a sweep: section (a search); give its "
-                "space there (sweep.parameters, sweep.parallel), or drop the section to sweep "
-                "a grid"
-            )
-        record = start_search(experiment, site_name, overrides, dry_run)
-        if record is not None:
-            click.echo(f"status: hpctf status {record.path}")
-        return
-    if dry_run:
+    if dry_run and not has_search(experiment):
         planned = plan(experiment, grids, ranges, draws, seed, max_points, site_name, overrides,
                        keep=False)  # fmt: skip
         show_dry_run(planned, max_running)
         return
+    if dry_run:
+        refuse_grid_flags(experiment, grids, ranges, draws, max_running)
+        start_search(experiment, site_name, overrides, dry_run=True)
+        return
+    record, status = start_any(experiment, grids, ranges, draws, seed, max_points, site_name,
+                               overrides, max_running)  # fmt: skip
+    if not is_slurm(record.data.get("scheduler")):
+        sys.exit(status)
+    click.echo(f"status: hpctf status {record.path}")
+
+
+def start_any(
+    experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None, seed: int,
+    max_points: int, site_name: str | None, overrides: Sequence[str], max_running: int | None,
+    caller: Caller = CLI,
+) -> tuple[SweepDir, int]:  # fmt: skip
+    """``hpctf sweep`` and :func:`hpctf.sweep`, the one way either starts: a search when the
+    experiment has a ``sweep:`` section, else the grid's (or draws') points; the sweep
+    directory and the exit status (a local sweep's points', else 0)."""
+    if has_search(experiment):
+        refuse_grid_flags(experiment, grids, ranges, draws, max_running)
+        record = start_search(experiment, site_name, overrides, dry_run=False)
+        assert record is not None  # only a dry run makes none
+        return record, 0
     points, configs = plan_sweep(experiment, grids, ranges, draws, seed, max_points, site_name,
                                  overrides)  # fmt: skip
     spec = {"grid": list(grids), "range": list(ranges), "random": draws, "seed": seed,
             "set": list(overrides), "max_running": max_running}  # fmt: skip
-    record, status = start_sweep(experiment, points, configs, spec)
-    if not is_slurm(record.data.get("scheduler")):
-        sys.exit(status)
-    click.echo(f"status: hpctf status {record.path}")
+    return start_sweep(experiment, points, configs, spec, caller)
+
+
+def refuse_grid_flags(
+    experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None,
+    max_running: int | None,
+) -> None:  # fmt: skip
+    """A UserError when a search's experiment is also given a grid's flags (or arguments)."""
+    given = [flag for flag, value in (("--grid", grids), ("--range", ranges),
+             ("--random", draws), ("--max-running", max_running)) if value]  # fmt: skip
+    if given:
+        raise UserError(
+            f"{', '.join(given)}: {experiment} has a sweep: section (a search); give its "
+            "space there (sweep.parameters, sweep.parallel), or drop the section to sweep "
+            "a grid"
+        )
 
 
 def show_dry_run(planned: Plan, max_running: int | None) -> None:
