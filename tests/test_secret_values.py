@@ -20,6 +20,7 @@ from hpctf.core.run import notifications
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.secrets import is_secret, is_secret_name, redact, reveal, uri_credentials
 from tests.conftest import DIGITS, HPCTF, files_holding, run_dir_from
+from tests.fake_slurm import FakeSlurm
 
 MARKED = "host=db.internal user=ml sslkey=0xC0FFEE-marked"
 BY_NAME = "hf_primary_7d1e0b9a"
@@ -166,3 +167,28 @@ def test_a_run_writes_no_secret_where_others_read(tmp_path: Path, runs_root: Pat
     assert is_secret(config.experiment.env["DB_CONN"])
     assert reveal(config.experiment.env["DB_CONN"]) == MARKED
     assert os.environ.get("DB_CONN") is None
+
+
+def test_a_sweep_writes_no_secret_where_others_read(
+    tmp_path: Path, runs_root: Path, fake_slurm: FakeSlurm
+) -> None:
+    """A grid sweep given secrets by --set (by name, and marked): sweep.json records the
+    overrides with the values as ***; of every file of the sweep directory only each point's
+    secrets.env (0600) holds them, and each point's config reads them back."""
+    fake_slurm.answer("scontrol", "MaxArraySize            = 1001\nMaxJobCount = 10000\n")
+    result = CliRunner().invoke(
+        cli,
+        ["sweep", str(DIGITS), "--site", "local-slurm", "--grid", "train.seed=0,1",
+         "--set", f"env.HF_TOKEN_PRIMARY={BY_NAME}", "--set", f"env.DB_CONN=!secret {MARKED}"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (sweep,) = runs_root.iterdir()
+    assert not any(v in result.output for v in (BY_NAME, MARKED))
+    recorded = json.loads((sweep / "sweep.json").read_text())
+    assert "env.HF_TOKEN_PRIMARY=***" in recorded["set"]
+    holding = files_holding(sweep, BY_NAME, MARKED)
+    assert holding and all(
+        path.endswith("/secrets.env") and mode == 0o600 for path, mode in holding.items()
+    ), holding
+    point = RunDir(Path(recorded["points"][0]["run_dir"])).load_config()
+    assert reveal(point.experiment.env["DB_CONN"]) == MARKED

@@ -104,6 +104,18 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     return text
 
 
+def redact_data(value: Any) -> Any:
+    """``value`` (JSON-like data: a record about to be written where others may read it) with
+    every string in it :func:`redact`-ed."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {key: redact_data(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_data(item) for item in value]
+    return value
+
+
 def is_secret(value: Any) -> bool:
     """Whether ``value`` is of the secret type (a pydantic ``SecretStr``; duck-typed so that
     this module, imported by every command, does not import pydantic)."""

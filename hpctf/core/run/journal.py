@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from hpctf.core.secrets import redact
+from hpctf.core.secrets import redact_data
 from hpctf.core.version import VERSION
 
 
@@ -208,18 +208,8 @@ def entry(event: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "event": event,
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **{name: _redacted(value) for name, value in fields.items()},
+        **redact_data(dict(fields)),
     }
-
-
-def _redacted(value: Any) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Mapping):
-        return {k: _redacted(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_redacted(v) for v in value]
-    return value
 
 
 def record_submitted(

@@ -37,6 +37,7 @@ from hpctf.core.safe_files import write_atomic
 from hpctf.core.scheduler import slurm_queries
 from hpctf.core.scheduler.slurm import SlurmFailure
 from hpctf.core.search.search_dir import trial_points
+from hpctf.core.secrets import redact_data
 from hpctf.login.reading.run_report import format_table, run_document
 from hpctf.login.reading.runs import RunRecord, listed
 from hpctf.login.reading.slurm_view import SlurmView, slurm_text
@@ -84,7 +85,10 @@ class SweepDir:
         return cls(path.resolve(), data)
 
     def write(self) -> None:
-        write_atomic(self.path / SWEEP_FILE, sweep_text(self.data))
+        """sweep.json, which others may read: a secret given by --set (``env.HF_TOKEN=...``)
+        or swept by --grid is written ``***`` (the points' own configs keep it, in their
+        secrets.env)."""
+        write_atomic(self.path / SWEEP_FILE, sweep_text(redact_data(self.data)))
 
     @property
     def is_search(self) -> bool:
