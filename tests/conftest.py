@@ -112,6 +112,7 @@ def secrets_forgotten() -> Iterator[None]:
 
     with secrets._known_lock:
         secrets._known.clear()
+        secrets._ordered = ()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -65,15 +65,24 @@ def _status(run_dir: Path) -> dict[str, object]:
     return run
 
 
-@pytest.mark.tf
-def test_hpctf_cancel_stops_a_local_run_as_ctrl_c_does(runs_root: Path, tmp_path: Path) -> None:
-    launcher, run_dir = _launch(tmp_path)
+def _cancel_as_ctrl_c(
+    launcher: subprocess.Popen[str], run_dir: Path, wait: float
+) -> subprocess.CompletedProcess[str]:
+    """``hpctf cancel RUN`` (returned): it succeeds, and the launcher ends within ``wait``
+    seconds as after a Ctrl-C (exit 130)."""
     proc = subprocess.run(
         [*HPCTF, "cancel", str(run_dir)], capture_output=True, text=True, timeout=180, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    launcher.communicate(timeout=30)
+    launcher.communicate(timeout=wait)
     assert launcher.returncode == 130
+    return proc
+
+
+@pytest.mark.tf
+def test_hpctf_cancel_stops_a_local_run_as_ctrl_c_does(runs_root: Path, tmp_path: Path) -> None:
+    launcher, run_dir = _launch(tmp_path)
+    proc = _cancel_as_ctrl_c(launcher, run_dir, wait=30)
     (end,) = _ends(run_dir)
     saved = end["step"]
     assert end["reason"] == "cancelled" and isinstance(saved, int) and saved >= 20
@@ -199,12 +208,7 @@ def test_a_cancel_while_the_workers_start_is_kept_and_acted_on(
     """``hpctf cancel`` right after the run directory is printed, while the workers import
     TensorFlow and join: the stop is not lost; the run ends cancelled, without training on."""
     launcher, run_dir = _start(tmp_path)
-    proc = subprocess.run(
-        [*HPCTF, "cancel", str(run_dir)], capture_output=True, text=True, timeout=180, check=False
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    launcher.communicate(timeout=120)
-    assert launcher.returncode == 130
+    _cancel_as_ctrl_c(launcher, run_dir, wait=120)
     (end,) = _ends(run_dir)
     assert end["reason"] == "cancelled"
     records = (

@@ -61,6 +61,14 @@ def test_a_remembered_value_is_redacted_everywhere_in_the_process() -> None:
     assert MARKED not in json.dumps(said) and "no ***" in said["text"]
 
 
+def test_a_value_no_credential_has_is_not_redacted_by_value() -> None:
+    """A name rule's false find (USE_AUTH=true, MAX_TOKENS=4096) keeps its value out of files
+    others read, but every "true" or "4096" of a log is not replaced."""
+    secrets.remember(["true", "4096", "Off", "tok-1234567"])
+    said = redact("flag true, batch 4096, mode Off, tok-1234567")
+    assert said == "flag true, batch 4096, mode Off, ***"
+
+
 def experiment_with(tmp_path: Path, extra: str) -> Path:
     path = tmp_path / "experiment.yaml"
     path.write_text(DIGITS.read_text() + extra)

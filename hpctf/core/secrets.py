@@ -38,8 +38,11 @@ REDACTED = "***"
 # as this too, hpctf.core.settings.sources).
 MARK = "secret"
 # A secret shorter than this is not redacted by value: replacing every "ab" of a log would
-# say nothing and hide everything (it is still never written to a file others read).
+# say nothing and hide everything (it is still never written to a file others read). Nor is a
+# value no credential has (a name rule's false find, USE_AUTH=true): every "true" of a log
+# would go.
 MIN_REDACTED_LENGTH = 4
+_NO_CREDENTIAL = re.compile(r"(?i:true|false|yes|no|none|null|on|off)|\d{1,7}")
 
 # A word of an environment variable's name (split at "_", case-insensitive) that says its
 # value is a credential: AWS_SECRET_ACCESS_KEY, HF_TOKEN_PRIMARY, WANDB_API_KEY, MY_APIKEY,
@@ -82,25 +85,36 @@ def _redacted_userinfo(match: re.Match[str]) -> str:
     return f"{match.group('scheme')}{kept}@"
 
 
+def _redactable(value: str) -> bool:
+    return len(value) >= MIN_REDACTED_LENGTH and not _NO_CREDENTIAL.fullmatch(value)
+
+
 _known: set[str] = set()
+# The known values longest first (a secret holding another goes whole), made once per
+# remember: redact runs on every line a worker writes.
+_ordered: tuple[str, ...] = ()
 _known_lock = threading.Lock()
 
 
 def remember(values: Iterable[str]) -> None:
     """Make :func:`redact` replace each of ``values`` in this process from now on (a run's
     secrets, once its config is read)."""
+    global _ordered
     with _known_lock:
-        _known.update(v for v in values if len(v) >= MIN_REDACTED_LENGTH)
+        _known.update(v for v in values if _redactable(v))
+        _ordered = tuple(sorted(_known, key=len, reverse=True))
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with every URI's credentials, each secret :func:`remember`-ed and each of
     ``secrets`` replaced by ``***``."""
     text = _USERINFO.sub(_redacted_userinfo, text)
-    with _known_lock:
-        values = _known | {s for s in secrets if len(s) >= MIN_REDACTED_LENGTH}
-    for secret in sorted(values, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
+    extra = {s for s in secrets if _redactable(s)}
+    known = _ordered
+    values = sorted({*known, *extra}, key=len, reverse=True) if extra else known
+    for secret in values:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
     return text
 
 
