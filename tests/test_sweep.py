@@ -9,6 +9,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -490,25 +491,26 @@ def test_each_points_script_is_the_one_render_would_write_for_it(
 
     planned = plan(DIGITS, ["train.seed=0,1,2,3"], [], None, 0, 100, "local-slurm", [])
     paths = [runs_root / "s" / f"digits-seed{i}" for i in range(3)] + [tmp_path / "odd(1)"]
-    expected = [render(c, p) for c, p in zip(planned.configs, paths, strict=True)]
+    store = runs_root / "s" / "code"
+    expected = [render(c, p, code_store=store) for c, p in zip(planned.configs, paths, strict=True)]
     rendered: list[Path] = []
     real = point_checks.render
 
-    def counted(config: object, path: Path) -> str:
+    def counted(config: object, path: Path, **kwargs: Any) -> str:
         rendered.append(path)
-        return real(config, path)  # type: ignore[arg-type]
+        return real(config, path, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(point_checks, "render", counted)
-    assert point_checks.point_scripts(planned.configs, paths) == expected
+    assert point_checks.point_scripts(planned.configs, paths, store) == expected
     assert "--job-name=digits-seed2" in expected[2] and str(paths[2]) in expected[2]
     # The stand-in, the odd path, then the first and last again to check: not every point.
     assert len(rendered) == 4 and rendered[1] == paths[3]
 
-    def lengths(config: object, path: Path) -> str:  # a template that uses the path otherwise
-        return real(config, path) + f"# {len(str(path))}\n"  # type: ignore[arg-type]
+    def lengths(config: object, path: Path, **kwargs: Any) -> str:  # uses the path otherwise
+        return real(config, path, **kwargs) + f"# {len(str(path))}\n"  # type: ignore[arg-type]
 
     monkeypatch.setattr(point_checks, "render", lengths)
-    assert point_checks.point_scripts(planned.configs[:3], paths[:3]) == [
+    assert point_checks.point_scripts(planned.configs[:3], paths[:3], store) == [
         e + f"# {len(str(p))}\n" for e, p in zip(expected[:3], paths[:3], strict=True)
     ]
 

@@ -11,6 +11,14 @@ the template lays out around ``hpctf worker``; the template adds the reasons as 
 Either way the run directory is mounted at its own path (checkpoints, logs, the journal) and
 its code snapshot ``RUN_DIR/code`` read-only over it: the workers import the code the run was
 submitted with and cannot change it. The site's mounts follow, in its order.
+
+A sweep's point (or a search's trial) holds its code as a relative link into the sweep's one
+snapshot store (``SWEEP/code/<digest>``, :func:`hpctf.core.run.snapshot.link`): there the
+store is what goes in read-only, at its own path, and the link resolves inside as outside. The
+job array of a sweep or search (one script for every task) mounts the sweep directory, where
+every point's run directory (and a search's study, which a trial's chief reports to) lies;
+each task's workdir and container name are its own run directory's, ``$RUN_DIR``, which the
+script sets for the task.
 """
 
 from __future__ import annotations
@@ -32,10 +40,12 @@ class ContainerLaunch:
     runtime: str  # pyxis | apptainer
     image: str
     mounts: str  # SRC:DST[:OPTION],... in order: run dir, its code snapshot (ro), the site's
-    workdir: str  # the run directory: it exists inside, whatever the image's WORKDIR
+    # The run directory: it exists inside, whatever the image's WORKDIR. None in a job array's
+    # script: each task's own, "$RUN_DIR" (the template writes it, unquoted by nothing).
+    workdir: str | None
     env_names: tuple[str, ...]  # host variables whose host value wins inside
     python: str  # the interpreter inside the image
-    name: str  # pyxis --container-name
+    name: str | None  # pyxis --container-name; None in an array: "hpctf-" + $RUN_DIR's name
     gpus: bool  # apptainer --nv
 
 
@@ -50,8 +60,15 @@ def container_name(run_dir: Path) -> str:
     return "hpctf-" + re.sub(r"[^A-Za-z0-9_.-]", "-", run_dir.name)
 
 
-def container_launch(config: ResolvedConfig, run_dir: Path) -> ContainerLaunch | None:
+def container_launch(
+    config: ResolvedConfig, run_dir: Path, *, code_store: Path | None = None, array: bool = False
+) -> ContainerLaunch | None:
     """The container launch for ``config`` in ``run_dir``; None when the site has none.
+
+    ``code_store``: a sweep's point, whose ``code/`` links into that store (mounted read-only
+    in place of ``RUN_DIR/code``). ``array``: the script of a sweep's (or search's) job array,
+    ``run_dir`` its sweep directory: mounted with its code store read-only, each task in its
+    own ``$RUN_DIR`` (``workdir`` and ``name`` None).
 
     A UserError when the run directory's path holds a character both runtimes split their
     mount lists at (the site's runs_root, or HPCTF_RUNS_ROOT, chose it).
@@ -60,13 +77,14 @@ def container_launch(config: ResolvedConfig, run_dir: Path) -> ContainerLaunch |
     if container is None:
         return None
     path = str(run_dir)
-    if re.search(r"[,:\s]", path):
-        raise UserError(
-            f"run directory {path!r} holds ',', ':' or a space, where {container.runtime} "
-            "splits its mount list: choose a runs_root without them (the site's runs_root "
-            "or HPCTF_RUNS_ROOT)"
-        )
-    code = f"{path}/{CODE_DIR}"
+    for each in (path, str(code_store or path)):
+        if re.search(r"[,:\s]", each):
+            raise UserError(
+                f"run directory {each!r} holds ',', ':' or a space, where {container.runtime} "
+                "splits its mount list: choose a runs_root without them (the site's runs_root "
+                "or HPCTF_RUNS_ROOT)"
+            )
+    code = str(code_store) if code_store else f"{path}/{CODE_DIR}"
     mounts = [f"{path}:{path}", f"{code}:{code}:ro", *container.mounts]
     # The site's and the experiment's env go in with the host's value too: the batch script
     # exported them for the workers, and an image's own ENV (NGC images set NCCL variables)
@@ -77,9 +95,9 @@ def container_launch(config: ResolvedConfig, run_dir: Path) -> ContainerLaunch |
         runtime=container.runtime,
         image=container.image,
         mounts=",".join(mounts),
-        workdir=path,
+        workdir=None if array else path,
         env_names=tuple(names),
         python=container.python,
-        name=container_name(run_dir),
+        name=None if array else container_name(run_dir),
         gpus=config.gpus_per_node > 0,
     )

@@ -32,10 +32,15 @@ class ArrayScript:
     search: Path | None = None  # a search's sweep directory: each task an agent of its study
 
 
-def render(config: ResolvedConfig, run_dir: Path, array: ArrayScript | None = None) -> str:
+def render(
+    config: ResolvedConfig, run_dir: Path, array: ArrayScript | None = None,
+    code_store: Path | None = None,
+) -> str:  # fmt: skip
     """The complete batch script for ``config`` running in ``run_dir``; with ``array``, one
     script for a job array whose task N runs in ``array.run_dirs[N]`` (``run_dir`` is then
-    only where the array's output goes) and otherwise does what the single-run script does."""
+    the sweep directory, where the array's output goes) and otherwise does what the single-run
+    script does. ``code_store``: a sweep's point, whose ``code/`` links into that store (what
+    a container mounts read-only: :mod:`hpctf.login.submitting.containers`)."""
     res = config.experiment.resources
     env = {**config.site.env, **config.experiment.env}
     secret = secret_env(env)  # from RUN_DIR/secrets.env (0600), never the script itself
@@ -64,7 +69,9 @@ def render(config: ResolvedConfig, run_dir: Path, array: ArrayScript | None = No
         "nodes": res.nodes,
         "tasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
-        "container": container_launch(config, run_dir),
+        "container": container_launch(
+            config, run_dir, code_store=code_store, array=array is not None
+        ),
     }
     if not config.site.template:
         return ENVIRONMENT.get_template(TEMPLATE).render(context)  # a failure: hpctf's bug

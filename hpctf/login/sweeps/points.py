@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctf.core.errors import UserError
-from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.settings.config import ResolvedConfig
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.resolving.readings import Readings
@@ -70,11 +69,6 @@ class OneScript:
     differ is rendered (rendering every point was a quarter of a sweep's plan)."""
 
     def __init__(self, first: Point, config: ResolvedConfig) -> None:
-        if launcher_for(config.site).container is not None:
-            raise UserError(
-                f"site {config.site.name} runs the workers in a container; hpctf sweep does "
-                "not support containers yet: submit each point with hpctf submit --set ..."
-            )
         self.first, self.config, self.inputs = first, config, script_inputs(config)
         self._script: str | None = None
 
@@ -100,8 +94,11 @@ _STAND_IN_NAME = "hpctf-run-dir-of-the-point-0b5e3f1d"
 _STAND_IN = f"/{_STAND_IN_NAME}"
 
 
-def point_scripts(configs: Sequence[ResolvedConfig], paths: Sequence[Path]) -> list[str]:
-    """Each point's own batch script (its run directory ``paths[i]``), rendered once: the
+def point_scripts(
+    configs: Sequence[ResolvedConfig], paths: Sequence[Path], code_store: Path
+) -> list[str]:
+    """Each point's own batch script (its run directory ``paths[i]``, its code a link into the
+    sweep's ``code_store``: what a site's container mounts read-only), rendered once: the
     script is a function of :func:`script_inputs` and the run directory alone, so the first
     point's is rendered for a stand-in directory and each point whose inputs are the first's
     and whose path no quoting changes gets it with its own path (and name) put in. Checked
@@ -110,17 +107,21 @@ def point_scripts(configs: Sequence[ResolvedConfig], paths: Sequence[Path]) -> l
     whose inputs or path are not of that kind."""
     if not configs:
         return []
+
+    def rendered(config: ResolvedConfig, path: Path) -> str:
+        return render(config, path, code_store=code_store)
+
     first = script_inputs(configs[0])
-    shared = render(configs[0], Path(_STAND_IN))
+    shared = rendered(configs[0], Path(_STAND_IN))
     scripts = [
         shared.replace(_STAND_IN, str(path)).replace(_STAND_IN_NAME, path.name)
         if _PLAIN_PATH.fullmatch(str(path)) and script_inputs(config) == first
-        else render(config, path)
+        else rendered(config, path)
         for config, path in zip(configs, paths, strict=True)
     ]
     for i in {0, len(configs) - 1}:
-        if scripts[i] != render(configs[i], paths[i]):
-            return [render(c, p) for c, p in zip(configs, paths, strict=True)]
+        if scripts[i] != rendered(configs[i], paths[i]):
+            return [rendered(c, p) for c, p in zip(configs, paths, strict=True)]
     return scripts
 
 

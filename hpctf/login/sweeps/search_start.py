@@ -86,11 +86,6 @@ def plan_search(
             f"site {config.site.name} runs no Slurm: a search's trials are the tasks of a "
             "Slurm job array; give a Slurm site (--site), or sweep a grid (--grid) here"
         )
-    if launcher_for(config.site).container is not None:
-        raise UserError(
-            f"site {config.site.name} runs the workers in a container; a search does not "
-            "support containers yet (nor does a grid sweep)"
-        )
     budget = trial_budget(search)
     limit, source = array_size_limit(config, dry_run)
     return SearchPlan(config, search, budget, min(search.parallel, budget, limit), source)

@@ -117,7 +117,7 @@ def create_sweep(
                        for p, d in zip(points, run_dirs, strict=True)],
             "arrays": [],
         })  # fmt: skip
-        scripts = point_scripts(configs, run_dirs)  # rendered once
+        scripts = point_scripts(configs, run_dirs, sweep_path / CODE_DIR)  # rendered once
         create_points(configs, run_dirs, sweep_path / CODE_DIR, scripts)
         record.write()
     except BaseException:

@@ -1,0 +1,225 @@
+"""A grid sweep and a search on a container site (pyxis, apptainer): their job array's script
+starts each task's workers through the same container lines a single run's script has
+(:mod:`hpctf.login.submitting.containers`), with the sweep directory mounted and each task in
+its own run directory.
+
+Golden array scripts (``tests/golden-arrays/``, regenerated as tests/test_golden.py's are, with
+``HPCTF_REGENERATE_GOLDEN=1``), the dry runs, and one point of a sweep run for real by bash
+with the recorders of tests/test_containers.py standing in for srun, pyxis and apptainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpctf import __version__
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
+from hpctf.core.settings.search import Search
+from hpctf.login.resolving.loader import load_config
+from hpctf.login.sweeps import sweep_commands
+from hpctf.login.sweeps.search_start import SearchPlan, array_script
+from tests.conftest import DIGITS, HPCTF, REPO, require_tool
+from tests.fake_slurm import FakeSlurm
+from tests.test_containers import (
+    APPTAINER,
+    IMAGE_ENV,
+    SCONTROL,
+    SRUN,
+    WORKER,
+    container_site,
+    records,
+    tool,
+)
+
+GOLDEN = Path(__file__).resolve().parent / "golden-arrays"
+REGENERATE = bool(os.environ.get("HPCTF_REGENERATE_GOLDEN"))
+ENV = {"HOME": "/home/user"}
+SITES = ["ib-pyxis", "ib-apptainer"]
+SWEEP = Path("/scratch/user/hpctf-runs/digits-sweep-20250101-000000")
+SEARCH = {
+    "parameters": {"train.args.learning_rate": {"type": "float", "low": 0.001, "high": 0.1}},
+    "trials": 6,
+    "parallel": 3,
+    "objective": {"metric": "eval.loss", "direction": "minimize"},
+}
+
+
+def check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if REGENERATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text)
+        pytest.skip(f"regenerated {path.name}")
+    assert path.exists(), f"no golden {path.name}: run with HPCTF_REGENERATE_GOLDEN=1"
+    assert text == path.read_text(), (
+        f"{path.name} differs from the rendered script; if the change is intended, "
+        "regenerate with HPCTF_REGENERATE_GOLDEN=1 and review the diff"
+    )
+
+
+def normalised(script: str) -> str:
+    script = script.replace(f"hpctf '{__version__}'", "hpctf 'VERSION'")
+    return script.replace(str(DIGITS.parent), "<experiment>").replace(str(REPO), "<repo>")
+
+
+def search_experiment(tmp_path: Path) -> Path:
+    path = tmp_path / "experiment.yaml"
+    text = DIGITS.read_text().replace(
+        "train:\n", "train:\n  python_path: [" + str(DIGITS.parent) + "]\n", 1
+    )
+    path.write_text(text + "sweep: " + json.dumps(SEARCH) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_golden_grid_array_on_a_container_site(site: str) -> None:
+    config = load_config(DIGITS, site, (), ENV, python="/usr/bin/python3").config
+    run_dirs = [f"{SWEEP}/digits-steps10", f"{SWEEP}/digits-steps20"]
+    ((indices, script),) = sweep_commands.array_scripts(config, SWEEP, run_dirs, [0, 1], 1000, 2)
+    assert indices == (0, 1)
+    check(f"{site}--grid.sbatch", normalised(script))
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_golden_search_array_on_a_container_site(site: str, tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    config = load_config(search_experiment(tmp_path), site, (), ENV, python="/usr/bin/python3")
+    search = config.config.experiment.sweep
+    assert isinstance(search, Search)
+    plan = SearchPlan(config.config, search, 6, 3, "test")
+    script = normalised(array_script(plan, SWEEP)).replace(str(tmp_path), "<tmp>")
+    check(f"{site}--search.sbatch", script)
+
+
+def test_the_array_lines_are_the_single_runs_with_the_sweep_mounted() -> None:
+    """What the goldens hold, said once: the sweep directory and its code store mounted (every
+    point's run directory, and a search's study, are in it), each task in its own run
+    directory, the container named for it."""
+    pyxis = (GOLDEN / "ib-pyxis--grid.sbatch").read_text()
+    mounts = f"{SWEEP}:{SWEEP},{SWEEP}/code:{SWEEP}/code:ro,/scratch:/scratch,/datasets:/data:ro"
+    assert f"  --container-mounts='{mounts}' \\\n" in pyxis
+    assert '  --container-workdir="$RUN_DIR" --container-name="hpctf-${RUN_DIR##*/}" \\\n' in (
+        pyxis
+    )
+    assert "  'python3' -m hpctf worker \"$RUN_DIR\" &\n" in pyxis
+    apptainer = (GOLDEN / "ib-apptainer--search.sbatch").read_text()
+    assert '  apptainer exec --nv --pwd "$RUN_DIR" \\\n' in apptainer
+    assert f"  --bind '{mounts}' \\\n" in apptainer
+    assert 'RUN_DIR=$("$PYTHON" -m hpctf search-next "$SWEEP_DIR")' in apptainer
+
+
+def hpctf(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*HPCTF, *args], env=env, capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_dry_runs_of_a_sweep_and_a_search_on_a_container_site(
+    tmp_path: Path, runtime: str
+) -> None:
+    sites, runs = tmp_path / "sites", tmp_path / "runs"
+    env = {**os.environ, "HOME": str(tmp_path), "HPCTF_SITE_PATH": str(sites),
+           "HPCTF_RUNS_ROOT": str(runs)}  # fmt: skip
+    site = container_site(sites, runtime)
+    write_site_limit(sites / f"{site}.yaml")
+    grid = hpctf(env, "sweep", str(DIGITS), "--site", site, "--grid", "train.steps=10,20",
+                 "--dry-run")  # fmt: skip
+    assert grid.returncode == 0, grid.stderr
+    word = "--container-workdir=" if runtime == "pyxis" else "apptainer exec --pwd "
+    assert f'  {word}"$RUN_DIR"' in grid.stdout
+    assert "#SBATCH --array=0-1" in grid.stdout
+    pytest.importorskip("optuna")
+    search = hpctf(env, "sweep", str(search_experiment(tmp_path)), "--site", site, "--dry-run")
+    assert search.returncode == 0, search.stderr
+    assert f'  {word}"$RUN_DIR"' in search.stdout
+    assert "#SBATCH --array=0-2" in search.stdout
+    assert not runs.exists()
+
+
+def write_site_limit(site_file: Path) -> None:
+    """The site's own MaxArraySize: no scontrol asked."""
+    site_file.write_text(site_file.read_text() + "sweep: {max_array_size: 100}\n")
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_a_sweeps_point_runs_in_the_container_in_its_own_run_directory(
+    tmp_path: Path, runtime: str, fake_slurm: FakeSlurm
+) -> None:
+    """``hpctf sweep`` on a container site (sbatch faked), then the array's script run by bash
+    as Slurm runs task 1: the worker starts once, in the image, in point 1's run directory,
+    with the sweep directory and its code store mounted (point 1's code/ links there); job-end
+    requeues from the host, and point 1's journal holds it."""
+    sites, runs, recorded = tmp_path / "sites", tmp_path / "runs", tmp_path / "records"
+    recorded.mkdir()
+    login_env = {**os.environ, "HOME": str(tmp_path / "home"), "HPCTF_SITE_PATH": str(sites),
+                 "HPCTF_RUNS_ROOT": str(runs)}  # fmt: skip
+    site = container_site(sites, runtime)
+    write_site_limit(sites / f"{site}.yaml")
+    made = hpctf(login_env, "sweep", str(DIGITS), "--site", site, "--grid",
+                 "train.steps=10,20", "--set", "resources.nodes=1")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    (sweep,) = runs.iterdir()
+    point = sweep / "digits-steps20"
+    code_store = sweep / "code"
+    assert os.path.realpath(point / "code").startswith(f"{code_store}/")
+    host_bin, image_bin = tmp_path / "host-bin", tmp_path / "image-bin"
+    tool(host_bin / "srun", SRUN)
+    tool(host_bin / "apptainer", APPTAINER)
+    tool(host_bin / "scontrol", SCONTROL)
+    tool(image_bin / "python3", WORKER)
+    job_env = {
+        **login_env,
+        "PATH": f"{host_bin}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4244",
+        "SLURM_ARRAY_JOB_ID": "4242",
+        "SLURM_ARRAY_TASK_ID": "1",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_RESTART_COUNT": "0",
+        "WANDB_API_KEY": "from-host",
+        "HPCTF_TEST_RECORDS": str(recorded),
+        "HPCTF_TEST_IMAGE_BIN": str(image_bin),
+        "HPCTF_TEST_IMAGE_ENV": json.dumps(IMAGE_ENV),
+    }
+    job = subprocess.run(
+        [require_tool("bash"), str(sweep / "array-0.sbatch")],
+        env=job_env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    log = (point / "logs" / "slurm-4244.out").read_text()
+    assert job.returncode == 75, job.stdout + job.stderr + log
+
+    (worker,) = records(recorded, "worker")
+    assert worker["inside"] == "/images/hpctf-tf.img"
+    assert worker["argv"] == ["-m", "hpctf", "worker", str(point)]
+    assert worker["cwd"] == str(point)
+    assert worker["mounts"].split(",") == [
+        f"{sweep}:{sweep}",
+        f"{code_store}:{code_store}:ro",
+        "/data/sets:/data/sets",
+        "/datasets:/data:ro",
+    ]
+    assert worker["env"]["WANDB_API_KEY"] == "from-host"
+    (srun,) = records(recorded, "srun")
+    if runtime == "pyxis":
+        assert f"--container-name=hpctf-{point.name}" in srun["argv"]
+    else:
+        (apptainer,) = records(recorded, "apptainer")
+        assert apptainer["argv"][:3] == ["exec", "--pwd", str(point)]
+    requeue, _release = records(recorded, "scontrol")
+    assert requeue == {"argv": ["requeue", "--", "4242_1"], "inside": None}
+    events = [e["event"] for e in RunDir(point).events()]
+    assert journal.SAVED_ON_WARNING in events and journal.REQUEUED in events, events
+    # The point's own script (hpctf resubmit POINT) mounts its run directory and the store.
+    own = (point / "job.sbatch").read_text()
+    assert f"{point}:{point},{code_store}:{code_store}:ro" in own
+
+
+def test_the_golden_arrays_pass_shellcheck() -> None:
+    shellcheck = require_tool("shellcheck")
+    for path in sorted(GOLDEN.glob("*.sbatch")):
+        checked = subprocess.run([shellcheck, str(path)], capture_output=True, text=True)
+        assert checked.returncode == 0, f"{path.name}: {checked.stdout}"
