@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.run import journal
-from hpctf.core.run.history.runstate import Budgets
+from hpctf.core.run.history.decisions import Budgets
 from hpctf.core.run.rundir import RunDir
 
 BUDGETS = Budgets(preemption=2, failure=2)

@@ -15,9 +15,10 @@ import pytest
 from hpctf.core.errors import PREEMPTED_EXIT
 from hpctf.core.run import journal
 from hpctf.core.run.history import PRUNED, REASONS, RunHistory
+from hpctf.core.run.history.decisions import after_end, before_start
 from hpctf.core.run.history.ends import end_of_start
 from hpctf.core.run.history.events import typed
-from hpctf.core.run.history.runstate import after_end, before_start, run_state
+from hpctf.core.run.history.runstate import run_state
 from hpctf.core.search.outcome import eval_values, metric_in, objective_value, run_end
 from hpctf.core.search.trial_ref import TRIAL_FILE, TrialRef, trial_ref_text
 from tests.journal_records import BUDGETS, ended, requeued, started, write_events

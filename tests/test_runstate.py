@@ -10,9 +10,10 @@ import pytest
 from hpctf.core.errors import PREEMPTED_EXIT, STALLED_EXIT
 from hpctf.core.run import journal
 from hpctf.core.run.history import RunHistory
+from hpctf.core.run.history.decisions import after_end, before_start
 from hpctf.core.run.history.ends import REASONS, end_of_start, end_reason
 from hpctf.core.run.history.events import typed
-from hpctf.core.run.history.runstate import after_end, before_start, run_state, starts_of
+from hpctf.core.run.history.runstate import run_state, starts_of
 from tests.journal_records import BUDGETS, SUBMITTED, ended, requeued, started
 
 

@@ -18,7 +18,8 @@ import pytest
 from hpctf.compute.users_code import attribution as user_code
 from hpctf.compute.users_code.attribution import UserCodeError, call, region, whose
 from hpctf.core.run import journal
-from hpctf.core.run.history.runstate import after_end, before_start, run_state
+from hpctf.core.run.history.decisions import after_end, before_start
+from hpctf.core.run.history.runstate import run_state
 from hpctf.login.reading.run_report import _end
 from tests.journal_records import BUDGETS, SUBMITTED, ended, started
 

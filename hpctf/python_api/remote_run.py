@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
+from hpctf.core.run.history import RunStatus
 from hpctf.core.settings.config import Site
 from hpctf.login.remote.forward import on_cluster, ship
 from hpctf.login.remote.ssh import Connection
@@ -47,7 +48,9 @@ class RemoteRun(Run):
     def status(self) -> dict[str, Any]:
         return statuses([self])[0]
 
-    def wait(self, timeout: float | None = None, poll: float = 10.0, check: bool = False) -> str:
+    def wait(
+        self, timeout: float | None = None, poll: float = 10.0, check: bool = False
+    ) -> RunStatus:
         return wait_all([self], timeout, poll, check)[0]
 
     def logs(self, rank: int = 0, job: str | None = None) -> str:
@@ -85,7 +88,7 @@ def statuses(runs: Sequence[RemoteRun]) -> list[dict[str, Any]]:
 
 def wait_all(
     runs: Sequence[RemoteRun], timeout: float | None = None, poll: float = 10.0, check: bool = False
-) -> list[str]:
+) -> list[RunStatus]:
     """Wait until every run has ended; their final states, in order. One status call per
     poll for all of them; the pause starts at ``poll`` and grows by :data:`BACKOFF` to
     :data:`MAX_POLL`."""
@@ -94,9 +97,9 @@ def wait_all(
     while True:
         documents = statuses(runs)
         if all(has_ended(d) for d in documents):
-            states = [str(d["state"]) for d in documents]
+            states = [RunStatus(d["state"]) for d in documents]
             for run, document, state in zip(runs, documents, states, strict=True):
-                if check and state != "done":
+                if check and state != RunStatus.DONE:
                     raise RunFailed(run.path, state, str(document.get("why") or ""))
             return states
         if deadline is not None and time.monotonic() >= deadline:

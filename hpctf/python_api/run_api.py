@@ -18,10 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import UserError
+from hpctf.core.run.history import RunStatus
 from hpctf.core.scheduler.slurm import FINAL_STATES
-
-# The run states after which nothing starts the run again by itself.
-FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted", "pruned"})
 
 Settings = Mapping[str, Any] | Sequence[str] | None
 
@@ -29,7 +27,7 @@ Settings = Mapping[str, Any] | Sequence[str] | None
 class RunFailed(Exception):
     """:meth:`Run.wait` with ``check=True``: the run ended other than ``done``."""
 
-    def __init__(self, path: Path, state: str, why: str) -> None:
+    def __init__(self, path: Path, state: RunStatus, why: str) -> None:
         super().__init__(f"{path}: {state}{f': {why}' if why else ''}")
         self.path, self.state, self.why = path, state, why
 
@@ -87,12 +85,15 @@ class Run:
         return document
 
     @property
-    def state(self) -> str:
-        """queued, running, requeued, preempted, done, failed, gave_up, cancelled, or (a local
-        run whose launcher was stopped by a signal) interrupted."""
-        return str(self._document(hours=False)["state"])
+    def state(self) -> RunStatus:
+        """The run's state as ``hpctf status`` decides it (a ``str``: ``run.state == "done"``
+        holds): queued, running, requeued, preempted, done, failed, gave_up, cancelled,
+        pruned, or (a local run whose launcher was stopped by a signal) interrupted."""
+        return RunStatus(self._document(hours=False)["state"])
 
-    def wait(self, timeout: float | None = None, poll: float = 10.0, check: bool = False) -> str:
+    def wait(
+        self, timeout: float | None = None, poll: float = 10.0, check: bool = False
+    ) -> RunStatus:
         """Block until the run ends (done, failed, gave_up, cancelled; preempted with no job
         left to resume it) and return that state. Requeues are waited through. ``poll``:
         seconds between looks (one squeue call each); ``timeout``: a TimeoutError after that
@@ -100,9 +101,9 @@ class Run:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             document = self._document(hours=False)  # one squeue call a look, no sacct
-            state = str(document["state"])
+            state = RunStatus(document["state"])
             if has_ended(document):
-                if check and state != "done":
+                if check and state != RunStatus.DONE:
                     raise RunFailed(self.path, state, str(document.get("why") or ""))
                 return state
             if deadline is not None and time.monotonic() >= deadline:
@@ -164,10 +165,11 @@ class Run:
 
 
 def has_ended(document: Mapping[str, Any]) -> bool:
-    state = document["state"]
-    if state in FINAL_RUN_STATES:
+    """Whether the run of a ``status --json`` document will not start again by itself."""
+    state = RunStatus(document["state"])
+    if state.final:
         return True
-    if state != "preempted":
+    if state != RunStatus.PREEMPTED:
         return False
     slurm = document.get("slurm")  # saved and stopped: final unless its job may still requeue
     return not slurm or slurm.get("state") in FINAL_STATES

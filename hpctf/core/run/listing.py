@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctf.core.run import snapshot
-from hpctf.core.run.history import Job, RunHistory, RunState, Start, read_history
+from hpctf.core.run.history import EndReason, Job, RunHistory, RunState, read_history
 from hpctf.core.run.metrics_history import metric_records
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import NotARegularFile, read_bounded
@@ -49,7 +49,7 @@ class RunFacts:
     jobs: tuple[Job, ...] = ()
     cancelled_jobs: tuple[str, ...] = ()
     # How the last start ended, also when its batch shell was killed before it could say.
-    closed_last_reason: str | None = None
+    closed_last_reason: EndReason | None = None
     extensions: tuple[dict[str, Any], ...] = ()
     created: str = ""
     last_time: str | None = None
@@ -81,15 +81,14 @@ class RunFacts:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunFacts:
-        """The facts :meth:`to_json` wrote; a KeyError or TypeError when ``data`` is not that."""
-        state = dict(data["state"])
-        state["starts"] = tuple(Start(**s) for s in state["starts"])
-        for key in ("jobs", "failed_nodes"):
-            state[key] = tuple(state[key])
+        """The facts :meth:`to_json` wrote; a KeyError, TypeError or ValueError when ``data``
+        is not that."""
+        closed = data["closed_last_reason"]
         return cls(
             **{
                 **data,
-                "state": RunState(**state),
+                "state": RunState.from_json(data["state"]),
+                "closed_last_reason": None if closed is None else EndReason(closed),
                 "jobs": tuple(Job(**j) for j in data["jobs"]),
                 "cancelled_jobs": tuple(data["cancelled_jobs"]),
                 "extensions": tuple(data["extensions"]),

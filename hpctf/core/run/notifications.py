@@ -23,10 +23,10 @@ from urllib.parse import urlsplit
 
 from hpctf.core.printable import printable
 from hpctf.core.run import journal
-from hpctf.core.run.history import read_history
+from hpctf.core.run.history import RunStatus, read_history
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.secrets import redact
-from hpctf.core.settings.notify import notify_of
+from hpctf.core.settings.notify import NotifyEvent, notify_of
 
 if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
     # `hpctf status` of runs already indexed reads none
@@ -35,8 +35,12 @@ if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config 
 # Seconds one message may take: a batch shell that ends a job waits no longer.
 TIMEOUT_S = 5.0
 
-# The run's states after an end that its owner may want to hear of (runstate's words).
-_FINAL = {"done": "done", "failed": "failed", "gave_up": "gave_up"}
+# The run's states after an end that its owner may want to hear of, and their events.
+_FINAL: dict[RunStatus, NotifyEvent] = {
+    RunStatus.DONE: "done",
+    RunStatus.FAILED: "failed",
+    RunStatus.GAVE_UP: "gave_up",
+}
 # Words of runstate's why for a run that gave up because a requeue budget is spent
 # (hpctf.core.run.history.runstate.after_end and before_start).
 _BUDGET_WORDS = ("requeues used of", "over the budget of")
@@ -44,17 +48,16 @@ _BUDGET_WORDS = ("requeues used of", "over the budget of")
 Post = Callable[[str, bytes, float], None]
 
 
-def event_of(state: str, why: str) -> str | None:
+def event_of(state: RunStatus, why: str) -> NotifyEvent | None:
     """The notify event for a run in ``state`` (``why``: runstate's reason), or None."""
-    event = _FINAL.get(state)
-    if event == "gave_up" and any(words in why for words in _BUDGET_WORDS):
+    if state == RunStatus.GAVE_UP and any(words in why for words in _BUDGET_WORDS):
         return "budget_exhausted"
-    return event
+    return _FINAL.get(state)
 
 
 def wanted(event: str, on: Sequence[str]) -> bool:
     """Whether ``event`` is one the owner picked: ``gave_up`` covers ``budget_exhausted``."""
-    return event in on or (event == "budget_exhausted" and "gave_up" in on)
+    return event in on or (event == "budget_exhausted" and _FINAL[RunStatus.GAVE_UP] in on)
 
 
 def message(run_name: str, run_dir: str, event: str, why: str) -> dict[str, Any]:

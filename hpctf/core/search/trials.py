@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from hpctf.core.run.history import read_history
+from hpctf.core.run.history import RunStatus, read_history
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.search import study as studies
 from hpctf.core.search.outcome import objective_value
@@ -25,9 +25,15 @@ from hpctf.core.settings.search import Objective, Search
 
 # A run in one of these states will go on (its job is queued, running or requeued) or may be
 # resumed (saved on a warning; cancelled by its owner): its trial is not over.
-UNFINISHED = ("queued", "running", "requeued", "preempted", "cancelled")
-# The run history's word for a run stopped by the pruner.
-PRUNED = "pruned"
+UNFINISHED = frozenset(
+    {
+        RunStatus.QUEUED,
+        RunStatus.RUNNING,
+        RunStatus.REQUEUED,
+        RunStatus.PREEMPTED,
+        RunStatus.CANCELLED,
+    }
+)
 
 End = Literal["complete", "pruned", "fail"]
 
@@ -50,14 +56,14 @@ def outcome(run: RunDir, objective: Objective) -> Outcome | None:
     state = read_history(run).state
     if state.state in UNFINISHED:
         return None
-    if state.state == "failed" and state.last is not None and state.last.left_to_slurm:
+    if state.state == RunStatus.FAILED and state.last is not None and state.last.left_to_slurm:
         return None
-    if state.state == "done":
+    if state.state == RunStatus.DONE:
         value = objective_value(run.path, objective.metric)
         if value is None:
             return Outcome("fail", why=f"done without an evaluation of {objective.metric}")
         return Outcome("complete", value)
-    if state.state == PRUNED:
+    if state.state == RunStatus.PRUNED:
         return Outcome("pruned", why=state.why)
     return Outcome("fail", why=f"{state.state}: {state.why}" if state.why else state.state)
 

@@ -6,7 +6,6 @@ lines. The commands that read runs and ask Slurm are in :mod:`hpctf.login.watchi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,12 @@ from hpctf.core.errors import exit_text as exit_words
 from hpctf.core.errors import one_line
 from hpctf.core.run import ownership, snapshot
 from hpctf.core.run.history import (
-    FAILURE_REASONS,
     PLANNED_RESTART,
-    PREEMPTION_REASONS,
     Job,
     RunState,
+    RunStatus,
     Start,
+    as_seen,
 )
 from hpctf.core.run.listing import DONE_BYTES, RunFacts
 from hpctf.core.safe_files import NotARegularFile, read_bounded
@@ -31,54 +30,27 @@ from hpctf.login.reading.slurm_view import REQUEUED_STATES, SlurmView, slurm_sta
 
 def with_slurm_queue(run: RunFacts, current: Mapping[str, str] | None) -> RunState:
     """The run's state as every command shows it (status, plot): the journal's
-    (:attr:`hpctf.core.run.history.RunHistory.state`) with what Slurm's queue adds, the one
-    place it is applied. ``current`` is :func:`slurm_state` of the run's job.
-
-    Slurm requeues a job itself after a node failure, a preemption or ``scontrol requeue``: the
-    journal says the start failed, or (its batch shell killed first) is still running, while
-    the job is back in the queue; its next start records itself. Then the run is shown
-    ``requeued``, its last start closed as that next start will close it. A requeue (Slurm's or
-    the journal's) counts against its budget as soon as it is decided, not only once the next
-    start has begun.
-
-    A local run saved and stopped by a signal to its launcher (SIGTERM, SIGHUP, the launcher
-    killed) was ``interrupted``: nothing preempts or requeues it (a Ctrl-C or ``hpctf cancel``
-    is ``cancelled``)."""
-    state = run.state
-    running = not run.slurm and run.state.state == "running"
-    gone = local_launcher_gone(Path(run.path), False, "running") if running else None
-    if gone is not None:
-        state = replace(
-            state,
-            state="failed",
-            why=f"the local launcher (pid {gone.pid} on {gone.host}) is gone without recording "
-            "how its start ended (killed, or a full disk?); its rank logs say the rest; "
-            f"continue with: hpctf resubmit {run.path}",
-        )
-    elif not run.slurm and state.state == "preempted":
-        state = replace(state, state="interrupted", why=f"its launcher was stopped; {state.why}")
-    reason = str(run.closed_last_reason)
-    if (
-        state.state in ("failed", "preempted", "running")
-        and current
-        and current["state"] in REQUEUED_STATES
-    ):
-        state = replace(state, state="requeued", why=f"by Slurm after {reason}")
-    if state.state == "requeued" and state.last is not None:
-        state = replace(
-            state,
-            preemption_requeues=state.preemption_requeues + (reason in PREEMPTION_REASONS),
-            failure_requeues=state.failure_requeues + (reason in FAILURE_REASONS),
-        )
-    return state
+    (:attr:`hpctf.core.run.history.RunHistory.state`) with what this host and Slurm's queue
+    know that the journal cannot, decided by :func:`hpctf.core.run.history.as_seen`.
+    ``current`` is :func:`slurm_state` of the run's job."""
+    gone = local_launcher_gone(Path(run.path), run.slurm, run.state.state)
+    launcher = None if gone is None else f"the local launcher (pid {gone.pid} on {gone.host})"
+    return as_seen(
+        run.state,
+        local=not run.slurm,
+        launcher_gone=launcher,
+        path=run.path,
+        slurm_requeued=bool(current and current["state"] in REQUEUED_STATES),
+        closed_reason=run.closed_last_reason,
+    )
 
 
-def local_launcher_gone(path: Path, slurm: bool, state: str) -> ownership.Claim | None:
+def local_launcher_gone(path: Path, slurm: bool, state: RunStatus) -> ownership.Claim | None:
     """The claim of the launcher of the local run at ``path`` that the journal says is
     running (``state``) but that is gone from this host (its pid runs no more), or None. A
     launcher that could not write its ``ended`` record (a full disk, SIGKILL) must not read as
     running for ever; on another host nobody here can tell, and the journal's word stands."""
-    if slurm or state != "running":
+    if slurm or state != RunStatus.RUNNING:
         return None
     owner = ownership.current(path)[1]
     if owner is None or owner.kind in ("job", "submit") or ownership.process_alive(owner):
@@ -108,7 +80,7 @@ def run_document(run: RunFacts, view: SlurmView, now: float) -> dict[str, Any]:
         },
         # train.restart_every_steps: ended on purpose and requeued, within no budget.
         "planned_restarts": sum(1 for s in shown.starts if s.reason == PLANNED_RESTART),
-        **progress(run, now, running=state == "running"),
+        **progress(run, now, running=state == RunStatus.RUNNING),
         "code": [dict(c) for c in run.code],
         "starts": [_start_document(s) for s in run.state.starts],
         "jobs": [_job_document(run, job, view) for job in run.jobs],

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from hpctf.core.errors import UserError
+from hpctf.core.run.history import EndReason
 from hpctf.core.safe_files import write_atomic
 from hpctf.login.reading.run_report import with_slurm_queue
 from hpctf.login.reading.runs import RunRecord, metric_records
@@ -22,15 +23,15 @@ from hpctf.login.sweeps.sweep_dir import SweepDir, is_sweep_dir
 from hpctf.login.watching import search_plot
 
 RESTART_LABELS = {
-    "preempted": "preempted",
-    "timeout": "time limit",
-    "restart": "planned restart",
-    "node_fail": "node failure",
-    "failed": "crash",
-    "stalled": "stalled",
-    "cancelled": "cancelled",
-    "done": "done",
-    "pruned": "pruned",
+    EndReason.PREEMPTED: "preempted",
+    EndReason.TIMEOUT: "time limit",
+    EndReason.RESTART: "planned restart",
+    EndReason.NODE_FAIL: "node failure",
+    EndReason.FAILED: "crash",
+    EndReason.STALLED: "stalled",
+    EndReason.CANCELLED: "cancelled",
+    EndReason.DONE: "done",
+    EndReason.PRUNED: "pruned",
 }
 
 
@@ -201,11 +202,11 @@ def mark_restarts(axes: Any, run: RunRecord) -> None:
     previous = None
     for number, start in enumerate(run.state.starts, 1):
         if number > 1 and previous is not None:
-            why = RESTART_LABELS.get(previous.reason or "", previous.reason or "killed")
+            why = RESTART_LABELS[previous.reason] if previous.reason else "killed"
             _mark(axes, start.step, f"restart {number} (after {why})", "grey", ":", "dimgrey")
         previous = start
     last = run.state.last
-    if last is not None and last.reason == "pruned" and last.end_step is not None:
+    if last is not None and last.reason == EndReason.PRUNED and last.end_step is not None:
         _mark(axes, last.end_step, f"pruned {last.pruned or ''}".strip(), "C3", "--", "C3")
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctf.core.run.history import read_history
+from hpctf.core.run.history import RunStatus, read_history
 from hpctf.core.run.metrics_history import metric_records
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.search.outcome import eval_values
@@ -29,7 +29,7 @@ class TrialCurve:
     before the prune; None: not pruned)."""
 
     number: int
-    state: str
+    state: RunStatus
     curve: tuple[tuple[int, float], ...]
     pruned_at: tuple[int, float] | None = None
 
@@ -67,7 +67,7 @@ def trial_curve(ref: TrialRef, run_dir: Path) -> TrialCurve:
     history = read_history(run)
     pruned = history.pruned
     point = None
-    if pruned is not None and history.state.state == "pruned":
+    if pruned is not None and history.state.state == RunStatus.PRUNED:
         before = [p for p in curve if pruned.step is None or p[0] <= pruned.step]
         if before:
             point = (before[-1][0], pruned.value if pruned.value is not None else before[-1][1])
@@ -82,7 +82,7 @@ def best_so_far(trials: Sequence[TrialCurve], direction: str) -> list[tuple[int,
     line = []
     for trial in trials:
         value = trial.value
-        if trial.state != "done" or value is None or not math.isfinite(value):
+        if trial.state != RunStatus.DONE or value is None or not math.isfinite(value):
             continue
         best = value if best is None else better(best, value)
         line.append((trial.number, best))
@@ -96,10 +96,10 @@ def draw(pyplot: Any, sweep: Path, trials: Sequence[TrialCurve], ref: TrialRef) 
     for trial in trials:
         if trial.value is None:
             continue
-        pruned = trial.state == "pruned"
+        pruned = trial.state == RunStatus.PRUNED
         style = {"marker": "x", "color": "C3"} if pruned else {"marker": "o", "color": "C0"}
         over.scatter([trial.number], [trial.value], alpha=0.8, **style)
-        if trial.state not in ("done", "pruned"):
+        if trial.state not in (RunStatus.DONE, RunStatus.PRUNED):
             over.annotate(trial.state, (trial.number, trial.value), fontsize=7, color="dimgrey")
     best = best_so_far(trials, direction)
     if best:
@@ -114,7 +114,7 @@ def draw(pyplot: Any, sweep: Path, trials: Sequence[TrialCurve], ref: TrialRef) 
     over.grid(True, alpha=0.3)
     for trial in trials:
         if trial.curve:
-            color = "C3" if trial.state == "pruned" else "C0"
+            color = "C3" if trial.state == RunStatus.PRUNED else "C0"
             curves.plot([s for s, _ in trial.curve], [v for _, v in trial.curve],
                         color=color, alpha=0.5, linewidth=1, marker=".")  # fmt: skip
         if trial.pruned_at is not None:
@@ -125,8 +125,8 @@ def draw(pyplot: Any, sweep: Path, trials: Sequence[TrialCurve], ref: TrialRef) 
     curves.set_ylabel(metric)
     curves.legend(loc="best", fontsize=8)
     curves.grid(True, alpha=0.3)
-    done = sum(1 for t in trials if t.state == "done")
-    pruned_count = sum(1 for t in trials if t.state == "pruned")
+    done = sum(1 for t in trials if t.state == RunStatus.DONE)
+    pruned_count = sum(1 for t in trials if t.state == RunStatus.PRUNED)
     figure.suptitle(
         f"{sweep.name}: {len(trials)} trial(s), {done} done, {pruned_count} pruned"
         + (f", best {metric} {best[-1][1]:.6g}" if best else "")

@@ -20,15 +20,14 @@ from hpctf.core.run.history.events import (
     Signalled,
     Started,
 )
+from hpctf.core.run.history.states import (
+    EndReason,
+    RunStatus,
+)
 
-REASONS = (
-    "done", "preempted", "timeout", "restart", "stalled", "failed", "node_fail", "cancelled",
-    "pruned",
-)  # fmt: skip
-PRUNED = "pruned"  # a search's pruner stopped the trial: saved, finished, never requeued
-PREEMPTION_REASONS = frozenset({"preempted", "timeout"})
-PLANNED_RESTART = "restart"  # train.restart_every_steps: requeued, no budget used
-FAILURE_REASONS = frozenset({"stalled", "failed", "node_fail"})
+REASONS = tuple(EndReason)
+PRUNED = EndReason.PRUNED  # a search's pruner stopped the trial: saved, finished, never requeued
+PLANNED_RESTART = EndReason.RESTART  # train.restart_every_steps: requeued, no budget used
 # The walltime signal of a start recorded by an hpctf that did not keep it (the site default).
 OLD_WALLTIME_SIGNAL = "USR2"
 
@@ -40,25 +39,25 @@ def end_reason(
     signalled: bool,
     cancelled: bool,
     walltime_signal: str = "USR2",
-) -> str:
+) -> EndReason:
     """Why a start ended. ``warned_by`` is the signal the ranks saved on (None if they did
     not; ``walltime_signal`` is the site's warning before the time limit), ``signalled``
     whether the batch shell got SIGTERM, ``cancelled`` whether the user cancelled the run
     during this start."""
     if done and exit_code == 0:
-        return "done"
+        return EndReason.DONE
     # Before the warnings: scancel sends SIGTERM, which the ranks take as a warning and save on.
     if cancelled:
-        return "cancelled"
+        return EndReason.CANCELLED
     if warned_by is not None or exit_code == PREEMPTED_EXIT:
-        return "timeout" if warned_by == walltime_signal != "TERM" else "preempted"
+        return EndReason.TIMEOUT if warned_by == walltime_signal != "TERM" else EndReason.PREEMPTED
     if exit_code == STALLED_EXIT:
-        return "stalled"
+        return EndReason.STALLED
     # Only the batch shell's own SIGTERM says "killed from outside": srun reports 143 or 137
     # too when --kill-on-bad-exit ended the other ranks after one of them failed.
     if signalled:
-        return "node_fail"
-    return "failed" if exit_code != 0 else "done"
+        return EndReason.NODE_FAIL
+    return EndReason.FAILED if exit_code != 0 else EndReason.DONE
 
 
 def since_last_start(events: Sequence[Event]) -> tuple[Event, ...]:
@@ -91,7 +90,7 @@ def pruning_words(event: Pruned) -> str:
 
 def end_of_start(
     events: Sequence[Event], exit_code: int | None, done: bool, walltime_signal: str
-) -> str:
+) -> EndReason:
     """Why a start ended (:func:`end_reason`), from ``events``, the journal since its
     ``started`` record. ``exit_code`` None: the start recorded no end, its batch shell was
     killed first (Slurm requeued the job: a preemption, a lost node, ``scontrol requeue``);
@@ -101,14 +100,14 @@ def end_of_start(
     trial ended ``pruned`` unless it was cancelled or a rank failed after the save."""
     cancelled = any(isinstance(e, Cancelled) for e in events)
     if pruned_in(events) is not None and exit_code in (0, None, PREEMPTED_EXIT):
-        return "cancelled" if cancelled else PRUNED
+        return EndReason.CANCELLED if cancelled else PRUNED
     if saved_for_restart(events) is not None and exit_code in (None, PREEMPTED_EXIT):
-        return "cancelled" if cancelled else "done" if done else "restart"
+        return EndReason.CANCELLED if cancelled else EndReason.DONE if done else EndReason.RESTART
     saved = saved_on_warning(events)
     warned = None if saved is None else saved.signal or "TERM"
     if exit_code is None:
         if warned is None:
-            return "node_fail"
+            return EndReason.NODE_FAIL
         exit_code = PREEMPTED_EXIT
     return end_reason(
         exit_code,
@@ -120,12 +119,12 @@ def end_of_start(
     )
 
 
-def local_stop(events: Sequence[Event]) -> str:
+def local_stop(events: Sequence[Event]) -> RunStatus:
     """What stopped the last start of a local run, in a word: ``cancelled`` (Ctrl-C, ``hpctf
     cancel``: its launcher recorded it) or ``interrupted`` (SIGTERM or SIGHUP to the launcher,
     or its end). Never "preempted" or "requeued": nothing preempts or requeues a local run."""
     cancelled = any(isinstance(e, Cancelled) for e in since_last_start(events))
-    return "cancelled" if cancelled else "interrupted"
+    return RunStatus.CANCELLED if cancelled else RunStatus.INTERRUPTED
 
 
 def failed_node_checks(events: Sequence[Event]) -> list[dict[str, Any]]:
@@ -141,17 +140,17 @@ def failed_node_checks(events: Sequence[Event]) -> list[dict[str, Any]]:
 
 def reason_from_slurm(
     slurm_state: str, saved_signal: str | None, done: bool, walltime_signal: str
-) -> str:
+) -> EndReason:
     """Why a start ended whose batch shell died without a record (with its node), from what
     Slurm (sacct) says of its job: ``slurm_state`` (COMPLETED, FAILED, NODE_FAIL, ...),
     ``saved_signal`` the signal the ranks saved on during that start (None: no save), ``done``
     whether the run is complete, ``walltime_signal`` the site's warning before the time limit."""
     if done and slurm_state == "COMPLETED":
-        return "done"
+        return EndReason.DONE
     if slurm_state == "CANCELLED":
-        return "cancelled"
+        return EndReason.CANCELLED
     if saved_signal is not None:
-        return "timeout" if saved_signal == walltime_signal else "preempted"
+        return EndReason.TIMEOUT if saved_signal == walltime_signal else EndReason.PREEMPTED
     if slurm_state in ("FAILED", "OUT_OF_MEMORY", "COMPLETED"):
-        return "failed"
-    return "node_fail"  # NODE_FAIL, BOOT_FAIL, TIMEOUT or PREEMPTED without a save
+        return EndReason.FAILED
+    return EndReason.NODE_FAIL  # NODE_FAIL, BOOT_FAIL, TIMEOUT or PREEMPTED without a save

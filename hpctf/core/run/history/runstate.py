@@ -1,4 +1,5 @@
-"""A run's state, derived from its journal alone: a pure function, and the requeue decision.
+"""A run's state, derived from its journal alone (:func:`run_state`, pure), and as seen with
+what the journal cannot know (:func:`as_seen`); the requeue decisions are in :mod:`.decisions`.
 
 The journal holds one event per fact (:mod:`hpctf.core.run.journal` names them and writes them):
 ``submitted``, ``started`` (with the checkpoint step the start resumes from and the site's
@@ -54,10 +55,8 @@ from typing import Any
 
 from hpctf.core.errors import exit_text
 from hpctf.core.run.history.ends import (
-    FAILURE_REASONS,
     OLD_WALLTIME_SIGNAL,
     PLANNED_RESTART,
-    PREEMPTION_REASONS,
     PRUNED,
     end_of_start,
     pruned_in,
@@ -82,14 +81,12 @@ from hpctf.core.run.history.events import (
     UserCodeFailed,
     typed,
 )
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """How many times one run may be requeued, by kind of end."""
-
-    preemption: int
-    failure: int
+from hpctf.core.run.history.states import (
+    FAILURE_REASONS,
+    PREEMPTION_REASONS,
+    EndReason,
+    RunStatus,
+)
 
 
 @dataclass(frozen=True)
@@ -98,7 +95,7 @@ class Start:
 
     job_id: str
     step: int
-    reason: str | None = None
+    reason: EndReason | None = None
     exit_code: int | None = None
     end_step: int | None = None
     nodes: str | None = None
@@ -127,17 +124,17 @@ class Start:
         """Slurm ended this start itself (the batch shell got SIGTERM: a preemption, a lost
         node, ``scontrol requeue``) or it ended without a word (``node_fail``) and it did not
         end well: whether the job comes back is Slurm's to say (its requeue), not hpctf's."""
-        return self.reason not in ("done", "cancelled", PRUNED) and (
-            self.signalled or self.reason == "node_fail"
+        return self.reason not in (EndReason.DONE, EndReason.CANCELLED, PRUNED) and (
+            self.signalled or self.reason == EndReason.NODE_FAIL
         )
 
 
 @dataclass(frozen=True)
 class RunState:
-    """``state`` is one of queued, running, requeued, done, preempted (saved, not requeued),
-    failed, gave_up, cancelled, pruned (a search stopped the trial: finished)."""
+    """A run's state (:class:`~.states.RunStatus`, whose docstring says what each means) and
+    why, its starts, the requeues it used and the nodes that failed under it."""
 
-    state: str
+    state: RunStatus
     why: str = ""
     starts: tuple[Start, ...] = ()
     preemption_requeues: int = 0
@@ -150,6 +147,24 @@ class RunState:
     @property
     def last(self) -> Start | None:
         return self.starts[-1] if self.starts else None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunState:
+        """The state ``dataclasses.asdict`` wrote (the run index's rows), typed again; a
+        KeyError, TypeError or ValueError when ``data`` is not that."""
+        starts = tuple(
+            Start(**{**s, "reason": None if s["reason"] is None else EndReason(s["reason"])})
+            for s in data["starts"]
+        )
+        return cls(
+            **{
+                **data,
+                "state": RunStatus(data["state"]),
+                "starts": starts,
+                "jobs": tuple(data["jobs"]),
+                "failed_nodes": tuple(data["failed_nodes"]),
+            }
+        )
 
 
 def starts_of(events: Sequence[Event | Mapping[str, Any]], close_last: bool = False) -> list[Start]:
@@ -210,7 +225,7 @@ def _with(start: Start, event: Event, first: bool) -> Start:
     if isinstance(event, Ended) and start.reason is None:
         return replace(
             start,
-            reason=event.reason or "failed",
+            reason=EndReason.of(event.reason),
             exit_code=event.exit_code,
             end_step=event.step,
             ended_at=event.time,
@@ -242,13 +257,13 @@ def run_state(events: Sequence[Event | Mapping[str, Any]]) -> RunState:
         why,
         tuple(starts),
         preemption_requeues=sum(1 for s in starts[:-1] if s.reason in PREEMPTION_REASONS),
-        failure_requeues=sum(1 for s in starts[:-1] if _spends_failure_budget(s)),
+        failure_requeues=sum(1 for s in starts[:-1] if spends_failure_budget(s)),
         jobs=tuple(dict.fromkeys(str(e.job_id) for e in events if e.job_id is not None)),
         failed_nodes=failed_nodes(events),
     )
 
 
-def _spends_failure_budget(start: Start) -> bool:
+def spends_failure_budget(start: Start) -> bool:
     """A crash, stall or node failure does; an exception from the user's code does not (it is
     never requeued, and a resubmit after a fix starts with the whole budget)."""
     return start.reason in FAILURE_REASONS and start.user_code is None
@@ -267,9 +282,9 @@ def failed_nodes(events: Sequence[Event]) -> tuple[str, ...]:
 _LAST_WORDS = (GaveUp, Cancelled, Submitted, Requeued)
 
 
-def _state(events: Sequence[Event], starts: Sequence[Start]) -> tuple[str, str]:
-    if any(start.reason == "done" for start in starts[_starts_before_extension(events) :]):
-        return "done", ""
+def _state(events: Sequence[Event], starts: Sequence[Start]) -> tuple[RunStatus, str]:
+    if any(start.reason == EndReason.DONE for start in starts[_starts_before_extension(events) :]):
+        return RunStatus.DONE, ""
     # The last word since the last start: the budget's, the user's, a new submission, a requeue.
     # A job that found the run owned by another ended at once: its submission says nothing.
     not_started = {e.job_id for e in events if isinstance(e, NotStarted)}
@@ -283,32 +298,34 @@ def _state(events: Sequence[Event], starts: Sequence[Start]) -> tuple[str, str]:
         None,
     )
     if isinstance(word, GaveUp):
-        return "gave_up", word.why
+        return RunStatus.GAVE_UP, word.why
     if isinstance(word, Cancelled):
-        return "cancelled", "cancelled by the user"
+        return RunStatus.CANCELLED, "cancelled by the user"
     if not starts or isinstance(word, Submitted):
-        return "queued", ""
+        return RunStatus.QUEUED, ""
     last = starts[-1]
     if last.reason is None:
-        return "running", ""
+        return RunStatus.RUNNING, ""
     if isinstance(word, Requeued):
-        return "requeued", f"after {last.reason}"
+        return RunStatus.REQUEUED, f"after {last.reason}"
     return _ended(last)
 
 
-def _ended(last: Start) -> tuple[str, str]:
+def _ended(last: Start) -> tuple[RunStatus, str]:
     """The state of a run whose last start ended and nothing came after it."""
     if last.user_code is not None:
-        return "failed", last.user_code
+        return RunStatus.FAILED, last.user_code
     if last.reason == PRUNED:
-        return PRUNED, last.pruned or ""
+        return RunStatus.PRUNED, last.pruned or ""
     if last.reason == PLANNED_RESTART:  # saved, and the requeue did not happen
-        return "preempted", f"saved step {last.end_step} to restart; hpctf resubmit resumes it"
+        why = f"saved step {last.end_step} to restart; hpctf resubmit resumes it"
+        return RunStatus.PREEMPTED, why
     if last.reason in PREEMPTION_REASONS:  # saved, and nothing requeued it (a local SIGTERM)
-        return "preempted", f"saved step {last.end_step}; hpctf resubmit resumes it"
-    if last.reason == "failed":  # said once: "failed (exit 1)", not "failed (failed (exit 1))"
-        return "failed", exit_text(last.exit_code)
-    return "failed", f"{last.reason} ({exit_text(last.exit_code)})"
+        return RunStatus.PREEMPTED, f"saved step {last.end_step}; hpctf resubmit resumes it"
+    # Said once: "failed (exit 1)", not "failed (failed (exit 1))".
+    if last.reason == EndReason.FAILED:
+        return RunStatus.FAILED, exit_text(last.exit_code)
+    return RunStatus.FAILED, f"{last.reason} ({exit_text(last.exit_code)})"
 
 
 def _starts_before_extension(events: Sequence[Event]) -> int:
@@ -318,91 +335,49 @@ def _starts_before_extension(events: Sequence[Event]) -> int:
     return sum(1 for e in events[: last + 1] if isinstance(e, Started))
 
 
-@dataclass(frozen=True)
-class Decision:
-    """Whether to go on (requeue the job that ended; let a start proceed), whether the run has
-    given up for good, and why, in words for the log and the journal."""
+def as_seen(
+    state: RunState,
+    *,
+    local: bool,
+    launcher_gone: str | None = None,
+    path: str = "",
+    slurm_requeued: bool = False,
+    closed_reason: EndReason | None = None,
+) -> RunState:
+    """The run's state as every command shows it: the journal's, with what the journal cannot
+    know, given by the caller that asked (the one place these are decided).
 
-    go: bool
-    gave_up: bool
-    why: str
-
-
-def after_end(state: RunState, budgets: Budgets) -> Decision:
-    """Whether hpctf should requeue the start that just ended, within the run's budgets.
-
-    ``state`` must include the ended start as its last one (:func:`run_state` of the journal
-    after the ``ended`` record). When the batch shell got SIGTERM (``Start.signalled``), Slurm is
-    ending this job itself (a preemption, a lost node, ``scontrol requeue``, scancel) and
-    requeues it where its configuration says so; hpctf does not requeue it a second time, and
-    the next start checks the budgets (:func:`before_start`).
+    - ``launcher_gone`` (a local run the journal says is running): the local launcher, in
+      words, is gone from this host without recording how its start ended (killed, a full
+      disk): the run ``failed``, resumed by ``hpctf resubmit PATH``.
+    - A local run saved and stopped by a signal to its launcher (SIGTERM, SIGHUP, the launcher
+      killed) was ``interrupted``: nothing preempts or requeues a local run (a Ctrl-C or
+      ``hpctf cancel`` is ``cancelled``).
+    - ``slurm_requeued``: Slurm's queue holds the job again (Slurm requeued it itself after a
+      node failure, a preemption or ``scontrol requeue``) while the journal says its start
+      failed, was preempted or, its batch shell killed first, is still running: the run is
+      ``requeued``, its last start closed for ``closed_reason`` as its next start will close
+      it. A requeue counts against its budget as soon as it is decided.
     """
-    last = state.last
-    if last is None or last.reason is None:
-        return Decision(False, False, "no ended start")
-    reason = last.reason
-    if reason in ("done", "cancelled"):
-        return Decision(False, False, reason)
-    if reason == PRUNED:  # finished: the search frees the task for its next trial
-        return Decision(False, False, f"pruned {last.pruned or ''}".strip())
-    if last.left_to_slurm:
-        return Decision(False, False, f"{reason}: Slurm ended the job and requeues it if it can")
-    if last.environment is not None:
-        # A full disk or a read-only filesystem stays so: a requeue would fail at the next save.
-        return Decision(False, True, f"{reason}: {last.environment}")
-    if last.user_code is not None and reason in FAILURE_REASONS:
-        # An exception from the user's code raises again at the next start: no requeue.
-        return Decision(
-            False, True, f"{last.user_code}; not requeued: fix it and run hpctf resubmit"
+    if launcher_gone is not None and state.state == RunStatus.RUNNING:
+        state = replace(
+            state,
+            state=RunStatus.FAILED,
+            why=f"{launcher_gone} is gone without recording how its start ended (killed, or a "
+            f"full disk?); its rank logs say the rest; continue with: hpctf resubmit {path}",
         )
-    if reason == PLANNED_RESTART:  # as many as the run's steps call for: no budget
-        done = sum(1 for s in state.starts if s.reason == PLANNED_RESTART)
-        return Decision(True, False, f"restart {done} (train.restart_every_steps): no budget used")
-    if reason in PREEMPTION_REASONS:
-        used = state.preemption_requeues
-        if used >= budgets.preemption:
-            return Decision(
-                False, True, f"{reason}: {used} preemption requeues used of {budgets.preemption}"
-            )
-        return Decision(True, False, f"{reason}: requeue {used + 1} of {budgets.preemption}")
-    used = state.failure_requeues
-    if reason != "node_fail" and not last.advanced:
-        return Decision(
-            False,
-            True,
-            f"{reason} without progress (checkpoint step {last.step} -> {last.end_step}): "
-            "not requeued; fix the cause and run hpctf resubmit",
+    elif local and state.state == RunStatus.PREEMPTED:
+        state = replace(
+            state, state=RunStatus.INTERRUPTED, why=f"its launcher was stopped; {state.why}"
         )
-    if used >= budgets.failure:
-        return Decision(False, True, f"{reason}: {used} failure requeues used of {budgets.failure}")
-    return Decision(True, False, f"{reason}: requeue {used + 1} of {budgets.failure}")
-
-
-def before_start(state: RunState, budgets: Budgets) -> Decision:
-    """Whether a new start may go on, from the state before it is recorded: not after the run
-    gave up (unless resubmitted) or completed, and not past a budget, whoever requeued the job.
-    A start still running in the journal was killed without a word (a lost node,
-    ``scontrol requeue``): it counts as a failure."""
-    if state.state == "done":
-        return Decision(False, False, "the run is complete")
-    if state.state == PRUNED:
-        return Decision(False, False, f"the search pruned the run {state.why}".strip())
-    if state.state == "gave_up":
-        return Decision(False, True, f"the run gave up: {state.why}")
-    failures = sum(1 for s in state.starts if _spends_failure_budget(s) or s.reason is None)
-    preemptions = sum(1 for s in state.starts if s.reason in PREEMPTION_REASONS)
-    if failures > budgets.failure:
-        return Decision(
-            False,
-            True,
-            f"restarted {failures} times after failures, over the budget of {budgets.failure} "
-            "(the site's preemption.max_failure_requeues)",
+    requeuable = (RunStatus.FAILED, RunStatus.PREEMPTED, RunStatus.RUNNING)
+    if slurm_requeued and state.state in requeuable:
+        state = replace(state, state=RunStatus.REQUEUED, why=f"by Slurm after {closed_reason}")
+    if state.state == RunStatus.REQUEUED and state.last is not None:
+        state = replace(
+            state,
+            preemption_requeues=state.preemption_requeues
+            + (closed_reason in PREEMPTION_REASONS),
+            failure_requeues=state.failure_requeues + (closed_reason in FAILURE_REASONS),
         )
-    if preemptions > budgets.preemption:
-        return Decision(
-            False,
-            True,
-            f"requeued {preemptions} times after preemption, over the budget of "
-            f"{budgets.preemption} (the site's preemption.max_requeues)",
-        )
-    return Decision(True, False, "ok")
+    return state
