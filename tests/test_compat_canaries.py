@@ -226,7 +226,7 @@ def test_keras_3_trainer_names_that_fit_under_the_strategy_replaces() -> None:
     assert hasattr(model, "_initial_epoch"), gone("fit resume exact", "Model._initial_epoch")
     variables = sing("fit resume exact", "Model.metrics_variables", lambda: model.metrics_variables)
     assert isinstance(variables, list), gone("fit resume exact", "Model.metrics_variables")
-    from hpctf.compute.compat.keras_fit import random_state_variables
+    from hpctf.compute.compat.keras_variables import random_state_variables
 
     dropout = keras.layers.Dropout(0.5, seed=1)
     dropout.build((None, 2))
@@ -236,15 +236,15 @@ def test_keras_3_trainer_names_that_fit_under_the_strategy_replaces() -> None:
 
 
 def test_keras_3_names_an_own_train_step_and_batch_normalization_use() -> None:
-    """compat/keras_fit runs a model's own train_step as on one machine through the loss
+    """compat/keras_own_steps runs a model's own train_step as on one machine through the loss
     module's scale_loss_for_distribution / unscale_loss_for_distribution and
     TFOptimizer._all_reduce_sum_gradients; BatchNormalization's statistics are found through
-    Layer._flatten_layers; every weight through Model.weights."""
+    Layer._flatten_layers; every weight through Model.weights (compat/keras_variables)."""
     import importlib
 
     import keras
 
-    from hpctf.compute.compat.keras_fit import model_weights, replica_local_variables
+    from hpctf.compute.compat.keras_variables import model_weights, replica_local_variables
 
     losses = importlib.import_module("keras.src.losses.loss")
     for name in ("scale_loss_for_distribution", "unscale_loss_for_distribution"):

@@ -171,7 +171,7 @@ def test_keras_before_3_5_is_refused_on_several_workers(
 def test_a_resumed_fit_passes_over_the_batches_trained_before(
     step: int, continues: bool, legacy: bool, initial: int, expected: tuple[int, int]
 ) -> None:
-    from hpctf.compute.compat.keras_fit import FitInput
+    from hpctf.compute.compat.fit_input import FitInput
     from hpctf.compute.script.fit import passed_over
 
     assert passed_over(step, 8, FitInput(continues, initial), legacy) == expected
@@ -180,7 +180,7 @@ def test_a_resumed_fit_passes_over_the_batches_trained_before(
 def test_random_state_variables_are_the_seed_generators_of_keras_3_models() -> None:
     import keras
 
-    from hpctf.compute.compat.keras_fit import random_state_variables
+    from hpctf.compute.compat.keras_variables import random_state_variables
 
     flip = keras.layers.RandomFlip("horizontal", seed=1)
     flip.build((None, 4, 4, 3))

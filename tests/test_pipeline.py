@@ -177,7 +177,7 @@ def test_a_rank_that_cannot_join_the_cluster_is_an_environment_fault_naming_the_
 
     from hpctf.compute.cluster import joining
     from hpctf.compute.cluster.spec import cluster_spec
-    from hpctf.core.settings.config import Train
+    from hpctf.core.settings.train import Train
 
     variables = {
         "SLURM_JOB_NODELIST": "node[1-2]",

@@ -236,7 +236,7 @@ def test_copy_of_maps_a_source_file_into_its_copy_and_keeps_a_copy() -> None:
 def test_keras_2_without_tf_keras_is_one_line_before_the_script() -> None:
     from hpctf.compute.script.entry import check_keras
     from hpctf.core.errors import UserError
-    from hpctf.core.settings.config import Train
+    from hpctf.core.settings.train import Train
 
     settings = Train(script="fit.py", keras=2)
     check_keras(settings, lambda name: object())

@@ -19,8 +19,8 @@ import tensorflow as tf
 from hpctf.compute.cluster.spec import ClusterSpec
 from hpctf.compute.compat import probe, tensorflow_internals
 from hpctf.core.errors import EnvironmentProblem, UserError, one_line
-from hpctf.core.settings.config import Train
 from hpctf.core.settings.replicas import batch_split_problem
+from hpctf.core.settings.train import Train
 
 log = logging.getLogger("hpctf.worker")
 

@@ -4,8 +4,11 @@ is not:
 
 - :mod:`.tensorflow_internals`: TensorFlow and Keras 3 (failure detection, fixed collective
   keys, asynchronous checkpoints, learning-rate scaling);
-- :mod:`.keras_fit`: Keras 3's and tf_keras's ``fit`` under MultiWorkerMirroredStrategy, and
-  the random layers' seed states a checkpoint needs;
+- :mod:`.keras_fit`: Keras 3's and tf_keras's ``fit`` under MultiWorkerMirroredStrategy, with
+  :mod:`.keras_own_steps` (a model's own ``train_step`` as on one machine) and
+  :mod:`.fit_input` (what ``fit`` was called with, for a resume);
+- :mod:`.keras_variables`: the random layers' seed states, every weight and
+  BatchNormalization's statistics, which a checkpoint or the ranks need;
 - :mod:`.python_internals`: CPython (the bounded exit);
 - :mod:`.probe`: the one line every rank logs at start, saying which of them this
   TensorFlow and Keras offer.

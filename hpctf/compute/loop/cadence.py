@@ -10,7 +10,7 @@ import time
 
 from hpctf.compute.loop.preemption import check_interval
 from hpctf.core.errors import UserError
-from hpctf.core.settings.config import Train
+from hpctf.core.settings.train import Train
 
 
 @dataclasses.dataclass(frozen=True)

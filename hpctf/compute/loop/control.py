@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from hpctf.compute.cluster.peers import PeerLost, lost_peer
 from hpctf.compute.cluster.spec import ClusterSpec
-from hpctf.compute.compat.keras_fit import model_weights, random_state_variables
+from hpctf.compute.compat.keras_variables import model_weights, random_state_variables
 from hpctf.compute.doctor.procstat import process_usage
 from hpctf.compute.loop.cadence import AgreementClock, Cadence, format_eta, save_outlasts_warning
 from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, leaving_words
@@ -50,7 +50,8 @@ from hpctf.compute.records.chief_records import ChiefRecords
 from hpctf.core.errors import PREEMPTED_EXIT
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.settings.config import Checkpoint, Train
+from hpctf.core.settings.config import Checkpoint
+from hpctf.core.settings.train import Train
 
 log = logging.getLogger("hpctf.worker")
 
@@ -119,7 +120,7 @@ class TrainingControl:
     def track(self, objects: dict[str, Any], optional: dict[str, Any] | None = None) -> int:
         """Checkpoint ``objects`` (model, optimizer, ...) from now on, with ``optional`` ones,
         the random layers' seed states and every Keras 3 model weight as a list (whatever the
-        model's structure: :func:`~hpctf.compute.compat.keras_fit.model_weights`), those
+        model's structure: :func:`~hpctf.compute.compat.keras_variables.model_weights`), those
         restored where a checkpoint has them; restore the
         checkpoint every rank agrees on; return its step (0: none)."""
         self._step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")

@@ -1,7 +1,7 @@
 """One model on every rank: the state each replica keeps to itself made equal.
 
 BatchNormalization's moving mean and variance are updated by each replica from its own shard
-of the batch (:func:`hpctf.compute.compat.keras_fit.replica_local_variables`); the trainable
+of the batch (:func:`hpctf.compute.compat.keras_variables.replica_local_variables`); the trainable
 weights stay equal (their gradients are all-reduced), these do not. Only the chief's copy is
 saved, so without this the in-run evaluation is not the saved model's, and a resumed run
 (every rank restored from the chief's copy) differs from an uninterrupted one.
@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hpctf.compute.compat.keras_fit import replica_local_variables
+from hpctf.compute.compat.keras_variables import replica_local_variables
 
 log = logging.getLogger("hpctf.worker")
 

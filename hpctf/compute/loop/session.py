@@ -47,7 +47,8 @@ from hpctf.compute.process import startup_clock
 from hpctf.compute.records.chief_records import ChiefRecords
 from hpctf.core.errors import UserError
 from hpctf.core.run.rundir import RunDir, write_atomic
-from hpctf.core.settings.config import Checkpoint, ResolvedConfig, Train
+from hpctf.core.settings.config import Checkpoint, ResolvedConfig
+from hpctf.core.settings.train import Train
 
 log = logging.getLogger("hpctf.worker")
 

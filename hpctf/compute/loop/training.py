@@ -42,7 +42,8 @@ from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler.launcher import launcher_for
-from hpctf.core.settings.config import ResolvedConfig, Train
+from hpctf.core.settings.config import ResolvedConfig
+from hpctf.core.settings.train import Train
 
 log = logging.getLogger("hpctf.worker")
 

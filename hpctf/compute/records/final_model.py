@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctf.core.run.rundir import RunDir
-from hpctf.core.settings.config import Train
+from hpctf.core.settings.train import Train
 
 log = logging.getLogger("hpctf.worker")
 

@@ -59,7 +59,8 @@ from hpctf.core.errors import (
 from hpctf.core.run import journal
 from hpctf.core.run.history import RunHistory, read_history
 from hpctf.core.run.rundir import RunDir, write_atomic
-from hpctf.core.settings.config import ResolvedConfig, Train
+from hpctf.core.settings.config import ResolvedConfig
+from hpctf.core.settings.train import Train
 
 log = logging.getLogger("hpctf.worker")
 

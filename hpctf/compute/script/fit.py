@@ -34,7 +34,7 @@ from typing import Any
 import tensorflow as tf
 
 from hpctf.compute.cluster.spec import ClusterSpec
-from hpctf.compute.compat.keras_fit import RESHUFFLED_INPUT, FitInput, fit_input
+from hpctf.compute.compat.fit_input import RESHUFFLED_INPUT, FitInput, fit_input
 from hpctf.compute.loop.cadence import Cadence
 from hpctf.compute.loop.control import Parts, TrainingControl
 from hpctf.compute.loop.preemption import Preempted, PreemptionWatch, make_gather

@@ -107,7 +107,7 @@ def allreduce(spec: ClusterSpec, join_timeout: int) -> dict[str, Any]:
     import tensorflow as tf
 
     from hpctf.compute.cluster.joining import configure_failure_detection, make_strategy
-    from hpctf.core.settings.config import Train
+    from hpctf.core.settings.train import Train
 
     gpus = len(tf.config.list_physical_devices("GPU"))
     settings = Train(

@@ -36,10 +36,11 @@ from hpctf.core.scheduler.hostnames import expand_nodelist
 from hpctf.core.scheduler.launcher import launcher_for
 from hpctf.core.secrets import public_env, secret_env
 from hpctf.core.settings import sbatch_options
-from hpctf.core.settings.config import Experiment, ResolvedConfig, Resources, Site, Train
+from hpctf.core.settings.config import Experiment, ResolvedConfig, Resources, Site
 from hpctf.core.settings.replicas import expected_replicas
 from hpctf.core.settings.sites import read_site
 from hpctf.core.settings.sources import Origin
+from hpctf.core.settings.train import Train
 from hpctf.core.version import VERSION
 from hpctf.login.doctor.verdict import evaluate, format_table, verdict_document
 from hpctf.login.resolving.resolve import ConfigProblems, merge_resources, resolve

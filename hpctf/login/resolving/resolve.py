@@ -26,11 +26,11 @@ from hpctf.core.settings.config import (
     ResolvedConfig,
     Resources,
     Site,
-    Train,
 )
 from hpctf.core.settings.replicas import batch_split_problem, expected_replicas
 from hpctf.core.settings.sbatch_options import option_name
 from hpctf.core.settings.sources import KeyPath, Origin, Origins, file_origins, load_yaml, origin_of
+from hpctf.core.settings.train import Train
 from hpctf.core.settings.validation import apply_overrides, validate_model
 from hpctf.core.settings.values import slurm_time_seconds
 
