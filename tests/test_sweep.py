@@ -516,10 +516,10 @@ def test_each_points_script_is_the_one_render_would_write_for_it(
 
 
 def test_a_submitted_record_is_never_written_through_a_planted_link(tmp_path: Path) -> None:
-    """The sweep's `submitted` records (rundir.record_unsynced) open the journal without
+    """The sweep's `submitted` records (bulk_create.record_unsynced) open the journal without
     following a link: one planted for it is refused and nothing lands where it points."""
     from hpctf.core.errors import UserError
-    from hpctf.core.run.rundir import record_unsynced
+    from hpctf.core.run.bulk_create import record_unsynced
 
     run = RunDir(tmp_path / "run")
     run.journal.mkdir(parents=True)
@@ -542,6 +542,7 @@ def test_plot_of_a_grid_sweep_draws_every_point(tmp_path: Path) -> None:
     one PNG beside sweep.json; a grid whose points logged nothing says so in one line."""
     pytest.importorskip("matplotlib")
     from hpctf.login.sweeps.sweep_dir import SweepDir
+    from hpctf.login.sweeps.sweep_record import SweepRecord
 
     sweep = tmp_path / "grid"
     sweep.mkdir()
@@ -555,7 +556,7 @@ def test_plot_of_a_grid_sweep_draws_every_point(tmp_path: Path) -> None:
         (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
         points.append({"index": index, "values": {"train.args.learning_rate": rate},
                        "run_dir": str(run_dir)})  # fmt: skip
-    SweepDir(sweep, {"name": "grid", "points": points}).write()
+    SweepDir(sweep, SweepRecord.from_json({"name": "grid", "points": points})).write()
     result = CliRunner().invoke(cli, ["plot", str(sweep)])
     assert result.exit_code == 0, result.output
     out = sweep / "sweep.png"

@@ -45,6 +45,7 @@ from hpctf.login.sweeps.sweep_dir import (
     claim_sweep_dir,
     new_sweep_path,
 )
+from hpctf.login.sweeps.sweep_record import SweepArray, SweepRecord
 
 
 @dataclass(frozen=True)
@@ -118,14 +119,18 @@ def create_search(experiment: Path, plan: SearchPlan, overrides: Sequence[str]) 
         warn_if_writable_by_others(path)
         create_shared_base(path / SEARCH_DIR, config, path / CODE_DIR)
         create_study(path / JOURNAL_FILE, STUDY_NAME, plan.search)
-        record = SweepDir(path, {
-            "name": config.experiment.name,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "experiment": str(experiment.resolve()), "site": config.site.name,
-            "scheduler": config.site.scheduler, "set": list(overrides),
-            "search": plan.search.model_dump(), "trials": plan.budget, "tasks": plan.tasks,
-            "points": [], "arrays": [],
-        })  # fmt: skip
+        made = SweepRecord(
+            name=config.experiment.name,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            experiment=str(experiment.resolve()),
+            site=config.site.name,
+            scheduler=config.site.scheduler,
+            overrides=list(overrides),
+            search=plan.search.model_dump(),
+            trials=plan.budget,
+            tasks=plan.tasks,
+        )
+        record = SweepDir(path, made)
         write_atomic(record.next_script(), array_script(plan, path))
         record.write()
     except BaseException:
@@ -139,12 +144,12 @@ def create_search(experiment: Path, plan: SearchPlan, overrides: Sequence[str]) 
 def submit_array(record: SweepDir, config: ResolvedConfig, script: Path | None = None) -> str:
     """sbatch the search's array script (its one script, written when the search was made:
     a resubmit sends the same agents again); record the array in sweep.json."""
-    arrays = record.data.setdefault("arrays", [])
     path = script or record.path / "array-0.sbatch"
     job_id = slurm_jobs(config.site).submit_script(path, [], owner=record.path)
-    arrays.append({"job_id": job_id, "tasks": record.data.get("tasks"), "script": str(path)})
+    tasks = record.record.tasks
+    record.record.arrays.append(SweepArray(job_id, str(path), tasks=tasks))
     record.write()
-    click.echo(f"submitted job array {job_id}: {record.data.get('tasks')} agent(s)")
+    click.echo(f"submitted job array {job_id}: {tasks} agent(s)")
     return job_id
 
 

@@ -41,7 +41,7 @@ _STUDY_STATES = {"COMPLETE": "done", "PRUNED": "pruned", "FAIL": "failed"}
 
 
 def search_of(record: SweepDir) -> Search:
-    return Search.model_validate(record.data["search"])
+    return Search.model_validate(record.record.search)
 
 
 def study_trials(record: SweepDir) -> dict[int, Any]:
@@ -135,7 +135,7 @@ def search_document(record: SweepDir) -> dict[str, Any]:
             "pruner": search.pruner.kind,
             "parallel": search.parallel,
         },
-        "budget": {"asked": len(trials), "trials": int(record.data.get("trials") or 0)},
+        "budget": {"asked": len(trials), "trials": record.record.trials or 0},
         "best": None
         if best is None
         else {
@@ -217,7 +217,7 @@ def search_hours_of(document: Mapping[str, Any]) -> Hours | None:
 def search_cancel(record: SweepDir) -> None:
     """``hpctf cancel SWEEP`` of a search: one scancel of its arrays (every task, queued or
     running), and ``cancelled`` in each trial run that had an open job."""
-    arrays = [str(a["job_id"]) for a in record.data.get("arrays") or []]
+    arrays = [array.job_id for array in record.record.arrays]
     arrays += unrecorded_arrays(record)
     if not arrays:
         click.echo(f"nothing to cancel: {record.path} has submitted no array")
@@ -237,10 +237,10 @@ def search_resubmit(record: SweepDir) -> int:
     from hpctf.login.sweeps.search_start import submit_array  # the sweeps room's own module
 
     refuse_unrecorded_arrays(record)
-    arrays = record.data.get("arrays") or []
+    arrays = record.record.arrays
     if arrays:
-        last = str(arrays[-1]["job_id"])
-        tasks = int(arrays[-1].get("tasks") or record.data.get("tasks") or 1)
+        last = arrays[-1].job_id
+        tasks = arrays[-1].tasks or record.record.tasks or 1
         view = slurm_records([f"{last}_{task}" for task in range(tasks)])
         if view.problem:
             raise EnvironmentProblem(f"{view.problem}; cannot tell whether the array still runs")

@@ -1,5 +1,5 @@
 """``hpctf sweep``, and starting a sweep for it and :func:`hpctf.sweep` alike: its points planned
-and resolved (:func:`plan_sweep`), then its sweep directory, a run directory per point and the
+and resolved (:func:`plan`), then its sweep directory, a run directory per point and the
 job array(s) (:func:`start_sweep`). The array's parts are in
 :mod:`hpctf.login.sweeps.sweep_commands`.
 """
@@ -10,10 +10,9 @@ import math
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -40,6 +39,7 @@ from hpctf.login.sweeps.points import check as points_checked
 from hpctf.login.sweeps.points import point_scripts
 from hpctf.login.sweeps.search_start import has_search, start_search
 from hpctf.login.sweeps.sweep_dir import SweepDir, array_size_limit, claim_sweep_dir
+from hpctf.login.sweeps.sweep_record import SweepPoint, SweepRecord
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,16 @@ class Plan:
 
 
 def plan(
-    experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None, seed: int,
-    max_points: int, site_name: str | None, overrides: Sequence[str], keep: bool = True,
-) -> Plan:  # fmt: skip
+    experiment: Path,
+    grids: Sequence[str],
+    ranges: Sequence[str],
+    draws: int | None,
+    seed: int,
+    max_points: int,
+    site_name: str | None,
+    overrides: Sequence[str],
+    keep: bool = True,
+) -> Plan:
     """The points of a sweep (``--grid``/``--range`` texts), each resolved and checked as
     ``hpctf submit`` checks one (every problem in one UserError), and its script checked to be
     the first point's. Writes nothing. ``keep``: keep each point's config (a sweep to
@@ -67,24 +74,18 @@ def plan(
     return Plan(points, base, configs)
 
 
-def plan_sweep(
-    experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None, seed: int,
-    max_points: int, site_name: str | None, overrides: Sequence[str],
-) -> tuple[list[Point], list[ResolvedConfig]]:  # fmt: skip
-    """The points of a sweep and each one's resolved config (:func:`plan`), or one UserError
-    listing every problem. Writes nothing."""
-    planned = plan(experiment, grids, ranges, draws, seed, max_points, site_name, overrides)
-    return planned.points, planned.configs
-
-
 def start_sweep(
-    experiment: Path, points: Sequence[Point], configs: Sequence[ResolvedConfig],
-    spec: dict[str, Any], caller: Caller = CLI,
-) -> tuple[SweepDir, int]:  # fmt: skip
+    experiment: Path,
+    points: Sequence[Point],
+    configs: Sequence[ResolvedConfig],
+    spec: SweepRecord,
+    caller: Caller = CLI,
+) -> tuple[SweepDir, int]:
     """``hpctf sweep`` and :func:`hpctf.sweep`: the sweep directory, a run directory per
     point, and the job array(s) submitted (a local site: every point run, one after
-    another). ``spec``: grid, range, random, seed, set and max_running, as sweep.json keeps
-    them. Returns the sweep and the status (a local site's first failure, else 0)."""
+    another). ``spec``: the sweep's grid, range, random, seed, set and max_running, as
+    sweep.json keeps them. Returns the sweep and the status (a local site's first failure,
+    else 0)."""
     base = configs[0]
     slurm_site = launcher_for(base.site).slurm
     limit = array_size_limit(base, dry_run=False)[0] if slurm_site else 0
@@ -97,26 +98,32 @@ def start_sweep(
 
 
 def create_sweep(
-    experiment: Path, points: Sequence[Point], configs: Sequence[ResolvedConfig],
-    spec: dict[str, Any],
-) -> SweepDir:  # fmt: skip
-    """The sweep directory: sweep.json, the code once (``code/``, shared by every point) and a
-    run directory per point holding only what is its own (its config, script and journal).
-    Nothing is left behind when it fails."""
+    experiment: Path, points: Sequence[Point], configs: Sequence[ResolvedConfig], spec: SweepRecord
+) -> SweepDir:
+    """The sweep directory: sweep.json (``spec`` with the sweep's name, time, experiment, site
+    and points), the code once (``code/``, shared by every point) and a run directory per point
+    holding only what is its own (its config, script and journal). Nothing is left behind when
+    it fails."""
     base = configs[0]
     sweep_path = claim_sweep_dir(lambda: commands._sweep_path(base))  # a sweep of the same second
     try:
         warn_if_writable_by_others(sweep_path)
         run_dirs = [sweep_path / name for name in run_names(base.experiment.name, points)]
-        record = SweepDir(sweep_path, {
-            "name": base.experiment.name,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "experiment": str(experiment.resolve()), "site": base.site.name,
-            "scheduler": base.site.scheduler, **spec,
-            "points": [{"index": p.index, "values": dict(p.values), "run_dir": str(d)}
-                       for p, d in zip(points, run_dirs, strict=True)],
-            "arrays": [],
-        })  # fmt: skip
+        record = SweepDir(
+            sweep_path,
+            replace(
+                spec,
+                name=base.experiment.name,
+                created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                experiment=str(experiment.resolve()),
+                site=base.site.name,
+                scheduler=base.site.scheduler,
+                points=[
+                    SweepPoint(p.index, dict(p.values), str(d))
+                    for p, d in zip(points, run_dirs, strict=True)
+                ],
+            ),
+        )
         scripts = point_scripts(configs, run_dirs, sweep_path / CODE_DIR)  # rendered once
         create_points(configs, run_dirs, sweep_path / CODE_DIR, scripts)
         record.write()
@@ -173,38 +180,53 @@ def create_sweep(
     metavar="KEY.PATH=VALUE",
     help="Override an experiment key for every point (repeatable).",
 )
-@click.option("--dry-run", is_flag=True, help="Print the points and the array script(s); "
-              "write and submit nothing.")  # fmt: skip
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the points and the array script(s); write and submit nothing.",
+)
 def sweep(
-    experiment: Path, grids: tuple[str, ...], draws: int | None, seed: int,
-    ranges: tuple[str, ...], max_running: int | None, max_points: int, site_name: str | None,
-    overrides: tuple[str, ...], dry_run: bool,
-) -> None:  # fmt: skip
+    experiment: Path,
+    grids: tuple[str, ...],
+    draws: int | None,
+    seed: int,
+    ranges: tuple[str, ...],
+    max_running: int | None,
+    max_points: int,
+    site_name: str | None,
+    overrides: tuple[str, ...],
+    dry_run: bool,
+) -> None:
     """Run EXPERIMENT once per point of a grid (or of random draws): each point a run
     directory of its own, all of them one Slurm job array (local sites: one after another).
     An experiment with a ``sweep:`` section is searched instead: its trials, asked of an
     Optuna study, run on one job array of agents (Slurm sites)."""
+    grid = (grids, ranges, draws, seed, max_points, site_name, overrides)
     if dry_run and not has_search(experiment):
-        planned = plan(experiment, grids, ranges, draws, seed, max_points, site_name, overrides,
-                       keep=False)  # fmt: skip
-        show_dry_run(planned, max_running)
+        show_dry_run(plan(experiment, *grid, keep=False), max_running)
         return
     if dry_run:
         refuse_grid_flags(experiment, grids, ranges, draws, max_running)
         start_search(experiment, site_name, overrides, dry_run=True)
         return
-    record, status = start_any(experiment, grids, ranges, draws, seed, max_points, site_name,
-                               overrides, max_running)  # fmt: skip
-    if not is_slurm(record.data.get("scheduler")):
+    record, status = start_any(experiment, *grid, max_running)
+    if not is_slurm(record.record.scheduler):
         sys.exit(status)
     click.echo(f"status: hpctf status {record.path}")
 
 
 def start_any(
-    experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None, seed: int,
-    max_points: int, site_name: str | None, overrides: Sequence[str], max_running: int | None,
+    experiment: Path,
+    grids: Sequence[str],
+    ranges: Sequence[str],
+    draws: int | None,
+    seed: int,
+    max_points: int,
+    site_name: str | None,
+    overrides: Sequence[str],
+    max_running: int | None,
     caller: Caller = CLI,
-) -> tuple[SweepDir, int]:  # fmt: skip
+) -> tuple[SweepDir, int]:
     """``hpctf sweep`` and :func:`hpctf.sweep`, the one way either starts: a search when the
     experiment has a ``sweep:`` section, else the grid's (or draws') points; the sweep
     directory and the exit status (a local sweep's points', else 0)."""
@@ -213,21 +235,28 @@ def start_any(
         record = start_search(experiment, site_name, overrides, dry_run=False)
         assert record is not None  # only a dry run makes none
         return record, 0
-    points, configs = plan_sweep(experiment, grids, ranges, draws, seed, max_points, site_name,
-                                 overrides)  # fmt: skip
-    spec = {"grid": list(grids), "range": list(ranges), "random": draws, "seed": seed,
-            "set": list(overrides), "max_running": max_running}  # fmt: skip
-    return start_sweep(experiment, points, configs, spec, caller)
+    planned = plan(experiment, grids, ranges, draws, seed, max_points, site_name, overrides)
+    spec = SweepRecord(
+        grid=list(grids),
+        range=list(ranges),
+        random=draws,
+        seed=seed,
+        overrides=list(overrides),
+        max_running=max_running,
+    )
+    return start_sweep(experiment, planned.points, planned.configs, spec, caller)
 
 
 def refuse_grid_flags(
-    experiment: Path, grids: Sequence[str], ranges: Sequence[str], draws: int | None,
+    experiment: Path,
+    grids: Sequence[str],
+    ranges: Sequence[str],
+    draws: int | None,
     max_running: int | None,
-) -> None:  # fmt: skip
+) -> None:
     """A UserError when a search's experiment is also given a grid's flags (or arguments)."""
-    given = [flag for flag, value in (("--grid", grids), ("--range", ranges),
-             ("--random", draws), ("--max-running", max_running)) if value]  # fmt: skip
-    if given:
+    flags = {"--grid": grids, "--range": ranges, "--random": draws, "--max-running": max_running}
+    if given := [flag for flag, value in flags.items() if value]:
         raise UserError(
             f"{', '.join(given)}: {experiment} has a sweep: section (a search); give its "
             "space there (sweep.parameters, sweep.parallel), or drop the section to sweep "
@@ -243,15 +272,16 @@ def show_dry_run(planned: Plan, max_running: int | None) -> None:
     names = run_names(base.experiment.name, points)
     click.echo(f"# sweep {sweep_path} ({len(points)} points; nothing written)")
     for start in range(0, len(points), 1000):
-        click.echo("".join(
+        lines = [
             f"# point {point.index}: {point.label()} -> {names[point.index]}\n"
             for point in points[start : start + 1000]
-        ), nl=False)  # fmt: skip
+        ]
+        click.echo("".join(lines), nl=False)
     if launcher_for(base.site).slurm:
         limit, source = array_size_limit(base, dry_run=True)
         run_dirs = [f"{sweep_path}/{name}" for name in names]
-        scripts = commands.array_scripts(base, sweep_path, run_dirs, range(len(points)), limit,
-                                         max_running)  # fmt: skip
+        every = range(len(points))
+        scripts = commands.array_scripts(base, sweep_path, run_dirs, every, limit, max_running)
         arrays = math.ceil(len(points) / limit)
         click.echo(f"# {arrays} job array(s) of at most {limit} tasks ({source})")
         for number, (indices, script) in enumerate(scripts):

@@ -41,6 +41,7 @@ from hpctf.login.sweeps.sweep_dir import (
     status_text,
     unrecorded_arrays,
 )
+from hpctf.login.sweeps.sweep_record import SweepArray
 
 if TYPE_CHECKING:  # pydantic's models: not imported for `hpctf status`
     from hpctf.core.settings.config import ResolvedConfig
@@ -91,9 +92,7 @@ def submit_arrays(
             path, extra, quiet=bool(ids), owner=sweep.path
         )
         _record_submitted([Path(run_dirs[i]) for i in chunk_indices], job_id)
-        sweep.data.setdefault("arrays", []).append(
-            {"job_id": job_id, "indices": list(chunk_indices), "script": str(path)}
-        )
+        sweep.record.arrays.append(SweepArray(job_id, str(path), indices=list(chunk_indices)))
         sweep.write()
         ids.append(job_id)
         spread = f"{chunk_indices[0]}-{chunk_indices[-1]}" if len(chunk_indices) > 1 else ""
@@ -179,7 +178,7 @@ def sweep_status(
 def sweep_cancel(path: Path) -> None:
     """``hpctf cancel SWEEP_DIR``: one scancel of every point's open job, recorded per run."""
     record = SweepDir.read(path)
-    if not is_slurm(record.data.get("scheduler")):
+    if not is_slurm(record.record.scheduler):
         raise UserError(f"{record.path} runs on a local site: stop its launcher (Ctrl-C) instead")
     if record.is_search:
         from hpctf.login.sweeps import search_watch  # pydantic, Optuna: searches only

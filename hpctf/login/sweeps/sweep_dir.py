@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from hpctf.login.reading.run_report import format_table, run_document
 from hpctf.login.reading.runs import RunRecord, listed
 from hpctf.login.reading.slurm_view import SlurmView, slurm_text
 from hpctf.login.sweeps.plan import SLURM_DEFAULT_MAX_ARRAY_SIZE
+from hpctf.login.sweeps.sweep_record import DamagedSweepRecord, NewerSweepRecord, SweepRecord
 
 if TYPE_CHECKING:  # pydantic's models: not imported for `hpctf status`
     from hpctf.core.settings.config import ResolvedConfig
@@ -53,16 +55,22 @@ def is_sweep_dir(path: Path) -> bool:
     return (path / SWEEP_FILE).is_file()
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 @dataclass
 class SweepDir:
-    """A sweep directory and its ``sweep.json`` (a mapping: name, created, experiment, site,
-    max_running, points [{index, values, run_dir}], arrays [{job_id, indices, script}])."""
+    """A sweep directory and its ``sweep.json``
+    (:class:`~hpctf.login.sweeps.sweep_record.SweepRecord`, read and written here only)."""
 
     path: Path
-    data: dict[str, Any]
+    record: SweepRecord
 
     @classmethod
     def read(cls, path: Path) -> SweepDir:
+        """The sweep at ``path``; a UserError, one line naming the file, when it is none, not
+        yours to read, damaged or of a newer hpctf."""
         file = path / SWEEP_FILE
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
@@ -76,40 +84,51 @@ class SweepDir:
                 f"{file}: not yours to read (permission denied): ask its owner"
             ) from None
         except (OSError, ValueError) as exc:
+            raise UserError(f"{file}: damaged sweep record: {_one_line(exc)}") from None
+        try:
+            record = SweepRecord.from_json(data)
+        except NewerSweepRecord as exc:
+            raise UserError(f"{file}: {exc}") from None
+        except DamagedSweepRecord as exc:
             raise UserError(f"{file}: damaged sweep record: {exc}") from None
-        points = data.get("points") if isinstance(data, dict) else None
-        if not isinstance(points, list) or not all(
-            isinstance(p, dict) and isinstance(p.get("run_dir"), str) for p in points
-        ):
-            raise UserError(f"{file}: damaged sweep record: no list of points with a run_dir")
-        return cls(path.resolve(), data)
+        return cls(path.resolve(), record)
 
     def write(self) -> None:
         """sweep.json, which others may read: a secret given by --set (``env.HF_TOKEN=...``)
         or swept by --grid is written ``***`` (the points' own configs keep it, in their
         secrets.env)."""
-        write_atomic(self.path / SWEEP_FILE, sweep_text(redact_data(self.data)))
+        write_atomic(self.path / SWEEP_FILE, sweep_text(redact_data(self.record.to_json())))
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The record as sweep.json holds it, a copy for reading only (for callers outside
+        the sweeps room: write through :attr:`record`)."""
+        return self.record.to_json()
 
     @property
     def is_search(self) -> bool:
         """A search (an experiment's ``sweep:``): its points are its trials' runs."""
-        return isinstance(self.data.get("search"), dict)
+        return self.record.is_search
+
+    @cached_property
+    def _grid_points(self) -> list[dict[str, Any]]:
+        return [point.to_json() for point in self.record.points]
 
     @property
     def points(self) -> list[dict[str, Any]]:
-        """Every point: a grid's from sweep.json, a search's from its trials' run directories
-        (:func:`hpctf.core.search.search_dir.trial_points`: index is the trial's number)."""
+        """Every point (index, values, run_dir): a grid's from sweep.json, a search's from its
+        trials' run directories (:func:`hpctf.core.search.search_dir.trial_points`: index is
+        the trial's number)."""
         if self.is_search:
             return trial_points(self.path)
-        return list(self.data["points"])
+        return list(self._grid_points)
 
     @property
     def max_running(self) -> int | None:
-        value = self.data.get("max_running")
-        return int(value) if value else None
+        return self.record.max_running or None
 
     def next_script(self) -> Path:
-        return self.path / f"array-{len(self.data.get('arrays', []))}.sbatch"
+        return self.path / f"array-{len(self.record.arrays)}.sbatch"
 
     def runs(self) -> list[RunRecord]:
         """Every point's run, read in full (for commands that act on them)."""
@@ -140,7 +159,7 @@ def unrecorded_arrays(sweep: SweepDir) -> list[str]:
     """The job arrays Slurm holds for ``sweep`` (by their comment,
     :func:`~hpctf.core.run.run_identity.slurm_comment`) that its sweep.json does not name: a
     sweep or resubmit stopped while sbatch ran. One squeue call."""
-    recorded = {str(a.get("job_id")) for a in sweep.data.get("arrays") or []}
+    recorded = {array.job_id for array in sweep.record.arrays}
     found = slurm_queries.commented_jobs(slurm_comment(sweep.path))
     return sorted({job.split("_")[0] for job in found} - recorded)
 
@@ -212,13 +231,13 @@ def summary(documents: Sequence[Mapping[str, Any]]) -> str:
 def sweep_document(sweep: SweepDir, runs: Sequence[RunFacts]) -> dict[str, Any]:
     """A sweep as one row of ``hpctf status``: its points' states counted (from their
     journals; ``runs`` are its points, read)."""
-    arrays = sweep.data.get("arrays") or []
+    arrays = sweep.record.arrays
     return {
         "sweep": sweep.path.name,
         "path": str(sweep.path),
-        "site": sweep.data.get("site"),
-        "created": sweep.data.get("created"),
-        "job": str(arrays[-1].get("job_id")) if arrays else None,
+        "site": sweep.record.site,
+        "created": sweep.record.created,
+        "job": arrays[-1].job_id if arrays else None,
         "points": len(sweep.points),
         "states": dict(sorted(Counter(run.state.state for run in runs).items())),
     }
@@ -264,7 +283,7 @@ def find_sweeps(root: Path) -> list[SweepDir]:
             sweeps.append(SweepDir.read(child))
         except UserError:
             continue
-    return sorted(sweeps, key=lambda s: str(s.data.get("created", "")), reverse=True)
+    return sorted(sweeps, key=lambda s: s.record.created or "", reverse=True)
 
 
 def claim_sweep_dir(plan: Callable[[], Path]) -> Path:
