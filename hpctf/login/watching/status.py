@@ -33,10 +33,13 @@ from hpctf.login.reading.run_report import (
 )
 from hpctf.login.reading.runs import (
     ACTIVE_RUN_STATES,
+    READ_AT_MOST,
     RunRecord,
     every_runs_root,
     find_runs,
     runs_root_for,
+    scan_runs,
+    unread_note,
 )
 from hpctf.login.reading.slurm_view import (
     job_states,
@@ -72,11 +75,12 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="One JSON do
 
 
 def _selected_runs(
-    root: Path | None, site_name: str | None, every: bool
+    root: Path | None, site_name: str | None, every: bool, lazy: bool = False
 ) -> tuple[list[RunFacts], list[dict[str, Any]]]:
     """The runs to show without RUN arguments, and the sweeps (one document each): with
     --root or --site, under that runs root; else under every runs root hpctf knows of,
-    $HPCTF_RUNS_ROOT's and each site's."""
+    $HPCTF_RUNS_ROOT's and each site's. ``lazy``: of the runs the index lacks, only the
+    newest read (:func:`~hpctf.login.reading.runs.scan_runs`), the rest said on stderr."""
     if root is not None or site_name:
         roots = [runs_root_for(root, site_name, os.environ)]
     else:
@@ -89,7 +93,10 @@ def _selected_runs(
     found: dict[str, RunFacts] = {}
     sweeps = []
     for where in roots:
-        found.update((run.path, run) for run in find_runs(where) if shown(run))
+        scan = scan_runs(where, READ_AT_MOST if lazy else None)
+        found.update((run.path, run) for run in scan.runs if shown(run))
+        if scan.unread:
+            click.echo(unread_note(scan), err=True)
         for sweep in find_sweeps(where):
             points = sweep.facts()
             if every or any(shown(point) for point in points):
@@ -110,7 +117,12 @@ def for_terminal(text: str) -> str:
 @click.command()
 @_runs_option
 @_json_option
-@click.option("--all", "every", is_flag=True, help="Every run, not only the recent ones.")
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Every run, not only the recent ones, each read now if the index lacks it.",
+)
 @_root_option
 @_where_site_option
 @click.option(
@@ -128,7 +140,11 @@ def status(
     start), several as a table; without RUN, the recent runs and sweeps under every runs
     root hpctf knows of ($HPCTF_RUNS_ROOT's and each site's; --root or --site: one), a sweep
     as one row (--all: every run). At most one squeue and one sacct call, however many runs. A sweep
-    directory: one line per point."""
+    directory: one line per point.
+
+    Runs the runs root's index has not seen (a first listing): the 200 whose journals changed
+    last are read now, the others counted on stderr and read into the index in the
+    background, for the next listing; --all and --json read every run now."""
     if len(run_dirs) == 1 and is_sweep_dir(run_dirs[0]):
         sweep_status(run_dirs[0], as_json, sort, top)
         return
@@ -140,7 +156,7 @@ def status(
     if read:
         runs = [run.facts for run in read]
     else:
-        runs, sweeps = _selected_runs(root, site_name, every)
+        runs, sweeps = _selected_runs(root, site_name, every, lazy=not (every or as_json))
     view = job_states(runs, all_jobs=single)
     now = time.time()
     if single:  # one sacct call more for the hours; the table of many keeps to one of each
