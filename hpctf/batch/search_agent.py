@@ -103,8 +103,10 @@ def next_run(task: ArrayTask, after_run: bool, say: Callable[[str], None]) -> Pa
             ended = _ended(task, base, agent, run)
             if ended is None:
                 if after_run:
-                    say(f"hpctf: trial {agent.number} is not over; this task ends, its next "
-                        "start resumes it")  # fmt: skip
+                    say(
+                        f"hpctf: trial {agent.number} is not over; this task ends, its next "
+                        "start resumes it"
+                    )
                     return None
                 if not new:
                     _note_resumed(task, run)
@@ -112,9 +114,9 @@ def next_run(task: ArrayTask, after_run: bool, say: Callable[[str], None]) -> Pa
                 say(f"hpctf: task {task.task} {doing} trial {agent.number}: {run.path}")
                 return run.path
             trials.tell(journal_file, base.search, int(str(agent.number)), ended)
-            say(f"hpctf: trial {agent.number} {ended.end}"
-                + (f" ({base.search.objective.metric} {ended.value:.6g})"
-                   if ended.value is not None else f": {ended.why}"))  # fmt: skip
+            metric = base.search.objective.metric
+            said = f": {ended.why}" if ended.value is None else f" ({metric} {ended.value:.6g})"
+            say(f"hpctf: trial {agent.number} {ended.end}{said}")
             agent = Agent(task.task, finished=[*agent.finished, int(str(agent.number))])
             write_agent(task.sweep, agent)
 
@@ -124,8 +126,7 @@ def next_run(task: ArrayTask, after_run: bool, say: Callable[[str], None]) -> Pa
 
         asked = trials.ask(task.sweep, journal_file, base.search, base.budget, hold)
         if asked is None:
-            say(f"hpctf: the search's {base.budget} trial(s) are all asked; task {task.task} "
-                "ends")  # fmt: skip
+            say(f"hpctf: the search's {base.budget} trial(s) are all asked; task {task.task} ends")
             return None
         agent = _holding(task, base, agent, asked)
         after_run, new = False, True  # a new trial: run it
@@ -134,8 +135,9 @@ def next_run(task: ArrayTask, after_run: bool, say: Callable[[str], None]) -> Pa
 def _holding(task: ArrayTask, base: Base, agent: Agent, asked: trials.Asked) -> Agent:
     """``agent`` holding the trial ``asked``, its run directory the sweep's for its number."""
     path = task.sweep / trial_dir_name(base.config.experiment.name, asked.number)
-    return replace(agent, number=asked.number, trial_id=asked.trial_id, params=asked.params,
-                   run_dir=str(path))  # fmt: skip
+    return replace(
+        agent, number=asked.number, trial_id=asked.trial_id, params=asked.params, run_dir=str(path)
+    )
 
 
 def _trial_path(task: ArrayTask, base: Base, agent: Agent) -> Path:
@@ -180,8 +182,9 @@ def _make_trial_run(task: ArrayTask, base: Base, agent: Agent, run: RunDir) -> N
         pruner=base.search.pruner,
     )
     write_atomic(run.path / TRIAL_FILE, trial_ref_text(ref))
-    journal.record_submitted(run, task.handle, array_job_id=task.array_job_id,
-                             array_task_id=task.task)  # fmt: skip
+    journal.record_submitted(
+        run, task.handle, array_job_id=task.array_job_id, array_task_id=task.task
+    )
 
 
 def _array_script(sweep: Path) -> str:
@@ -198,8 +201,9 @@ def _note_resumed(task: ArrayTask, run: RunDir) -> None:
     submitted = read_history(run).submissions
     if submitted and str(submitted[-1].job_id) == task.handle:
         return
-    journal.record_submitted(run, task.handle, array_job_id=task.array_job_id,
-                             array_task_id=task.task)  # fmt: skip
+    journal.record_submitted(
+        run, task.handle, array_job_id=task.array_job_id, array_task_id=task.task
+    )
 
 
 @click.command("search-next", hidden=True)

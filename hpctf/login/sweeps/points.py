@@ -175,9 +175,12 @@ class _Pass:
 
 
 def check(
-    experiment: Path, site_name: str | None, overrides: Sequence[str], points: Sequence[Point],
+    experiment: Path,
+    site_name: str | None,
+    overrides: Sequence[str],
+    points: Sequence[Point],
     keep: bool,
-) -> tuple[ResolvedConfig, list[ResolvedConfig]]:  # fmt: skip
+) -> tuple[ResolvedConfig, list[ResolvedConfig]]:
     """The first point's config and (``keep``) every point's, or one UserError listing what
     was refused: with several keys swept, each value on its own first (a bad value named once,
     not once per point), then each point; and the first point whose script is not the first
@@ -213,9 +216,12 @@ def check(
 
 
 def _value_problems(
-    experiment: Path, site_name: str | None, overrides: Sequence[str],
-    keys: dict[str, dict[str, None]], readings: Readings,
-) -> list[str]:  # fmt: skip
+    experiment: Path,
+    site_name: str | None,
+    overrides: Sequence[str],
+    keys: dict[str, dict[str, None]],
+    readings: Readings,
+) -> list[str]:
     problems = []
     for key, values in keys.items():
         for value in values:

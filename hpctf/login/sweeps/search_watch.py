@@ -92,16 +92,26 @@ def trial_documents(record: SweepDir) -> tuple[list[dict[str, Any]], list[RunFac
             continue
         document = run_document(run, view, now)
         frozen = trials.get(int(point["index"]))
-        documents.append({
-            "trial": point["index"], "index": point["index"], "params": point["values"],
-            "values": point["values"], "run_dir": point["run_dir"],
-            "state": trial_state(frozen, document["state"]),
-            "value": None if frozen is None else frozen.value,
-            "run_state": document["state"], "why": document["why"], "job": document["job"],
-            "slurm": document["slurm"], "step": document["step"],
-            "total_steps": document["total_steps"], "loss": document["loss"],
-            "eval": run.last_eval, "best_eval": run.best_eval,
-        })  # fmt: skip
+        documents.append(
+            {
+                "trial": point["index"],
+                "index": point["index"],
+                "params": point["values"],
+                "values": point["values"],
+                "run_dir": point["run_dir"],
+                "state": trial_state(frozen, document["state"]),
+                "value": None if frozen is None else frozen.value,
+                "run_state": document["state"],
+                "why": document["why"],
+                "job": document["job"],
+                "slurm": document["slurm"],
+                "step": document["step"],
+                "total_steps": document["total_steps"],
+                "loss": document["loss"],
+                "eval": run.last_eval,
+                "best_eval": run.best_eval,
+            }
+        )
     return documents, runs, view.problem
 
 
@@ -124,8 +134,7 @@ def search_document(record: SweepDir) -> dict[str, Any]:
     documents, runs, problem = trial_documents(record)
     trials = study_trials(record)
     best = best_trial(record, trials)
-    best_doc = next((d for d in documents if best is not None and d["trial"] == best.number),
-                    None)  # fmt: skip
+    best_doc = next((d for d in documents if best is not None and d["trial"] == best.number), None)
     search = search_of(record)
     return {
         "sweep": str(record.path),
@@ -160,16 +169,28 @@ def status_text(record: SweepDir, document: Mapping[str, Any]) -> str:
     budget, best, metric = document["budget"], document["best"], document["search"]["objective"]
     counts = Counter(d["state"] for d in document["trials"])
     states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none yet"
-    best_text = "no trial done yet" if best is None else (
-        f"best {metric['metric']} {_value(best['value'])} (trial {best['trial']})")  # fmt: skip
-    text = (f"search {record.path.name}: {budget['asked']} of {budget['trials']} trials asked "
-            f"({states}); {best_text}\n")  # fmt: skip
+    best_text = "no trial done yet"
+    if best is not None:
+        best_text = f"best {metric['metric']} {_value(best['value'])} (trial {best['trial']})"
+    text = (
+        f"search {record.path.name}: {budget['asked']} of {budget['trials']} trials asked "
+        f"({states}); {best_text}\n"
+    )
     rows = []
     for d in document["trials"]:
         step = "-" if d["step"] is None else f"{d['step']}/{d['total_steps'] or '?'}"
         params = _params_text(d["params"])
-        rows.append((str(d["trial"]), params, d["job"] or "-", slurm_text(d["slurm"]),
-                     d["state"], step, _value(d["value"])))  # fmt: skip
+        rows.append(
+            (
+                str(d["trial"]),
+                params,
+                d["job"] or "-",
+                slurm_text(d["slurm"]),
+                d["state"],
+                step,
+                _value(d["value"]),
+            )
+        )
     header = ("TRIAL", "PARAMS", "JOB", "SLURM", "STATE", "STEP", "VALUE")
     return text + format_table(header, rows)
 

@@ -53,9 +53,13 @@ def _sweep_path(config: ResolvedConfig) -> Path:
 
 
 def array_scripts(
-    config: ResolvedConfig, sweep_path: Path, run_dirs: Sequence[str], indices: Sequence[int],
-    limit: int, max_running: int | None,
-) -> Iterator[tuple[tuple[int, ...], str]]:  # fmt: skip
+    config: ResolvedConfig,
+    sweep_path: Path,
+    run_dirs: Sequence[str],
+    indices: Sequence[int],
+    limit: int,
+    max_running: int | None,
+) -> Iterator[tuple[tuple[int, ...], str]]:
     """Each array's point indices and script, one array at a time."""
     from hpctf.login.submitting.render import ArrayScript, render  # not for `status SWEEP`
 
@@ -225,8 +229,11 @@ def sweep_resubmit(path: Path, extra_options: dict[str, Any]) -> int:
     view = slurm_records(list(current.values()))
     if view.problem:
         raise EnvironmentProblem(f"{view.problem}; cannot tell which points still run")
-    busy = [i for i, job in current.items() if job in view.records and view.records[job].state
-            not in FINAL_STATES]  # fmt: skip
+    busy = [
+        i
+        for i, job in current.items()
+        if job in view.records and view.records[job].state not in FINAL_STATES
+    ]
     if busy:
         click.echo(f"note: points {', '.join(map(str, busy))} are still in Slurm; left alone")
     todo = [i for i in unfinished if i not in busy]
