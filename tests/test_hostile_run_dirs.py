@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from hpctf.cli import cli
 from hpctf.core.errors import DamagedRecord
 from hpctf.core.run import journal
-from hpctf.core.run.journal import problem as journal_problem
+from hpctf.core.run.journal_entries import problem as journal_problem
 from hpctf.core.run.run_identity import slurm_comment
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm, slurm_queries

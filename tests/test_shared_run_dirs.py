@@ -818,7 +818,7 @@ def test_a_local_run_whose_disk_fills_between_saves_ends_failed_and_logs_f_retur
 
 
 def test_a_planted_far_future_entry_does_not_pin_the_journals_order() -> None:
-    from hpctf.core.run.journal import next_stamp
+    from hpctf.core.run.journal_entries import next_stamp
 
     now = 1_800_000_000 * 10**9
     planted = ["99999999999999999999-1-submitted.json", f"{now + 5 * 10**9:020d}-7-started.json"]

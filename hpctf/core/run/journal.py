@@ -1,5 +1,6 @@
 """The run's journal: its schema (the event names), one typed writer per event, the reading of
-older names, and the job handle every writer names a job by.
+older names, and the job handle every writer names a job by; an entry as stored (its file's
+name and order, its fields, its shape) is :mod:`hpctf.core.run.journal_entries`'.
 
 Every writer and reader of the journal goes through this module: no event name is written
 anywhere else in hpctf (a test greps for them). The journal itself is stored by
@@ -18,14 +19,13 @@ every rank saved when a search pruned the trial (``pruned``).
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from hpctf.core.secrets import redact_data
+from hpctf.core.run.journal_entries import entry, file_name
+from hpctf.core.run.journal_entries import problem as problem  # run_history reads it here
 from hpctf.core.version import VERSION
 
 
@@ -110,57 +110,9 @@ def upgraded(entry: dict[str, Any]) -> dict[str, Any]:
     return entry if new is None else {**entry, "event": new}
 
 
-def file_name(stamp_ns: int, pid: int, event: str) -> str:
-    """The name of one entry's file: sorted by name, the journal is in the order it was
-    written (:func:`next_stamp`)."""
-    return f"{stamp_ns:020d}-{pid}-{event}.json"
-
-
-def next_stamp(names: Sequence[str], now_ns: int) -> int:
-    """The ordering number of a new entry, given the names in the journal now: the clock's
-    ``now_ns``, or one past the newest entry's number when that is later. So an entry always
-    sorts after every entry written before it, whatever the clocks say: a clock stepped back,
-    or the login node's and a compute node's clocks a minute apart (an ``ended`` record
-    named 23 s before its ``started`` made a finished run read as running). The entry's
-    ``time`` field keeps the writer's clock: a time is data, never the order.
-
-    A name more than :data:`AHEAD_NS` ahead of this clock is not followed: one planted as
-    ``99999999999999999999-...`` would otherwise push every later entry past 20 digits."""
-    stamps = (int(n[:20]) for n in names if n[:20].isdigit() and n[20:21] == "-")
-    newest = max((s for s in stamps if s <= now_ns + AHEAD_NS), default=0)
-    return max(now_ns, newest + 1)
-
-
-# Clocks of one cluster disagree by seconds; an hour is beyond any clock step seen.
-AHEAD_NS = 3600 * 10**9
-
-
 def files_of(event: str) -> str:
     """A glob for the files of ``event``'s entries (:func:`file_name`)."""
     return f"*-{event}.json"
-
-
-# A job id in the journal: a Slurm job, an array task (<job>_<task>) or a local launcher's pid.
-_JOURNAL_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
-
-
-def problem(entry: object) -> str | None:
-    """What is wrong with one parsed journal entry, or None when it has the shape hpctf's
-    writers give it: an object with a string ``event`` and ``time``, a ``job_id`` of Slurm's
-    forms, whole numbers for ``step`` and ``exit_code``."""
-    if not isinstance(entry, dict):
-        return f"not an object but {type(entry).__name__}"
-    for key in ("event", "time"):
-        if not isinstance(entry.get(key), str) or not entry[key]:
-            return f"no {key!r} string"
-    job_id = entry.get("job_id")
-    if job_id is not None and not _JOURNAL_JOB_ID.fullmatch(str(job_id)):
-        return f"job_id {str(job_id)[:60]!r} is not a job id"
-    for key in ("step", "exit_code"):
-        value = entry.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            return f"{key} {str(value)[:60]!r} is not a whole number"
-    return None
 
 
 def job_handle(env: Mapping[str, str]) -> str | None:
@@ -201,17 +153,6 @@ def created_file(run: JournalDir, experiment: str, site: str) -> tuple[str, dict
     return name, entry(CREATED, created_fields(run, experiment, site))
 
 
-def entry(event: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """One journal entry: the event, the writer's clock, its fields, every text in them
-    redacted of the secrets this process knows (the journal is readable by whoever may read
-    the run: a user exception's line may quote a token)."""
-    return {
-        "event": event,
-        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **redact_data(dict(fields)),
-    }
-
-
 def record_submitted(
     run: JournalDir,
     job_id: str,
@@ -231,7 +172,7 @@ def submitted(
     array_task_id: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The event and fields of ``submitted``, for a writer that records it itself (a sweep's
-    points, all at once: :func:`hpctf.core.run.rundir.record_unsynced`)."""
+    points, all at once: :func:`hpctf.core.run.bulk_create.record_unsynced`)."""
     fields: dict[str, Any] = {"job_id": job_id}
     if exclude:
         fields["exclude"] = exclude

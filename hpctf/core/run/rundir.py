@@ -17,21 +17,21 @@ Layout (every later command works from this alone)::
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.run import checkpoint_files, journal, secret_store, snapshot
+from hpctf.core.run import checkpoint_files, journal, journal_entries, secret_store, snapshot
+from hpctf.core.run.bulk_create import in_shares as in_shares  # its old home: sweeps' commands
+from hpctf.core.run.bulk_create import record_unsynced as record_unsynced  # the same
+from hpctf.core.run.bulk_create import write_point
 from hpctf.core.safe_files import (
     NotARegularFile,
     read_bounded,
@@ -40,7 +40,7 @@ from hpctf.core.safe_files import (
     umask,
 )
 from hpctf.core.safe_files import write_atomic as write_atomic  # its old home
-from hpctf.core.secrets import SECRETS_FILE, plain_env, secret_env, uri_credentials
+from hpctf.core.secrets import plain_env, secret_env, uri_credentials
 
 if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config is read:
     # `hpctf status` of runs already indexed reads none
@@ -133,9 +133,9 @@ class RunDir:
         ``sync``: as :func:`hpctf.core.safe_files.write_atomic`'s (a sweep's points: one sync
         for all)."""
         safe_dir(self.journal)
-        stamp = journal.next_stamp(os.listdir(self.journal), time.time_ns())
-        name = journal.file_name(stamp, os.getpid(), event)
-        entry = journal.entry(event, fields)
+        stamp = journal_entries.next_stamp(os.listdir(self.journal), time.time_ns())
+        name = journal_entries.file_name(stamp, os.getpid(), event)
+        entry = journal_entries.entry(event, fields)
         write_atomic(self.journal / name, json.dumps(entry), sync=sync)
         return entry
 
@@ -147,7 +147,7 @@ class RunDir:
 
     def read_journal(self) -> tuple[list[dict[str, Any]], list[str]]:
         """The journal's events, oldest first, and one line per entry left out as damaged
-        (:func:`hpctf.core.run.journal.problem`; older event names read as
+        (:func:`hpctf.core.run.journal_entries.problem`; older event names read as
         today's). The journal is data anyone who can write the run directory
         controls: one bad entry must not break a status, nor a listing of many runs."""
         if not self.journal.is_dir():
@@ -165,7 +165,7 @@ class RunDir:
             except ValueError:  # not JSON, not UTF-8: our writers never leave partial files
                 damaged.append(f"{file}: not a JSON document")
                 continue
-            problem = journal.problem(entry)
+            problem = journal_entries.problem(entry)
             if problem is None:
                 events.append(journal.upgraded(entry))
             else:
@@ -260,39 +260,6 @@ def create_run_dirs_sharing_code(
         raise
 
 
-Item = TypeVar("Item")
-
-
-def in_shares(do: Callable[[Item], object], items: Sequence[Item], workers: int) -> None:
-    """``do(item)`` for each of ``items``, by up to ``workers`` threads, each over a contiguous
-    share of them in order (one task per thread, not one per item: a thread per item handed
-    over through a queue made a thousand points 250,000 futex calls, the threads taking the
-    GIL from each other between every two metadata operations). The first failure is raised
-    once every thread has stopped; a thread stops at its first failure or at another's."""
-    count = max(1, min(workers, len(items)))
-    if count == 1:
-        for item in items:
-            do(item)
-        return
-    size = -(-len(items) // count)
-    failed = threading.Event()
-
-    def share(start: int) -> None:
-        try:
-            for item in items[start : start + size]:
-                if failed.is_set():
-                    return
-                do(item)
-        except BaseException:
-            failed.set()
-            raise
-
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        futures = [pool.submit(share, start) for start in range(0, len(items), size)]
-    for future in futures:
-        future.result()  # the first share's failure, raised
-
-
 def create_shared_base(path: Path, config: ResolvedConfig, store: Path) -> ResolvedConfig:
     """A search's base (``path``: a new directory that is no run): the code snapshot once in
     ``store`` (:func:`hpctf.core.run.snapshot.take_shared`), ``path/code`` a link to it, and
@@ -334,59 +301,7 @@ def _make_point(
     is claimed)."""
     _make_dir(run.path, parents=False)
     made.append(run)
-    redacted, secrets = secret_store.split(frozen)
-    try:
-        for folder in (run.logs, run.checkpoints, run.journal):
-            folder.mkdir()
-        snapshot.link(run.path, code)
-        if secrets:  # before the config: the config is never there without them
-            _write_new(run.path / SECRETS_FILE, secret_store.text(secrets))
-        _write_new(run.config_file, redacted.model_dump_json(indent=2))
-        _write_new(run.script, script, 0o777)  # less the umask, as for any new file
-        name, entry = journal.created_file(run, frozen.experiment_file, frozen.site.name)
-        _write_new(run.journal / name, json.dumps(entry))
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot create run directory {run.path}: {exc.strerror}") from exc
-
-
-def record_unsynced(run: RunDir, event: str, fields: Mapping[str, Any]) -> None:
-    """One journal entry of ``run``, as :meth:`RunDir.record` writes one (the reader sees the
-    whole entry or none: written beside its name, then renamed), in fewer metadata operations
-    and without an fsync (the caller syncs the filesystem once for many runs: a sweep's
-    ``submitted`` records): the journal opened once, never through a link (``O_NOFOLLOW``:
-    one planted for it is refused), the entry's temporary file a name of its own (``O_EXCL``)
-    in it."""
-    try:
-        folder = os.open(run.journal, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            safe_dir(run.journal, create=False)  # says what stands there, in its words
-        raise EnvironmentProblem(f"cannot open {run.journal}: {exc.strerror or exc}") from exc
-    try:
-        stamp = journal.next_stamp(os.listdir(folder), time.time_ns())
-        name = journal.file_name(stamp, os.getpid(), event)
-        temporary = f".{name}.tmp"
-        _write_new(Path(temporary), json.dumps(journal.entry(event, fields)), dir_fd=folder)
-        os.rename(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot write to {run.journal}: {exc.strerror or exc}") from exc
-    finally:
-        os.close(folder)
-
-
-def _write_new(path: Path, text: str, mode: int = 0o600, dir_fd: int | None = None) -> None:
-    """A new file (never through a link: O_EXCL) holding ``text``, ``mode`` less the umask;
-    ``path`` relative to the directory ``dir_fd`` when given. Written with ``os.write``: no
-    buffered file object (its isatty and seek calls were half of a point's system calls)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    data = text.encode("utf-8")
-    fd = os.open(path, flags, mode, dir_fd=dir_fd)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
+    write_point(run, frozen, script, code)
 
 
 def _make_dir(path: Path, parents: bool = True) -> None:

@@ -7,9 +7,9 @@ config points there; ``hpctf resubmit --update-code`` takes a new copy on purpos
 points share one copy, kept once in the sweep directory (``SWEEP/code/<digest>/``, named by
 its content: :func:`take_shared`), each point's ``RUN_DIR/code`` a link to it.
 
-Only source-like files are copied (:data:`SOURCE_SUFFIXES`, each at most :data:`MAX_FILE`),
-never data, virtualenvs, caches, version control or earlier runs, and the whole copy is
-bounded (:data:`MAX_TOTAL`): a python_path of ``~`` is refused, not copied. Where a source
+Only source-like files are copied, never data, virtualenvs, caches, version control or earlier
+runs, and the whole copy is bounded: a python_path of ``~`` is refused, not copied
+(:mod:`hpctf.core.run.snapshot_files`). Where a source
 directory is inside a git work tree, its commit and whether it had uncommitted changes are
 recorded (``RUN_DIR/code/SNAPSHOT.json``), for ``hpctf status``. The copy is read-only
 (:func:`seal`): a run's code cannot change behind its back.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -28,60 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctf.core.errors import EnvironmentProblem, UserError
-
-SOURCE_SUFFIXES = frozenset(
-    {".py", ".pyi", ".yaml", ".yml", ".json", ".toml", ".cfg", ".ini", ".txt", ".sh", ".j2"}
-)
-SKIPPED_DIRS = frozenset(
-    {
-        ".git",
-        ".hg",
-        "__pycache__",
-        ".venv",
-        "venv",
-        "env",
-        "node_modules",
-        "data",
-        "datasets",
-        "checkpoints",
-        "runs",
-        "logs",
-        "outputs",
-        "wandb",
-        "mlruns",
-        "build",
-        "dist",
-        ".mypy_cache",
-        ".pytest_cache",
-        ".ruff_cache",
-        ".ipynb_checkpoints",
-        ".tox",
-    }
-)
-MAX_FILE = 1 << 20  # 1 MiB: larger "source" files are data in disguise
-MAX_TOTAL = 32 << 20  # 32 MiB in all
-# Each run holds its own copy (a sweep's points share one: take_shared): 20,000 small files
-# were 20,000 inodes per run. A project's own code is hundreds of files.
-MAX_FILES = 5_000
-# Credentials beside the code stay where they are (a 0700 home), not copied into a runs root
-# others may read: dot-files and dot-directories (.env, .netrc, .secrets/, .aws/), and these.
-CREDENTIAL_NAMES = frozenset(
-    {"kaggle.json", "credentials.json", "client_secret.json", "service_account.json"}
-)
-CREDENTIAL_SUFFIXES = frozenset({".pem", ".key", ".p12", ".pfx", ".keytab"})
-_CREDENTIAL_WORDS = re.compile(r"secret|credential|password", re.IGNORECASE)
-
-
-def is_credential(name: str) -> bool:
-    """Whether a file called ``name`` looks like it holds credentials (never copied)."""
-    return (
-        name.startswith(".")
-        or name.lower() in CREDENTIAL_NAMES
-        or Path(name).suffix.lower() in CREDENTIAL_SUFFIXES
-        or bool(_CREDENTIAL_WORDS.search(name))
-    )
-
+from hpctf.core.errors import EnvironmentProblem
+from hpctf.core.run.snapshot_files import MAX_FILE as MAX_FILE  # read here by the SSH path
+from hpctf.core.run.snapshot_files import MAX_TOTAL as MAX_TOTAL
+from hpctf.core.run.snapshot_files import SnapshotPlan, plan_snapshot
 
 CODE_DIR = "code"
 MANIFEST = "SNAPSHOT.json"
@@ -111,37 +60,6 @@ class Source:
         return f"{self.source}: {self.files} files, {version}"
 
 
-def _files(root: Path, skip: Path | None) -> tuple[list[Path], list[Path]]:
-    """The source-like files under ``root``, in a stable order, and those left out for their
-    size (over :data:`MAX_FILE`). Dot-directories and credential-looking files
-    (:func:`is_credential`) are not looked at."""
-    found: list[Path] = []
-    too_big: list[Path] = []
-    for directory, dirs, names in os.walk(root):
-        here = Path(directory)
-        dirs[:] = sorted(
-            d
-            for d in dirs
-            if d not in SKIPPED_DIRS
-            and not d.startswith(".")
-            and not d.endswith(".egg-info")
-            and (skip is None or (here / d).resolve() != skip)
-            and not (here / d / "journal").is_dir()  # an earlier run directory
-        )
-        for name in sorted(names):
-            path = here / name
-            if (
-                path.suffix in SOURCE_SUFFIXES
-                and not is_credential(name)
-                and path.is_file()
-                and not path.is_symlink()
-            ):
-                (found if path.stat().st_size <= MAX_FILE else too_big).append(path)
-        if len(found) > MAX_FILES:
-            break  # refused by take(); no need to walk the rest of a home directory
-    return found, too_big
-
-
 def _git(directory: Path) -> tuple[str | None, bool | None]:
     """The commit of the git work tree holding ``directory`` and whether it is dirty there."""
 
@@ -165,47 +83,8 @@ def _git(directory: Path) -> tuple[str | None, bool | None]:
     return commit.strip(), bool(status and status.strip())
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What a snapshot will copy: each python_path directory and its files, and those left
-    out for their size."""
-
-    roots: list[tuple[Path, list[Path]]]
-    too_big: dict[Path, list[Path]]
-
-
-def _plan(python_path: Sequence[str], runs_root: Path | None) -> _Plan:
-    """The files of ``python_path`` to copy, or a UserError when there are too many or too much
-    (:data:`MAX_FILES`, :data:`MAX_TOTAL`), before anything is written."""
-    skip = runs_root.resolve() if runs_root is not None else None
-    roots: list[tuple[Path, list[Path]]] = []
-    too_big: dict[Path, list[Path]] = {}
-    total = 0
-    for entry in python_path:
-        root = Path(entry)
-        files, too_big[root] = _files(root, skip) if root.is_dir() else ([], [])
-        total += sum(f.stat().st_size for f in files)
-        roots.append((root, files))
-    count = sum(len(files) for _, files in roots)
-    if count > MAX_FILES:
-        biggest = max(roots, key=lambda item: len(item[1]))[0]
-        raise UserError(
-            f"train.python_path holds more than {MAX_FILES:,} source-like files ({count:,} "
-            f"counted before stopping, most in {biggest}), the most hpctf copies into each "
-            "run: point python_path at the directories with your code only"
-        )
-    if total > MAX_TOTAL:
-        biggest = max(roots, key=lambda item: sum(f.stat().st_size for f in item[1]))[0]
-        raise UserError(
-            f"train.python_path holds {total / 2**20:.0f} MiB of source-like files (most in "
-            f"{biggest}), over the {MAX_TOTAL >> 20} MiB hpctf copies into a run: point "
-            "python_path at the directories with your code only"
-        )
-    return _Plan(roots, too_big)
-
-
 def _copy(
-    plan: _Plan, staging: Path, final: Callable[[], Path], secrets: list[bytes]
+    plan: SnapshotPlan, staging: Path, final: Callable[[], Path], secrets: list[bytes]
 ) -> list[Source]:
     """Copy ``plan``'s files into ``staging`` (new), one directory per python_path entry, and
     write the manifest there: each :class:`Source`'s copy named under ``final()``, the
@@ -266,7 +145,7 @@ def take(
     in the copy (the experiment file, most often); a Python source holding one is kept as it
     is, readable by its owner alone (0400), and named in :attr:`Source.holds_secret`. The copy
     is read-only for everyone (:func:`seal`)."""
-    plan = _plan(python_path, runs_root)
+    plan = plan_snapshot(python_path, runs_root)
     code = run_path / CODE_DIR
     staging = run_path / f".{CODE_DIR}.new"
     shutil.rmtree(staging, ignore_errors=True)
@@ -298,7 +177,7 @@ def take_shared(
     operation on a parallel filesystem's shared server); its points now hold one link each.
     Removing a point removes its link only; ``hpctf resubmit --update-code`` of a point gives
     that point a copy of its own (:func:`take`) and leaves the others on the shared one."""
-    plan = _plan(python_path, runs_root)
+    plan = plan_snapshot(python_path, runs_root)
     staging = store / f".new-{os.getpid()}-{os.urandom(6).hex()}"
     found: list[Path] = []
 
@@ -330,7 +209,7 @@ def link(run_path: Path, shared: Path) -> None:
     os.symlink(os.path.relpath(shared, run_path), run_path / CODE_DIR)
 
 
-def _digest(staging: Path, plan: _Plan) -> str:
+def _digest(staging: Path, plan: SnapshotPlan) -> str:
     """The name of a shared snapshot: a hash of its sources' paths and of every copied file's
     path and bytes (after secrets were replaced), in a stable order."""
     digest = hashlib.sha256()

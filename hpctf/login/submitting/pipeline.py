@@ -27,7 +27,7 @@ from typing import Generic, Protocol, TypeVar
 
 import click
 
-from hpctf.core.run import snapshot
+from hpctf.core.run import snapshot, snapshot_files
 from hpctf.core.run.rundir import (
     RunDir,
     RunDirTaken,
@@ -218,9 +218,10 @@ def warn_left_out(path: Path) -> None:
     for source in snapshot.read(path):
         for name in source.too_big:
             click.echo(
-                f"warning: {Path(source.source) / name} is over the {snapshot.MAX_FILE >> 20} "
-                "MiB hpctf copies per file and is not in the run's code snapshot: read it from "
-                "its own path (an absolute path in train.args), or make it smaller",
+                f"warning: {Path(source.source) / name} is over the "
+                f"{snapshot_files.MAX_FILE >> 20} MiB hpctf copies per file and is not in the "
+                "run's code snapshot: read it from its own path (an absolute path in "
+                "train.args), or make it smaller",
                 err=True,
             )
         for name in source.holds_secret:
