@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
+# The Debian 13 root of the second Slurm (24.11, the workers on Python 3.13), built once.
+SLURM2411_ROOT = REPO / "tests" / "slurm" / "debian13-root.sh"
+# What a test marked both_slurms runs on: its slurm_cluster is each of these in turn.
+SLURM_VERSIONS = ("22.05", "24.11")
 # train.python_path for tests/entries.py: it and the examples it builds on.
 ENTRIES_PATH = [str(REPO / p) for p in ("tests", "examples/digits", "examples/custom_loop")]
 
@@ -44,6 +48,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if item.get_closest_marker("tf") else 2
 
     items.sort(key=weight)  # stable: in file order within each group
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``both_slurms`` runs once on each Slurm of SLURM_VERSIONS: its
+    ``slurm_cluster`` is the 22.05 cluster, then the 24.11 one (ids ``[slurm22.05]``,
+    ``[slurm24.11]``). Every other test's is the 22.05 one, as before."""
+    if "slurm_cluster" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_slurms"
+    ):
+        metafunc.parametrize(
+            "slurm_cluster",
+            SLURM_VERSIONS,
+            indirect=True,
+            ids=[f"slurm{v}" for v in SLURM_VERSIONS],
+        )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Which Slurm 24.11 root the run used, and how long it took to build (once)."""
+    proc = subprocess.run(
+        [str(SLURM2411_ROOT), "--path"], capture_output=True, text=True, check=False
+    )
+    marker = Path(proc.stdout.strip()) / ".hpctf-root-complete"
+    if proc.returncode == 0 and marker.is_file():
+        lines = marker.read_text().split("\n")
+        terminalreporter.write_line(
+            f"Slurm 24.11 root {marker.parent}: {'; '.join(line for line in lines if line)}"
+        )
 
 
 @pytest.fixture
@@ -161,16 +193,10 @@ def checkout_for_others() -> Iterator[Path]:
         sshd.release_checkout(path)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(checkout_for_others: Path) -> Iterator[dict[str, str]]:
-    """Start the test cluster once; failing to start is fatal where Slurm is required.
-
-    HPCTF_SLURM_DIR, HPCTF_SLURM_PORT and HPCTF_SLURM_FIRST_JOB_ID (tests/slurm/cluster.sh)
-    pass through, so a second test run can keep its cluster apart from one already running.
-    """
-    # Not under pytest's tmp dir: munged runs as the munge user and cannot enter root's 0700 dirs.
-    env = {**os.environ, "HPCTF_SLURM_DIR": os.environ.get("HPCTF_SLURM_DIR", "/tmp/hpctf-slurm")}
-    env.update(xdist_cluster(env, os.environ.get("PYTEST_XDIST_WORKER", "")))
+def start_cluster(env: dict[str, str], checkout: Path) -> Iterator[dict[str, str]]:
+    """tests/slurm/cluster.sh start with ``env``; yields the cluster's environment for the tests
+    (SLURM_CONF, and PATH with the root's clients first where the cluster runs in a root) and
+    stops it after. Failing to start is fatal where Slurm is required."""
     state = Path(env["HPCTF_SLURM_DIR"])
     proc = subprocess.run(
         [str(CLUSTER), "start"], env=env, capture_output=True, text=True, check=False
@@ -180,16 +206,96 @@ def slurm_cluster(checkout_for_others: Path) -> Iterator[dict[str, str]]:
         if tools_required():
             pytest.fail(message)
         pytest.skip(message)
-    for tool in ("sbatch", "srun", "scontrol", "scancel"):  # what the Slurm tests call
-        require_tool(tool)
-    conf = str(state / "etc" / "slurm.conf")
-    os.environ["SLURM_CONF"] = conf
+    cluster = {**env, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
+    if env.get("HPCTF_SLURM_ROOT"):
+        cluster["PATH"] = f"{state / 'bin'}{os.pathsep}{env['PATH']}"
     try:
         # The checkout as other users read it: bound before the nodes' namespaces were made.
-        yield {**env, "SLURM_CONF": conf, "HPCTF_TEST_CHECKOUT": str(checkout_for_others)}
+        yield {**cluster, "HPCTF_TEST_CHECKOUT": str(checkout)}
     finally:
         subprocess.run([str(CLUSTER), "stop"], env=env, check=False)
-        os.environ.pop("SLURM_CONF", None)
+
+
+@pytest.fixture(scope="session")
+def slurm2205_cluster(checkout_for_others: Path) -> Iterator[dict[str, str]]:
+    """The test cluster on the machine's own Slurm (Debian 12's 22.05), started once.
+
+    HPCTF_SLURM_DIR, HPCTF_SLURM_PORT and HPCTF_SLURM_FIRST_JOB_ID (tests/slurm/cluster.sh)
+    pass through, so a second test run can keep its cluster apart from one already running.
+    """
+    # Not under pytest's tmp dir: munged runs as the munge user and cannot enter root's 0700 dirs.
+    env = {**os.environ, "HPCTF_SLURM_DIR": os.environ.get("HPCTF_SLURM_DIR", "/tmp/hpctf-slurm")}
+    env.update(xdist_cluster(env, os.environ.get("PYTEST_XDIST_WORKER", "")))
+    for cluster in start_cluster(env, checkout_for_others):
+        for tool in ("sbatch", "srun", "scontrol", "scancel"):  # what the Slurm tests call
+            require_tool(tool)
+        os.environ["SLURM_CONF"] = cluster["SLURM_CONF"]
+        try:
+            yield cluster
+        finally:
+            os.environ.pop("SLURM_CONF", None)
+
+
+def slurm2411_root() -> Path:
+    """The Debian 13 root with Slurm 24.11 and Python 3.13 (tests/slurm/debian13-root.sh):
+    built now when the cache lacks it (about 8 minutes, once; its log says how long)."""
+    if os.geteuid() != 0:
+        message = "the Slurm 24.11 cluster runs in a chroot: needs root"
+        if tools_required():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    proc = subprocess.run(
+        [str(SLURM2411_ROOT)], capture_output=True, text=True, check=False, timeout=3600
+    )
+    if proc.returncode != 0:
+        message = f"the Slurm 24.11 root could not be built:\n{proc.stderr}"
+        if tools_required():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return Path(proc.stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def slurm2411_cluster(checkout_for_others: Path) -> Iterator[dict[str, str]]:
+    """The second test cluster: Slurm 24.11 from a Debian 13 root (its daemons, its clients
+    and the jobs, whose workers run Python 3.13 and the newest TensorFlow), beside the 22.05
+    one: its own state dir, ports and job ids (HPCTF_SLURM2411_DIR, HPCTF_SLURM2411_PORT,
+    HPCTF_SLURM2411_FIRST_JOB_ID; each xdist worker's moved as for the 22.05 cluster)."""
+    root = slurm2411_root()
+    env = {
+        **os.environ,
+        "HPCTF_SLURM_ROOT": str(root),
+        # The root's venv is seen where this Python's is: a rendered script's PYTHON.
+        "HPCTF_ROOT_VENV_AT": sys.prefix,
+        "HPCTF_SLURM_DIR": os.environ.get("HPCTF_SLURM2411_DIR", "/tmp/hpctf-slurm2411"),
+        "HPCTF_SLURM_PORT": os.environ.get("HPCTF_SLURM2411_PORT", "17017"),
+        "HPCTF_SLURM_FIRST_JOB_ID": os.environ.get("HPCTF_SLURM2411_FIRST_JOB_ID", "25001"),
+    }
+    env.update(xdist_cluster(env, os.environ.get("PYTEST_XDIST_WORKER", "")))
+    yield from start_cluster(env, checkout_for_others)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """The test cluster a Slurm test runs on: the 22.05 one, or for a test marked
+    ``both_slurms`` each of SLURM_VERSIONS in turn (pytest_generate_tests). Both clusters live
+    for the session; this only points the test's process at the one asked for (SLURM_CONF and
+    PATH, which pytest's own calls of hpctf's Slurm functions read)."""
+    version = getattr(request, "param", SLURM_VERSIONS[0])
+    if version == SLURM_VERSIONS[0]:
+        yield request.getfixturevalue("slurm2205_cluster")
+        return
+    cluster = request.getfixturevalue("slurm2411_cluster")
+    saved = {name: os.environ.get(name) for name in ("SLURM_CONF", "PATH", "HPCTF_ROOT_VENV_AT")}
+    os.environ.update({name: cluster[name] for name in saved})
+    try:
+        yield cluster
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def wait_for_job(job_id: str, timeout: float = 300) -> dict[str, str]:

@@ -27,6 +27,7 @@ PACKAGES=(
     iproute2                                # ss: is a cluster port already taken
     slurmdbd mariadb-server                 # accounting (sacct): HPCTF_SLURM_ACCOUNTING=1
     openssh-server openssh-client           # the SSH path's tests (tests/sshd.py): a real sshd
+    debootstrap                             # the Slurm 24.11 root (tests/slurm/debian13-root.sh)
 )
 ME=tests/system-packages.sh
 LOCK_TIMEOUT=${HPCTF_APT_LOCK_TIMEOUT:-120}

@@ -48,6 +48,7 @@ from tests.slurm_jobs import (
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 
 
+@pytest.mark.both_slurms
 def test_digits_trains_on_two_slurm_nodes(slurm_cluster: dict[str, str], tmp_path: Path) -> None:
     node_tmp = tmp_path / "node-tmp"
     node_tmp.mkdir()
