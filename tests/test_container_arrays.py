@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,11 +26,14 @@ from hpctf.core.settings.search import Search
 from hpctf.login.resolving.loader import load_config
 from hpctf.login.sweeps import sweep_commands
 from hpctf.login.sweeps.search_start import SearchPlan, array_script
-from tests.conftest import DIGITS, HPCTF, REPO, require_tool
+from hpctf.login.sweeps.sweep_dir import SweepDir
+from tests.conftest import DIGITS, HPCTF, REPO, require_tool, wait_for_job, write
 from tests.fake_slurm import FakeSlurm
+from tests.slurm_jobs import logs_of
 from tests.test_containers import (
     APPTAINER,
     IMAGE_ENV,
+    PASS_THROUGH,
     SCONTROL,
     SRUN,
     WORKER,
@@ -223,3 +228,52 @@ def test_the_golden_arrays_pass_shellcheck() -> None:
     for path in sorted(GOLDEN.glob("*.sbatch")):
         checked = subprocess.run([shellcheck, str(path)], capture_output=True, text=True)
         assert checked.returncode == 0, f"{path.name}: {checked.stdout}"
+
+
+@pytest.mark.slurm
+@pytest.mark.tf
+def test_an_apptainer_sweep_trains_its_points_on_the_slurm_cluster(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """A grid sweep on an Apptainer site on the real test cluster (no apptainer on this
+    machine: a pass-through that records its argv and runs the command on the node): every
+    point's task goes through `apptainer exec` once, in its own run directory with the sweep
+    directory bound, and trains to the end."""
+    recorded, fake_bin, sites = tmp_path / "records", tmp_path / "bin", tmp_path / "sites"
+    recorded.mkdir()
+    tool(fake_bin / "apptainer", PASS_THROUGH)
+    image = "/images/hpctf-tf.sif"
+    write(
+        sites / "real-apptainer.yaml",
+        f"""name: real-apptainer
+extends: local-slurm
+container: {{runtime: apptainer, image: {image}, python: {sys.executable}}}
+""",
+    )
+    env = {
+        **slurm_cluster,
+        "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",  # sbatch passes it to the job
+        "HPCTF_SITE_PATH": str(sites),
+        "HPCTF_RUNS_ROOT": str(tmp_path / "runs"),
+        "HPCTF_TEST_RECORDS": str(recorded),
+        "HPCTF_TEST_IMAGE": image,
+    }
+    proc = hpctf(
+        env, "sweep", str(DIGITS), "--site", "real-apptainer", "--grid", "train.seed=0,1",
+        "--set", "resources.nodes=1", "--set", "train.steps=20",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (array,) = re.findall(r"^submitted job array (\d+): 2 point", proc.stdout, re.M)
+    (sweep,) = (tmp_path / "runs").iterdir()
+    points = [Path(p["run_dir"]) for p in SweepDir.read(sweep).points]
+    for task, point in enumerate(points):
+        info = wait_for_job(f"{array}_{task}")
+        assert info["JobState"] == "COMPLETED", logs_of(point)
+        assert json.loads((point / "DONE").read_text())["step"] == 20
+    calls = [json.loads(p.read_text()) for p in sorted(recorded.glob("apptainer-*.json"))]
+    bind = f"{sweep}:{sweep},{sweep}/code:{sweep}/code:ro"
+    assert sorted(c["argv"][2] for c in calls) == sorted(map(str, points))  # --pwd, once each
+    for call in calls:
+        assert call["argv"][:2] == ["exec", "--pwd"]
+        assert call["argv"][call["argv"].index("--bind") + 1] == bind
+        assert call["argv"][-5:-1] == [sys.executable, "-m", "hpctf", "worker"]
