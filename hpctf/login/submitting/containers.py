@@ -41,7 +41,7 @@ class ContainerLaunch:
     image: str
     mounts: str  # SRC:DST[:OPTION],... in order: run dir, its code snapshot (ro), the site's
     # The run directory: it exists inside, whatever the image's WORKDIR. None in a job array's
-    # script: each task's own, "$RUN_DIR" (the template writes it, unquoted by nothing).
+    # script, where each task's own is "$RUN_DIR" (written so by the template).
     workdir: str | None
     env_names: tuple[str, ...]  # host variables whose host value wins inside
     python: str  # the interpreter inside the image
