@@ -204,17 +204,30 @@ def test_another_hpctf_version_on_the_cluster_is_one_line(remote: Remote) -> Non
 
 
 def test_python_submit_wait_and_metrics_through_ssh(remote: Remote) -> None:
+    """Every method of the Python API's run is a typed call through the one connection: the
+    run directory from the submit's typed answer (no text read), its state a RunStatus, a
+    user's mistake there a UserError here."""
     code = (
         "import hpctf\n"
+        "from hpctf.core.errors import UserError\n"
         f"run = hpctf.submit({str(DIGITS)!r}, site='cluster', set={TINY[1::2]!r})\n"
-        "print(run.wait(timeout=300, poll=1))\n"
+        "print(repr(run.wait(timeout=300, poll=1)))\n"
         "print(len(run.metrics(frame=False)), run.path)\n"
+        "print(run.status()['state'], run.status()['hours'] is not None, run.cancel())\n"
+        "print(len(run.logs(rank=0)) > 0, len(run.logs(rank=0, job=run.status()['job'])) > 0)\n"
+        "try:\n"
+        "    run.logs(rank=9)\n"
+        "except UserError as exc:\n"
+        "    print('user error:', exc)\n"
     )
     proc = subprocess.run(
         [*HPCTF[:1], "-c", code], env=remote.env, capture_output=True, text=True, timeout=400
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    state, rows_and_path = proc.stdout.strip().splitlines()[-2:]
+    state, rows_and_path, status, logs, refused = proc.stdout.strip().splitlines()[-5:]
     rows, path = rows_and_path.split()
-    assert state == "done" and int(rows) >= 1, proc.stdout
+    assert state == "<RunStatus.DONE: 'done'>" and int(rows) >= 1, proc.stdout
     assert Path(path).parent == remote.runs and (Path(path) / "DONE").is_file()
+    assert status == "done True []", proc.stdout
+    assert logs == "True True", proc.stdout
+    assert refused.startswith("user error: ") and "no log of rank 9" in refused, proc.stdout

@@ -1,31 +1,34 @@
 """The Python API's runs on a site behind SSH: :func:`hpctf.submit` with such a site returns
-a :class:`RemoteRun`, whose every look is one ``hpctf status --json`` on the cluster over the
-open connection. :func:`wait_all` waits on many runs with one status call per poll for all
-of them (on the cluster, that is one squeue, and at most one sacct, for all their jobs),
-the pause between polls growing to :data:`MAX_POLL`."""
+a :class:`RemoteRun`, whose every method is one typed call (:mod:`hpctf.login.calls`) on the
+cluster over the open connection. :func:`wait_all` waits on many runs with one status call
+per poll for all of them (on the cluster, that is one squeue for all their jobs), the pause
+between polls growing to :data:`MAX_POLL`."""
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.history import RunStatus
 from hpctf.core.settings.config import Site
-from hpctf.login.remote.forward import on_cluster, ship
+from hpctf.login.calls.models import Request, Result, Started, Statuses, StatusRequest
+from hpctf.login.remote.calling import remote_call
+from hpctf.login.remote.forward import ship
 from hpctf.login.remote.ssh import Connection
-from hpctf.python_api.run_api import Run, RunFailed, has_ended, metrics_frame
+from hpctf.python_api.run_api import Run, RunFailed, Settings, has_ended
 
 MAX_POLL = 120.0
 BACKOFF = 1.5
 
 
 class RemoteRun(Run):
-    """A run directory on the cluster (``path`` is the cluster's)."""
+    """A run directory on the cluster (``path`` is the cluster's): every method is one typed
+    call over the open connection (:func:`hpctf.login.remote.calling.remote_call`)."""
 
     def __init__(self, path: str, connection: Connection, site: Site) -> None:
         self.path = Path(path)
@@ -34,56 +37,46 @@ class RemoteRun(Run):
     def __repr__(self) -> str:
         return f"hpctf.Run({str(self.path)!r}, on {self.connection.login.host})"
 
-    def _hpctf(self, *args: str) -> str:
-        proc = on_cluster(self.connection, self.site, args, capture=True)
-        if proc.returncode == 2:
-            raise UserError(_said(proc.stderr))
-        if proc.returncode != 0:
-            raise EnvironmentProblem(
-                f"{self.connection.login.host}: hpctf {args[0]} exited {proc.returncode}: "
-                f"{_said(proc.stderr)}"
-            )
-        return str(proc.stdout)
+    def _answer(self, request: Request) -> Result:
+        return remote_call(self.connection, self.site, request)
 
     def status(self) -> dict[str, Any]:
-        return statuses([self])[0]
+        return statuses([self], hours=True)[0]
 
     def wait(
         self, timeout: float | None = None, poll: float = 10.0, check: bool = False
     ) -> RunStatus:
         return wait_all([self], timeout, poll, check)[0]
 
-    def logs(self, rank: int = 0, job: str | None = None) -> str:
-        return self._hpctf(
-            "logs", str(self.path), "--rank", str(rank), *(["--job", job] if job else [])
-        )
+    def resubmit(
+        self,
+        set: Settings = None,
+        exclude: str | None = None,
+        update_code: bool = False,
+        from_scratch: bool = False,
+        retry_failed_nodes: bool = False,
+        echo: bool = False,
+    ) -> Run:
+        """``hpctf resubmit RUN`` on the cluster; ``update_code`` is refused from here (the
+        cluster would take the code shipped at submit, not this machine's)."""
+        if update_code:
+            raise UserError(
+                "resubmit(update_code=True) from outside the login host would take the code "
+                "shipped at submit, not yours: submit again from here (a new run)"
+            )
+        request = self._resubmit_request(set, exclude, False, from_scratch, retry_failed_nodes)
+        self._answer(request)
+        return self
 
-    def metrics(self, frame: bool | None = None) -> Any:
-        return metrics_frame(json.loads(self._hpctf("_remote-metrics", str(self.path))), frame)
 
-    def cancel(self) -> list[str]:
-        return re.findall(r"\b(\d+)\b", self._hpctf("cancel", str(self.path)))
-
-    def resubmit(self, *args: Any, **kwargs: Any) -> Run:
-        raise UserError("resubmit a run on a remote site with: hpctf resubmit RUN (HPCTF_SITE set)")
-
-
-def _said(stderr: str) -> str:
-    lines = [line.removeprefix("Error: ") for line in stderr.strip().splitlines()]
-    return lines[-1] if lines else "no message"
-
-
-def statuses(runs: Sequence[RemoteRun]) -> list[dict[str, Any]]:
-    """Each run's ``status --json`` document, from one remote call for all of them."""
+def statuses(runs: Sequence[RemoteRun], hours: bool = False) -> list[dict[str, Any]]:
+    """Each run's ``status --json`` document, from one call for all of them (one squeue on
+    the cluster; ``hours``: one sacct more). The runs share the first one's connection."""
     if not runs:
         return []
-    text = runs[0]._hpctf("status", "--json", *(str(r.path) for r in runs))
-    document = json.loads(text)
-    found = {str(d.get("run_dir") or d.get("path")): d for d in document.get("runs", [])}
-    listed = document.get("runs", [])
-    return [
-        found.get(str(r.path), listed[i] if i < len(listed) else {}) for i, r in enumerate(runs)
-    ]
+    answered = runs[0]._answer(StatusRequest(run_dirs=[str(r.path) for r in runs], hours=hours))
+    assert isinstance(answered, Statuses)
+    return answered.runs
 
 
 def wait_all(
@@ -119,9 +112,15 @@ def submit(
     answer, connection, remote_site = shipped
     if answer.returncode == 2:
         raise UserError(_said(answer.stderr))
-    found = re.search(r"^run directory: (.+)$", answer.stdout, re.M)
-    if answer.returncode != 0 or found is None:
+    try:
+        started = Started.model_validate_json(answer.stdout)
+    except ValidationError:
         raise EnvironmentProblem(
             f"submit on {connection.login.host} exited {answer.returncode}: {_said(answer.stderr)}"
-        )
-    return RemoteRun(found.group(1).strip(), connection, remote_site)
+        ) from None
+    return RemoteRun(started.run_dir, connection, remote_site)
+
+
+def _said(stderr: str) -> str:
+    lines = [line.removeprefix("Error: ") for line in stderr.strip().splitlines()]
+    return lines[-1] if lines else "no message"

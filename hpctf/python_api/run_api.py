@@ -20,6 +20,19 @@ from typing import Any
 from hpctf.core.errors import UserError
 from hpctf.core.run.history import RunStatus
 from hpctf.core.scheduler.slurm import FINAL_STATES
+from hpctf.login.calls.models import (
+    Cancelled,
+    CancelRequest,
+    Logs,
+    LogsRequest,
+    Metrics,
+    MetricsRequest,
+    Request,
+    ResubmitRequest,
+    Result,
+    Statuses,
+    StatusRequest,
+)
 
 Settings = Mapping[str, Any] | Sequence[str] | None
 
@@ -63,6 +76,13 @@ class Run:
     def name(self) -> str:
         return self.path.name
 
+    def _answer(self, request: Request) -> Result:
+        """``request`` answered by the typed command layer (:mod:`hpctf.login.calls`): here,
+        or on the login host for a run there (:class:`hpctf.python_api.remote_run.RemoteRun`)."""
+        from hpctf.login.calls.table import answer
+
+        return answer(request)
+
     def status(self) -> dict[str, Any]:
         """The document ``hpctf status RUN --json`` prints for this run (its ``runs[0]``):
         state and why, job, Slurm's word, step, loss, evaluations, each start, and the
@@ -71,18 +91,9 @@ class Run:
         return self._document(hours=True)
 
     def _document(self, hours: bool) -> dict[str, Any]:
-        from hpctf.core.run.hours import hours_json
-        from hpctf.login.reading.hours_view import hours_of
-        from hpctf.login.reading.run_report import full_document
-        from hpctf.login.reading.runs import RunRecord
-        from hpctf.login.reading.slurm_view import job_states
-
-        record = RunRecord.read(self.path)
-        view = job_states([record.facts], all_jobs=True)
-        document = full_document(record, view, time.time())
-        if hours:
-            document["hours"] = hours_json(hours_of([record.facts])[record.facts.path])
-        return document
+        answered = self._answer(StatusRequest(run_dirs=[str(self.path)], hours=hours))
+        assert isinstance(answered, Statuses)
+        return answered.runs[0]
 
     @property
     def state(self) -> RunStatus:
@@ -114,16 +125,9 @@ class Run:
     def logs(self, rank: int = 0, job: str | None = None) -> str:
         """One rank's log across every start (``hpctf logs RUN --rank N [--job ID]``), with
         the separator line where each start begins."""
-        from hpctf.login.reading.runs import RunRecord
-        from hpctf.login.watching.logs import LogReader
-
-        record = RunRecord.read(self.path)
-        if job is not None and job not in record.state.jobs:
-            raise UserError(f"{self.path}: no job {job}; its jobs: {', '.join(record.state.jobs)}")
-        if not record.run.rank_log(rank).exists():
-            ranks = sorted(p.stem.split("-")[1] for p in record.run.logs.glob("rank-*.log"))
-            raise UserError(f"{self.path}: no log of rank {rank} (yet); ranks: {ranks or 'none'}")
-        return "".join(LogReader(record.run, rank, job).read(record.history, final=True))
+        answered = self._answer(LogsRequest(run_dir=str(self.path), rank=rank, job=job))
+        assert isinstance(answered, Logs)
+        return answered.text
 
     def metrics(self, frame: bool | None = None) -> Any:
         """One row per logged step of the run's metrics.jsonl, its training values (loss,
@@ -131,15 +135,15 @@ class Run:
         start that logged it last. A pandas DataFrame (``eval`` flattened to ``eval.NAME``
         columns) when pandas is installed, else a list of dicts; ``frame=False``: always the
         list, ``frame=True``: a UserError when pandas is missing."""
-        from hpctf.core.run.metrics_history import by_step, metric_records
-
-        return metrics_frame(by_step(metric_records(self.path / "metrics.jsonl")), frame)
+        answered = self._answer(MetricsRequest(run_dir=str(self.path)))
+        assert isinstance(answered, Metrics)
+        return metrics_frame(answered.rows, frame)
 
     def cancel(self) -> list[str]:
         """``hpctf cancel RUN``: the run's open jobs cancelled and recorded; their ids."""
-        from hpctf.login.watching.cancel import cancel_run
-
-        return cancel_run(self.path)
+        answered = self._answer(CancelRequest(run_dir=str(self.path)))
+        assert isinstance(answered, Cancelled)
+        return answered.jobs
 
     def resubmit(
         self,
@@ -154,14 +158,31 @@ class Run:
         ``set={"train.steps": N}`` continues a done run (only keys that change neither model
         nor script). Returns this run; on a local site it has run by then (``echo``, Ctrl-C:
         as :func:`submit`)."""
+        from hpctf.login.calls.table import resubmit
         from hpctf.login.submitting.launchers import Caller
-        from hpctf.login.submitting.resubmit import resubmit_run
 
-        resubmit_run(
-            self.path, exclude, retry_failed_nodes, update_code, from_scratch, set_texts(set),
+        resubmit(
+            self._resubmit_request(set, exclude, update_code, from_scratch, retry_failed_nodes),
             Caller(echo=echo, interrupt=True),
-        )  # fmt: skip
+        )
         return self
+
+    def _resubmit_request(
+        self,
+        set: Settings,
+        exclude: str | None,
+        update_code: bool,
+        from_scratch: bool,
+        retry_failed_nodes: bool,
+    ) -> ResubmitRequest:
+        return ResubmitRequest(
+            run_dir=str(self.path),
+            overrides=set_texts(set),
+            exclude=exclude,
+            update_code=update_code,
+            from_scratch=from_scratch,
+            retry_failed_nodes=retry_failed_nodes,
+        )
 
 
 def has_ended(document: Mapping[str, Any]) -> bool:

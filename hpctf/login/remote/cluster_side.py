@@ -3,9 +3,10 @@
 ``hpctf _remote SITE_JSON COMMAND ARGS...`` runs COMMAND as the login host would, with the
 laptop's site (``SITE_JSON``, :func:`hpctf.login.remote.shipping.site_document`) kept in
 ``~/.cache/hpctf/sites/<hash>/`` and first on the site search path, and ``HPCTF_ON_LOGIN=1``.
-Two commands exist for the laptop alone: ``_remote-code`` (receive a code tree into the
-content-addressed store) and ``_remote-submit`` (submit or sweep a shipped experiment, once
-per token: :func:`submit_once`).
+Three commands exist for the laptop alone: ``_remote-code`` (receive a code tree into the
+content-addressed store), ``_remote-submit`` (submit or sweep a shipped experiment, once
+per token: :func:`submit_once`) and ``_call`` (a typed call of the Python API, request and
+site on stdin: :mod:`hpctf.login.remote.calling`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import click
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.rundir import RunDir, free_path, remove_new_run_dir, runs_root
 from hpctf.core.safe_files import private_folder, write_atomic
+from hpctf.login.calls.table import started
+from hpctf.login.remote.calling import call_command
 from hpctf.login.remote.shipping import MAX_CODE_STREAM, NEEDS_CODE, tree_hash
 from hpctf.login.remote.site_file import enter
 
@@ -151,7 +154,14 @@ def remote_submit(site_name: str) -> None:
     with _locked(work / "lock"):
         if request.get("command") == "sweep":
             sys.exit(_sweep_once(work, experiment_file, site_name, overrides, request))
-        sys.exit(submit_once(work, experiment_file, site_name, overrides, run_id))
+        if request.get("answer") != "json":
+            sys.exit(submit_once(work, experiment_file, site_name, overrides, run_id))
+        # The Python API's submit: the typed answer on stdout, the command's words on stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            status = submit_once(work, experiment_file, site_name, overrides, run_id)
+        chosen = Path((work / "run_dir").read_text(encoding="utf-8").strip())
+        click.echo(started(RunDir(chosen), status).model_dump_json())
+        sys.exit(status)
 
 
 # How long a submit token's record is kept: a laptop retries an unanswered submit within
@@ -224,16 +234,6 @@ def submit_once(
     return 0 if result is None else result
 
 
-@click.command("_remote-metrics", hidden=True)
-@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
-def remote_metrics(run_dir: Path) -> None:
-    """A run's metrics by step, as :meth:`hpctf.Run.metrics` reads them: one JSON list."""
-    from hpctf.core.run.metrics_history import by_step, metric_records
-
-    RunDir.open(run_dir)  # a UserError when it is not a run directory
-    click.echo(json.dumps(by_step(metric_records(run_dir.resolve() / "metrics.jsonl"))))
-
-
 @click.command("_remote-plot", hidden=True)
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 def remote_plot(run_dir: Path) -> None:
@@ -249,4 +249,4 @@ def remote_plot(run_dir: Path) -> None:
         sys.stdout.buffer.write(output.read_bytes())
 
 
-COMMANDS = (remote_code, remote_submit, remote_metrics, remote_plot)
+COMMANDS = (remote_code, remote_submit, remote_plot, call_command)

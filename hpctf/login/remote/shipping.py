@@ -163,6 +163,8 @@ def submit_remote(
     # The whole site (its secrets too) on standard input, with the request; the argument vector
     # (ps shows it to every user) holds the site without them.
     request["site"] = site_doc
+    if capture:  # the Python API: the cluster answers with a typed result (calls.models.Started)
+        request["answer"] = "json"
     prefix = ["_remote", json.dumps(site_document(site), sort_keys=True)]
     args = [*prefix, "_remote-submit", "--site", site.name]
     try:

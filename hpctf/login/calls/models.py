@@ -1,0 +1,130 @@
+"""The requests and results of the typed command layer: pydantic models, each result
+JSON-ready, and the one envelope a call's answer travels in (:class:`Answer`, versioned)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hpctf.core.run.history.states import RunStatus
+
+VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- requests ---------------------------------------------------------------------------------
+
+
+class StatusRequest(_Model):
+    """``hpctf status --json RUN...``: each run's document; ``hours``: with its node- and
+    GPU-hours (one sacct call for all)."""
+
+    command: Literal["status"] = "status"
+    run_dirs: list[str] = Field(min_length=1)
+    hours: bool = False
+
+
+class CancelRequest(_Model):
+    """``hpctf cancel RUN``."""
+
+    command: Literal["cancel"] = "cancel"
+    run_dir: str
+
+
+class ResubmitRequest(_Model):
+    """``hpctf resubmit RUN [--set ...] [--exclude ...] [--from-scratch]
+    [--retry-failed-nodes]``. ``update_code`` takes the code the run was submitted with
+    from where it was: from a laptop that is the laptop's, so the call refuses it there."""
+
+    command: Literal["resubmit"] = "resubmit"
+    run_dir: str
+    overrides: list[str] = []
+    exclude: str | None = None
+    update_code: bool = False
+    from_scratch: bool = False
+    retry_failed_nodes: bool = False
+
+
+class MetricsRequest(_Model):
+    """:meth:`hpctf.Run.metrics`: the run's metrics, one row per step."""
+
+    command: Literal["metrics"] = "metrics"
+    run_dir: str
+
+
+class LogsRequest(_Model):
+    """``hpctf logs RUN --rank N [--job ID]``, whole (no follow)."""
+
+    command: Literal["logs"] = "logs"
+    run_dir: str
+    rank: int = Field(default=0, ge=0)
+    job: str | None = None
+
+
+Request = StatusRequest | CancelRequest | ResubmitRequest | MetricsRequest | LogsRequest
+
+
+class Call(_Model):
+    """One request as it travels to the login host: the laptop's site (the document
+    :func:`hpctf.login.remote.site_file.site_document` makes) and the request."""
+
+    version: int = VERSION
+    site: dict[str, Any]
+    request: Request = Field(discriminator="command")
+
+
+# --- results ----------------------------------------------------------------------------------
+
+
+class Statuses(_Model):
+    """One ``status --json`` document per run asked for, in order."""
+
+    runs: list[dict[str, Any]]
+
+
+class Cancelled(_Model):
+    """The run and the jobs cancelled (none when none was open; a local run: its launcher's)."""
+
+    run_dir: str
+    jobs: list[str]
+    state: RunStatus
+
+
+class Started(_Model):
+    """A run and the job that starts it: ``submit`` and ``resubmit``. ``job_id`` None: a local
+    site (its workers have run by then: ``exit_status``)."""
+
+    run_dir: str
+    job_id: str | None = None
+    exit_status: int = 0
+    state: RunStatus
+
+
+class Metrics(_Model):
+    rows: list[dict[str, Any]]
+
+
+class Logs(_Model):
+    text: str
+
+
+Result = Statuses | Cancelled | Started | Metrics | Logs
+
+
+class Failure(_Model):
+    """Whose fault, as the CLI says it: the user's input (exit 2) or the environment's (exit 3)."""
+
+    kind: Literal["user", "environment"]
+    message: str
+
+
+class Answer(_Model):
+    """A call's answer: its result, or what failed."""
+
+    version: int = VERSION
+    result: dict[str, Any] | None = None
+    failure: Failure | None = None

@@ -1,0 +1,140 @@
+"""The typed command layer's functions, one per request (:mod:`.models`), and
+:func:`answer`, which runs any request: here for the Python API, on the login host for a
+laptop (``hpctf _call``). Each goes through the function its CLI command calls: no second
+path."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpctf.core.secrets import redact, redact_data
+from hpctf.login.calls.models import (
+    Cancelled,
+    CancelRequest,
+    Logs,
+    LogsRequest,
+    Metrics,
+    MetricsRequest,
+    Request,
+    ResubmitRequest,
+    Result,
+    Started,
+    Statuses,
+    StatusRequest,
+)
+
+if TYPE_CHECKING:
+    from hpctf.core.run.rundir import RunDir
+    from hpctf.login.submitting.launchers import Caller
+
+
+def status(request: StatusRequest) -> Statuses:
+    """Each run's ``status --json`` document: one squeue call for all of them, one sacct
+    call more with ``hours``."""
+    from hpctf.core.run.hours import hours_json
+    from hpctf.login.reading.hours_view import hours_of
+    from hpctf.login.reading.run_report import full_document
+    from hpctf.login.reading.runs import RunRecord
+    from hpctf.login.reading.slurm_view import job_states
+
+    records = [RunRecord.read(Path(path)) for path in request.run_dirs]
+    facts = [record.facts for record in records]
+    view = job_states(facts, all_jobs=True)
+    now = time.time()
+    documents = [full_document(record, view, now) for record in records]
+    if request.hours:
+        hours = hours_of(facts)
+        for document, run in zip(documents, facts, strict=True):
+            document["hours"] = hours_json(hours[run.path])
+    return Statuses(runs=redact_data(documents))
+
+
+def cancel(request: CancelRequest) -> Cancelled:
+    """``hpctf cancel RUN``: its open jobs cancelled and recorded."""
+    from hpctf.login.reading.runs import RunRecord
+    from hpctf.login.watching.cancel import cancel_run
+
+    jobs = cancel_run(Path(request.run_dir))
+    record = RunRecord.read(Path(request.run_dir))
+    return Cancelled(run_dir=str(record.run.path), jobs=jobs, state=record.state.state)
+
+
+def resubmit(request: ResubmitRequest, caller: Caller | None = None) -> Started:
+    """``hpctf resubmit RUN``: a new job on the run (``caller``: how a local run's workers are
+    watched; default the CLI's)."""
+    from hpctf.core.run.rundir import RunDir
+    from hpctf.login.submitting.launchers import CLI
+    from hpctf.login.submitting.resubmit import resubmit_run
+
+    path = Path(request.run_dir)
+    status = resubmit_run(
+        path,
+        request.exclude,
+        request.retry_failed_nodes,
+        request.update_code,
+        request.from_scratch,
+        request.overrides,
+        caller or CLI,
+    )
+    return started(RunDir(path.resolve()), status)
+
+
+def started(run: RunDir, status: int) -> Started:
+    """The :class:`Started` of ``run`` after its start returned ``status``: its last
+    submitted job (None on a local site) and its state."""
+    from hpctf.core.run.history import read_history
+
+    history = read_history(run)
+    submitted = history.submissions
+    job = str(submitted[-1].job_id) if submitted and submitted[-1].job_id is not None else None
+    return Started(run_dir=str(run.path), job_id=job, exit_status=status, state=history.state.state)
+
+
+def metrics(request: MetricsRequest) -> Metrics:
+    """The run's metrics.jsonl by step (:func:`hpctf.core.run.metrics_history.by_step`)."""
+    from hpctf.core.run.metrics_history import by_step, metric_records
+    from hpctf.core.run.rundir import RunDir
+
+    run = RunDir.open(Path(request.run_dir))
+    return Metrics(rows=redact_data(by_step(metric_records(run.path / "metrics.jsonl"))))
+
+
+def logs(request: LogsRequest) -> Logs:
+    """One rank's log across every start, as ``hpctf logs RUN --rank N [--job ID]``."""
+    from hpctf.core.errors import UserError
+    from hpctf.login.reading.runs import RunRecord
+    from hpctf.login.watching.logs import LogReader
+
+    record = RunRecord.read(Path(request.run_dir))
+    path, rank, job = record.run.path, request.rank, request.job
+    if job is not None and job not in record.state.jobs:
+        raise UserError(f"{path}: no job {job}; its jobs: {', '.join(record.state.jobs)}")
+    if not record.run.rank_log(rank).exists():
+        ranks = sorted(p.stem.split("-")[1] for p in record.run.logs.glob("rank-*.log"))
+        raise UserError(f"{path}: no log of rank {rank} (yet); ranks: {ranks or 'none'}")
+    text = "".join(LogReader(record.run, rank, job).read(record.history, final=True))
+    return Logs(text=redact(text))
+
+
+def answer(request: Request) -> Result:
+    """Run ``request`` here."""
+    if isinstance(request, StatusRequest):
+        return status(request)
+    if isinstance(request, CancelRequest):
+        return cancel(request)
+    if isinstance(request, ResubmitRequest):
+        return resubmit(request)
+    if isinstance(request, MetricsRequest):
+        return metrics(request)
+    return logs(request)
+
+
+RESULTS: dict[str, type[Result]] = {
+    "status": Statuses,
+    "cancel": Cancelled,
+    "resubmit": Started,
+    "metrics": Metrics,
+    "logs": Logs,
+}
