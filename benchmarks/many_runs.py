@@ -129,13 +129,14 @@ def a_sweep(root: Path, points: int, metrics: Path | None = None) -> Path:
     """A sweep directory of ``points`` points under ``root``: its ``sweep.json`` written by the
     sweep's own writer, each point a run (mostly done)."""
     from hpctf.login.sweeps.sweep_dir import SweepDir
+    from hpctf.login.sweeps.sweep_record import SweepRecord
 
     sweep = root / f"digits-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     (sweep / "logs").mkdir(parents=True)
     runs = many_runs(sweep, points, metrics)
     record = SweepDir(
         sweep,
-        {
+        SweepRecord.from_json({
             "name": "digits",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
             "experiment": str(DIGITS),
@@ -147,8 +148,8 @@ def a_sweep(root: Path, points: int, metrics: Path | None = None) -> Path:
                 for i, path in enumerate(runs)
             ],
             "arrays": [],
-        },
-    )
+        }),
+    )  # fmt: skip
     record.write()
     return sweep
 
