@@ -231,3 +231,58 @@ def test_python_submit_wait_and_metrics_through_ssh(remote: Remote) -> None:
     assert status == "done True []", proc.stdout
     assert logs == "True True", proc.stdout
     assert refused.startswith("user error: ") and "no log of rank 9" in refused, proc.stdout
+
+
+SEARCH = """\
+name: remote-search
+resources: {nodes: 1, tasks_per_node: 1, time: "00:10:00"}
+train:
+  entry: search_task:build
+  python_path: [.]
+  args: {step_seconds: 0.01}
+  steps: 10
+  global_batch_size: 8
+  log_every_steps: 5
+  eval_every_steps: 5
+  save_model: false
+checkpoint: {every_steps: 5}
+sweep:
+  parameters:
+    train.args.x: {type: float, low: 0.0, high: 1.0, step: 0.25}
+  objective: {metric: eval.objective, direction: minimize}
+  trials: 2
+  parallel: 1
+  sampler: random
+  seed: 3
+"""
+
+
+def test_python_sweeps_and_searches_through_ssh(remote: Remote, tmp_path: Path) -> None:
+    """``hpctf.sweep()`` on a site behind SSH: a grid and a search start on the cluster from
+    typed answers; the Sweep's points are runs there, its wait and best typed calls."""
+    search = tmp_path / "search"
+    search.mkdir()
+    (search / "search_task.py").write_text((Path(__file__).parent / "search_task.py").read_text())
+    (search / "experiment.yaml").write_text(SEARCH)
+    code = (
+        "import hpctf\n"
+        f"grid = hpctf.sweep({str(DIGITS)!r}, grid={{'train.seed': [1, 2]}}, site='cluster', "
+        f"set={TINY[1::2]!r})\n"
+        "print(sorted(grid.wait(timeout=300, poll=1).values()), len(grid.points))\n"
+        "best = grid.best('loss')\n"
+        "print(type(best.run).__name__, best.index in (0, 1), grid.is_search)\n"
+        f"found = hpctf.sweep({str(search / 'experiment.yaml')!r}, site='cluster')\n"
+        "print(found.is_search, sorted(found.wait(timeout=300, poll=1).values()))\n"
+        "top = found.best()\n"
+        "print(top is not None and 0.0 <= top.values['train.args.x'] <= 1.0, found.path)\n"
+    )
+    proc = subprocess.run(
+        [*HPCTF[:1], "-c", code], env=remote.env, capture_output=True, text=True, timeout=700
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    grid_states, grid_best, search_states, search_best = proc.stdout.strip().splitlines()[-4:]
+    assert grid_states == "['done', 'done'] 2", proc.stdout
+    assert grid_best == "RemoteRun True False", proc.stdout
+    assert search_states == "True ['done', 'done']", proc.stdout + proc.stderr
+    ok, path = search_best.split()
+    assert ok == "True" and Path(path).parent == remote.runs, proc.stdout

@@ -123,6 +123,6 @@ def test_hpctf_sweep_from_python_starts_a_search_as_the_cli_does(
         hpctf.sweep(path, grid={"train.seed": [1, 2]}, site="local-slurm")
     assert not list(runs_root.glob("*"))
     found = hpctf.sweep(path, site="local-slurm")
-    assert found._is_search and (found.path / "study.journal").is_file()
+    assert found.is_search and (found.path / "study.journal").is_file()
     (call,) = fake_slurm.calls("sbatch")
     assert call.endswith(f"{found.path}/array-0.sbatch")

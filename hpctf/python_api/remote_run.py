@@ -16,11 +16,20 @@ from pydantic import ValidationError
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run.history import RunStatus
 from hpctf.core.settings.config import Site
-from hpctf.login.calls.models import Request, Result, Started, Statuses, StatusRequest
+from hpctf.login.calls.models import (
+    Request,
+    Result,
+    Started,
+    Statuses,
+    StatusRequest,
+    SweepStarted,
+)
+from hpctf.login.calls.run_end import has_ended
 from hpctf.login.remote.calling import remote_call
 from hpctf.login.remote.forward import ship
 from hpctf.login.remote.ssh import Connection
-from hpctf.python_api.run_api import Run, RunFailed, Settings, has_ended
+from hpctf.python_api.run_api import Run, RunFailed, Settings
+from hpctf.python_api.sweep_api import Sweep
 
 MAX_POLL = 120.0
 BACKOFF = 1.5
@@ -67,6 +76,24 @@ class RemoteRun(Run):
         request = self._resubmit_request(set, exclude, False, from_scratch, retry_failed_nodes)
         self._answer(request)
         return self
+
+
+class RemoteSweep(Sweep):
+    """A sweep directory on the cluster: every method is one typed call over the open
+    connection; its points are :class:`RemoteRun` s."""
+
+    def __init__(self, path: str, connection: Connection, site: Site) -> None:
+        self.path = Path(path)
+        self.connection, self.site = connection, site
+
+    def __repr__(self) -> str:
+        return f"hpctf.Sweep({str(self.path)!r}, on {self.connection.login.host})"
+
+    def _answer(self, request: Request) -> Result:
+        return remote_call(self.connection, self.site, request)
+
+    def _run(self, path: str) -> Run:
+        return RemoteRun(path, self.connection, self.site)
 
 
 def statuses(runs: Sequence[RemoteRun], hours: bool = False) -> list[dict[str, Any]]:
@@ -124,3 +151,27 @@ def submit(
 def _said(stderr: str) -> str:
     lines = [line.removeprefix("Error: ") for line in stderr.strip().splitlines()]
     return lines[-1] if lines else "no message"
+
+
+def sweep(
+    experiment: Path,
+    site: str | None,
+    overrides: list[str],
+    options: list[str],
+    env: Mapping[str, str],
+) -> RemoteSweep | None:
+    """:func:`hpctf.sweep` on a site behind SSH (``options``: ``hpctf sweep``'s, as its
+    arguments); None when the site is here."""
+    shipped = ship("sweep", experiment, site, overrides, options, env, capture=True)
+    if shipped is None:
+        return None
+    answer, connection, remote_site = shipped
+    if answer.returncode == 2:
+        raise UserError(_said(answer.stderr))
+    try:
+        started = SweepStarted.model_validate_json(answer.stdout)
+    except ValidationError:
+        raise EnvironmentProblem(
+            f"sweep on {connection.login.host} exited {answer.returncode}: {_said(answer.stderr)}"
+        ) from None
+    return RemoteSweep(started.sweep_dir, connection, remote_site)

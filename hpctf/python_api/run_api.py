@@ -19,7 +19,6 @@ from typing import Any
 
 from hpctf.core.errors import UserError
 from hpctf.core.run.history import RunStatus
-from hpctf.core.scheduler.slurm import FINAL_STATES
 from hpctf.login.calls.models import (
     Cancelled,
     CancelRequest,
@@ -33,6 +32,7 @@ from hpctf.login.calls.models import (
     Statuses,
     StatusRequest,
 )
+from hpctf.login.calls.run_end import has_ended
 
 Settings = Mapping[str, Any] | Sequence[str] | None
 
@@ -183,17 +183,6 @@ class Run:
             from_scratch=from_scratch,
             retry_failed_nodes=retry_failed_nodes,
         )
-
-
-def has_ended(document: Mapping[str, Any]) -> bool:
-    """Whether the run of a ``status --json`` document will not start again by itself."""
-    state = RunStatus(document["state"])
-    if state.final:
-        return True
-    if state != RunStatus.PREEMPTED:
-        return False
-    slurm = document.get("slurm")  # saved and stopped: final unless its job may still requeue
-    return not slurm or slurm.get("state") in FINAL_STATES
 
 
 def run(path: str | os.PathLike[str]) -> Run:

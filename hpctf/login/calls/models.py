@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hpctf.core.run.history.states import RunStatus
 
 VERSION = 1
+Mode = Literal["min", "max"]
 
 
 class _Model(BaseModel):
@@ -65,7 +66,21 @@ class LogsRequest(_Model):
     job: str | None = None
 
 
-Request = StatusRequest | CancelRequest | ResubmitRequest | MetricsRequest | LogsRequest
+class SweepRequest(_Model):
+    """:class:`hpctf.Sweep`: its points; with ``documents``, their ``status SWEEP --json``
+    documents too (one squeue call), whether it is over, and its best point by ``metric``
+    (``mode``: min or max; a search without a metric: its study's best trial)."""
+
+    command: Literal["sweep"] = "sweep"
+    sweep_dir: str
+    documents: bool = True
+    metric: str | None = None
+    mode: Mode | None = None
+
+
+Request = (
+    StatusRequest | CancelRequest | ResubmitRequest | MetricsRequest | LogsRequest | SweepRequest
+)
 
 
 class Call(_Model):
@@ -112,7 +127,35 @@ class Logs(_Model):
     text: str
 
 
-Result = Statuses | Cancelled | Started | Metrics | Logs
+class PointRef(_Model):
+    """One point of a sweep (a search's trial: index is its number): the values it set, as
+    the experiment took them, and its run directory."""
+
+    index: int
+    values: dict[str, Any]
+    run_dir: str
+
+
+class SweepView(_Model):
+    """A sweep as :class:`hpctf.Sweep` reads it."""
+
+    sweep_dir: str
+    search: bool
+    points: list[PointRef]
+    documents: list[dict[str, Any]] = []
+    over: bool = False
+    best: PointRef | None = None
+
+
+class SweepStarted(_Model):
+    """``hpctf sweep``'s answer: the sweep directory and the exit status (a local sweep's
+    points', else 0)."""
+
+    sweep_dir: str
+    exit_status: int = 0
+
+
+Result = Statuses | Cancelled | Started | Metrics | Logs | SweepView
 
 
 class Failure(_Model):

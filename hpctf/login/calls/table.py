@@ -17,12 +17,15 @@ from hpctf.login.calls.models import (
     LogsRequest,
     Metrics,
     MetricsRequest,
+    PointRef,
     Request,
     ResubmitRequest,
     Result,
     Started,
     Statuses,
     StatusRequest,
+    SweepRequest,
+    SweepView,
 )
 
 if TYPE_CHECKING:
@@ -118,8 +121,31 @@ def logs(request: LogsRequest) -> Logs:
     return Logs(text=redact(text))
 
 
+def sweep(request: SweepRequest) -> SweepView:
+    """A sweep's points, their documents, whether it is over, and its best point."""
+    from hpctf.login.sweeps.sweep_dir import SweepDir
+    from hpctf.login.sweeps.sweep_view import best_of, documents_of, is_over, points_of
+
+    record = SweepDir.read(Path(request.sweep_dir))
+    points = [PointRef(**point) for point in points_of(record)]
+    view = SweepView(sweep_dir=str(record.path), search=record.is_search, points=points)
+    if not request.documents:
+        return view
+    documents = documents_of(record)
+    best = best_of(record, documents, request.metric, request.mode)
+    return view.model_copy(
+        update={
+            "documents": redact_data(documents),
+            "over": is_over(record, documents),
+            "best": None if best is None else PointRef(**best),
+        }
+    )
+
+
 def answer(request: Request) -> Result:
     """Run ``request`` here."""
+    if isinstance(request, SweepRequest):
+        return sweep(request)
     if isinstance(request, StatusRequest):
         return status(request)
     if isinstance(request, CancelRequest):
@@ -137,4 +163,5 @@ RESULTS: dict[str, type[Result]] = {
     "resubmit": Started,
     "metrics": Metrics,
     "logs": Logs,
+    "sweep": SweepView,
 }

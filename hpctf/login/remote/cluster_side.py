@@ -183,13 +183,15 @@ def _forget_old_submits(submits: Path) -> None:
 def _sweep_once(
     work: Path, experiment: Path, site: str, overrides: Sequence[str], request: Mapping[str, Any]
 ) -> int:
-    done = work / "swept"
+    done = work / ("swept.json" if request.get("answer") == "json" else "swept")
     if done.is_file():
         click.echo(done.read_text(encoding="utf-8"), nl=False)
         return 0
     from hpctf.login.sweeps.start import sweep
 
     args = [str(experiment), "--site", site, *(f"--set={o}" for o in overrides)]
+    if request.get("answer") == "json":
+        return _sweep_answered(done, [*args, *request.get("options", [])])
     said = io.StringIO()
     try:
         with contextlib.redirect_stdout(said):
@@ -198,6 +200,32 @@ def _sweep_once(
         click.echo(said.getvalue(), nl=False)
     write_atomic(done, said.getvalue())
     return 0
+
+
+def _sweep_answered(done: Path, args: list[str]) -> int:
+    """``hpctf sweep ARGS`` for the Python API: its typed answer (calls.models.SweepStarted)
+    on stdout, kept in ``done`` for a retry of the same token; its words on stderr."""
+    from hpctf.login.calls.models import SweepStarted
+    from hpctf.login.sweeps.start import start_any, sweep
+
+    with sweep.make_context("sweep", args) as ctx:
+        p = ctx.params
+    with contextlib.redirect_stdout(sys.stderr):
+        record, status = start_any(
+            p["experiment"],
+            p["grids"],
+            p["ranges"],
+            p["draws"],
+            p["seed"],
+            p["max_points"],
+            p["site_name"],
+            p["overrides"],
+            p["max_running"],
+        )
+    answer = SweepStarted(sweep_dir=str(record.path), exit_status=status).model_dump_json()
+    write_atomic(done, answer + "\n")
+    click.echo(answer)
+    return status
 
 
 def submit_once(
