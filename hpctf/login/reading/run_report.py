@@ -219,6 +219,27 @@ def describe_run(run: RunRecord, document: Mapping[str, Any]) -> str:
         current = document["slurm"] or {}
         when = f"; may start {current['start']}" if current.get("start") else ""
         lines.append(f"slurm: job {document['job']} {slurm_text(current)}{when}")
+    lines.extend(_progress_lines(document))
+    lines.extend(_job_line(job) for job in document["jobs"])
+    jobs = {job["job"]: job["slurm"] for job in document["jobs"]}
+    starts = run.state.starts
+    for number, start in enumerate(starts, 1):
+        # The last start logged steps past its end record's (its checkpoint's) step: the step
+        # it failed at is the last one it logged.
+        logged = document["step"] if number == len(starts) else None
+        lines.append(
+            f"start {number}: job {start.job_id} from step {start.step}: "
+            f"{_end(start, jobs.get(start.job_id), logged)}"
+        )
+    lines.append(f"last logged step: {document['step'] if document['step'] is not None else '-'}")
+    done = done_text(run.run.done)
+    lines.append(f"done: {done}")
+    return "\n".join(lines) + "\n"
+
+
+def _progress_lines(document: Mapping[str, Any]) -> list[str]:
+    """Progress, the loss's sparkline and the last evaluation, in the single-run view."""
+    lines = []
     total = document["total_steps"] or "?"
     if document["step"] is not None:
         lines.append(
@@ -235,21 +256,7 @@ def describe_run(run: RunRecord, document: Mapping[str, Any]) -> str:
     if evaluation := document.get("eval"):
         shown = ", ".join(f"{k} {_number(v)}" for k, v in sorted(evaluation["eval"].items()))
         lines.append(f"eval: step {evaluation['step']}: {shown}")
-    lines.extend(_job_line(job) for job in document["jobs"])
-    jobs = {job["job"]: job["slurm"] for job in document["jobs"]}
-    starts = run.state.starts
-    for number, start in enumerate(starts, 1):
-        # The last start logged steps past its end record's (its checkpoint's) step: the step
-        # it failed at is the last one it logged.
-        logged = document["step"] if number == len(starts) else None
-        lines.append(
-            f"start {number}: job {start.job_id} from step {start.step}: "
-            f"{_end(start, jobs.get(start.job_id), logged)}"
-        )
-    lines.append(f"last logged step: {document['step'] if document['step'] is not None else '-'}")
-    done = done_text(run.run.done)
-    lines.append(f"done: {done}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _job_line(job: Mapping[str, Any]) -> str:

@@ -150,14 +150,7 @@ def submit_remote(
         json.dumps([request, site_doc, connection.login.host], sort_keys=True).encode()
     ).hexdigest()[:32]
     pending = pending_file(env, key)
-    earlier = _pending(pending)
-    if earlier is None:
-        earlier = {
-            "token": secrets.token_hex(16),
-            "run_id": run_id
-            or f"{config.experiment.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}",
-        }
-        pending.write_text(json.dumps({**earlier, "host": connection.login.host}))
+    earlier = _token(pending, connection, run_id or _new_run_id(config))
     run_id = earlier["run_id"]
     request.update(earlier)
     # The whole site (its secrets too) on standard input, with the request; the argument vector
@@ -165,17 +158,8 @@ def submit_remote(
     request["site"] = site_doc
     if capture:  # the Python API: the cluster answers with a typed result (calls.models.Started)
         request["answer"] = "json"
-    prefix = ["_remote", json.dumps(site_document(site), sort_keys=True)]
-    args = [*prefix, "_remote-submit", "--site", site.name]
     try:
-        answer = connection.run(args, stdin=json.dumps(request).encode(), capture=capture)
-        if answer.returncode == NEEDS_CODE:
-            sent = connection.run(
-                [*prefix, "_remote-code", "--site", site.name, code], stdin=tar_stream(entries)
-            )
-            if sent.returncode != 0:
-                return sent
-            answer = connection.run(args, stdin=json.dumps(request).encode(), capture=capture)
+        answer = _ask(connection, site, (code, entries), json.dumps(request).encode(), capture)
     except EnvironmentProblem as exc:
         raise EnvironmentProblem(
             f"{exc}; the same command again finishes this {command} (run id {run_id}) and "
@@ -184,6 +168,43 @@ def submit_remote(
     if answer.returncode in (0, 2):
         pending.unlink(missing_ok=True)  # done, or refused with nothing made
     return answer
+
+
+def _ask(
+    connection: Connection,
+    site: Site,
+    tree: tuple[str, Sequence[tuple[str, int, bytes]]],
+    request: bytes,
+    capture: bool,
+) -> subprocess.CompletedProcess[str]:
+    """The cluster's answer to a submit ``request``; the code ``tree`` (its hash, its
+    entries) sent first when the cluster's store lacks it (the answer :data:`NEEDS_CODE`)."""
+    prefix = ["_remote", json.dumps(site_document(site), sort_keys=True)]
+    args = [*prefix, "_remote-submit", "--site", site.name]
+    answer = connection.run(args, stdin=request, capture=capture)
+    if answer.returncode != NEEDS_CODE:
+        return answer
+    code, entries = tree
+    sent = connection.run(
+        [*prefix, "_remote-code", "--site", site.name, code], stdin=tar_stream(entries)
+    )
+    if sent.returncode != 0:
+        return sent
+    return connection.run(args, stdin=request, capture=capture)
+
+
+def _new_run_id(config: ResolvedConfig) -> str:
+    return f"{config.experiment.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _token(pending: Path, connection: Connection, run_id: str) -> dict[str, str]:
+    """The token and run id of this submit: an earlier try's that got no answer, else new
+    ones, kept in ``pending`` until the cluster answers."""
+    earlier = _pending(pending)
+    if earlier is None:
+        earlier = {"token": secrets.token_hex(16), "run_id": run_id}
+        pending.write_text(json.dumps({**earlier, "host": connection.login.host}))
+    return earlier
 
 
 def _pending(pending: Path) -> dict[str, str] | None:
