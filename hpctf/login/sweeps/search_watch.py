@@ -23,6 +23,7 @@ import click
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.printable import printable
 from hpctf.core.run import journal
+from hpctf.core.run.history import RunStatus, TrialStatus
 from hpctf.core.run.hours import Hours, hours_json, hours_text, parse_usage, run_hours
 from hpctf.core.run.listing import RunFacts
 from hpctf.core.run.run_index import Index
@@ -37,7 +38,11 @@ from hpctf.login.reading.slurm_view import job_states, slurm_records, slurm_text
 from hpctf.login.sweeps.ranking import rank
 from hpctf.login.sweeps.sweep_dir import SweepDir, refuse_unrecorded_arrays, unrecorded_arrays
 
-_STUDY_STATES = {"COMPLETE": "done", "PRUNED": "pruned", "FAIL": "failed"}
+_STUDY_STATES = {
+    "COMPLETE": TrialStatus.DONE,
+    "PRUNED": TrialStatus.PRUNED,
+    "FAIL": TrialStatus.FAILED,
+}
 
 
 def search_of(record: SweepDir) -> Search:
@@ -52,15 +57,13 @@ def study_trials(record: SweepDir) -> dict[int, Any]:
         return {t.number: t for t in study.get_trials(deepcopy=False)}
 
 
-def trial_state(frozen: Any, run_state: str) -> str:
+def trial_state(frozen: Any, run_state: str) -> TrialStatus:
     """A trial's state in ``status``: the study's when it has ended there, else its run's
     (``running``, or ``pending`` while it waits; a run that ended and is not told yet shows its
-    end)."""
+    end: :meth:`~hpctf.core.run.history.TrialStatus.of_run`)."""
     if frozen is not None and frozen.state.name in _STUDY_STATES:
         return _STUDY_STATES[frozen.state.name]
-    if run_state in ("running", "done", "failed", "pruned"):
-        return run_state
-    return "failed" if run_state == "gave_up" else "pending"
+    return TrialStatus.of_run(RunStatus(run_state))
 
 
 def best_trial(record: SweepDir, trials: Mapping[int, Any]) -> Any | None:
