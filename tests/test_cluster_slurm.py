@@ -133,6 +133,7 @@ def by_task(text: str) -> dict[int, list[str]]:
     return lines
 
 
+@pytest.mark.both_slurms
 def test_four_tasks_on_two_nodes_get_distinct_ports_and_their_procid(
     slurm_cluster: dict[str, str],
 ) -> None:

@@ -80,6 +80,7 @@ def first_checkpointed(sweep: Path) -> Path | None:
     return None
 
 
+@pytest.mark.both_slurms
 def test_a_search_runs_its_trials_on_one_array_of_agents(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:

@@ -159,6 +159,7 @@ def long_run(
     return job_id, run_dir, deadline
 
 
+@pytest.mark.both_slurms
 def test_second_job_resumes_from_latest_checkpoint(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
@@ -232,6 +233,7 @@ def test_second_job_resumes_from_latest_checkpoint(
     assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
 
 
+@pytest.mark.both_slurms
 def test_preempted_job_saves_requeues_itself_and_resumes(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
@@ -414,6 +416,7 @@ def test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue(
     report_fault("test_an_entry_that_crashes_at_step_0_gives_up_without_a_requeue", run_dir)
 
 
+@pytest.mark.both_slurms
 def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:

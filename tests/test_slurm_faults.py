@@ -152,6 +152,7 @@ def test_a_preemption_with_a_grace_time_saves_and_is_requeued_by_hpctf(
 # --- walltime continuation at Slurm's one-minute minimum -------------------------------------
 
 
+@pytest.mark.both_slurms
 def test_one_minute_jobs_continue_the_run_across_three_starts(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:

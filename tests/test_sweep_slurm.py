@@ -74,6 +74,7 @@ def restarts(handle: str) -> int:
     return int((slurm.job_info(handle) or {}).get("Restarts", "-1"))
 
 
+@pytest.mark.both_slurms
 def test_a_sweep_is_one_throttled_array_whose_tasks_requeue_alone(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
