@@ -5,6 +5,7 @@ entries)."""
 from __future__ import annotations
 
 import ast
+import re
 
 from tests.conftest import REPO
 
@@ -48,3 +49,41 @@ def test_the_layout_page_names_every_room_and_no_room_that_is_gone() -> None:
     folders = set(re.findall(r"`([a-z_]+)/`", text))
     present = {p.name for p in [*package.rglob("*"), *REPO.iterdir()] if p.is_dir()}
     assert folders <= present, f"named on layout.md, not there: {sorted(folders - present)}"
+
+
+def _wing_rows() -> dict[str, str]:
+    """ARCHITECTURE.md's wing table: each wing's folder (``login``) and its rooms cell."""
+    text = (REPO / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `hpctf/([a-z_]+)/` \|.*\| ([^|]*) \|$", text, re.M)
+    return dict(rows)
+
+
+def test_the_architecture_table_names_every_room_of_each_wing_and_no_other() -> None:
+    """Every folder of a wing (a room) is in its row of ARCHITECTURE.md's table, and every
+    room the row names is there: the one-page map cannot drift from the code."""
+    rows = _wing_rows()
+    assert set(rows) == {"login", "batch", "compute", "core"}, rows
+    for wing, cell in rows.items():
+        folder = REPO / "hpctf" / wing
+        rooms = {p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*.py"))}
+        named = set(re.findall(r"`([a-z_]+)/`", cell))
+        modules = set(re.findall(r"`([a-z_]+)`", cell))
+        assert named == rooms, f"{wing}: the table names {sorted(named)}, the code has {sorted(rooms)}"
+        gone = sorted(m for m in modules if not (folder / f"{m}.py").is_file())
+        assert not gone, f"{wing}: the table names modules that are not there: {gone}"
+
+
+def test_every_module_a_docstring_points_to_exists() -> None:
+    """``:mod:`hpctf.x.y``` and ``:mod:`.y``` in hpctf's docstrings and comments name modules
+    that exist: a room renamed or merged leaves no stale pointer behind."""
+    stale = []
+    for path in sorted((REPO / "hpctf").rglob("*.py")):
+        package = path.parent.relative_to(REPO).as_posix().replace("/", ".")
+        for name in re.findall(r":mod:`~?([A-Za-z0-9_.]+)`", path.read_text(encoding="utf-8")):
+            dotted = f"{package}{name}" if name.startswith(".") else name
+            if not dotted.startswith("hpctf"):
+                continue
+            where = REPO / dotted.replace(".", "/")
+            if not (where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()):
+                stale.append(f"{path.relative_to(REPO)}: {name}")
+    assert not stale, "\n".join(stale)

@@ -2,7 +2,7 @@
 
 The base is resolved and validated once, on the login node, by ``hpctf sweep`` (every
 parameter key checked there against the experiment and its entry's arguments,
-:mod:`hpctf.login.sweeps.search_plan`); here the batch wing only sets the values Optuna drew
+:mod:`hpctf.login.sweeps.search_start`); here the batch wing only sets the values Optuna drew
 and validates the experiment again, so that a value the schema refuses is a failed trial, not
 a run with a wrong config.
 """
