@@ -28,9 +28,7 @@ from hpctf.login.sweeps import sweep_commands
 from hpctf.login.sweeps.search_start import SearchPlan, array_script
 from hpctf.login.sweeps.sweep_dir import SweepDir
 from tests.conftest import DIGITS, HPCTF, REPO, require_tool, wait_for_job, write
-from tests.fake_slurm import FakeSlurm
-from tests.slurm_jobs import logs_of
-from tests.test_containers import (
+from tests.container_fakes import (
     APPTAINER,
     IMAGE_ENV,
     PASS_THROUGH,
@@ -41,6 +39,8 @@ from tests.test_containers import (
     records,
     tool,
 )
+from tests.fake_slurm import FakeSlurm
+from tests.slurm_jobs import logs_of
 
 GOLDEN = Path(__file__).resolve().parent / "golden-arrays"
 REGENERATE = bool(os.environ.get("HPCTF_REGENERATE_GOLDEN"))
