@@ -73,7 +73,7 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
     table = results["table"]
     assert [row["section"] for row in table] == [
         *["login"] * 3,
-        *["listing"] * 3,
+        *["listing"] * 4,  # status from no index (cold), status, runs, status SWEEP
         # the 2,500-point plan, the 1,000-point submit, its files, its status, the dry run
         *["sweep"] * 5,
         "resolver",
@@ -326,7 +326,7 @@ def check_listing(tiny: tuple[dict[str, Any], str]) -> None:
         sizes["listing_runs"],
         sizes["listing_points"],
     )
-    for name in ("status", "runs", "sweep_status"):
+    for name in ("cold_status", "status", "runs", "sweep_status"):
         found = listing[name]
         assert len(found["samples"]) == sizes["listing_rounds"]
         assert positive(found["wall_s"], found["cpu_s"], found["rss_mb"])
@@ -335,6 +335,8 @@ def check_listing(tiny: tuple[dict[str, Any], str]) -> None:
         )
     assert listing["sweep_cold"] is False  # a tiny run leaves the page cache alone
     assert positive(*listing["first_status"].values())
+    assert positive(*listing["first_status_all"].values())
+    assert len(listing["index_whole_after_s"]) == sizes["listing_rounds"]
 
 
 def check_soak(tiny: tuple[dict[str, Any], str]) -> None:
