@@ -72,8 +72,8 @@ def visibility() -> dict[str, Any]:
         facts["nvidia_smi"] = (smi.stdout or smi.stderr).strip().splitlines()
     else:
         facts["nvidia_smi"] = "not on PATH"
+    from hpctf.compute.doctor.infiniband import read_infiniband
     from hpctf.compute.doctor.nccl_env import read_interfaces
-    from hpctf.compute.doctor.node_checks import read_infiniband
 
     interfaces = read_interfaces()
     ports = read_infiniband()

@@ -21,13 +21,8 @@ from hypothesis import strategies as st
 
 from hpctf.cli import cli
 from hpctf.compute.cluster.gpu_bind import gpu_binding
-from hpctf.compute.cluster.spec import (
-    ClusterSpec,
-    cluster_spec,
-    expand_tasks_per_node,
-    layout,
-    port_window,
-)
+from hpctf.compute.cluster.placement import expand_tasks_per_node, layout
+from hpctf.compute.cluster.spec import ClusterSpec, cluster_spec, port_window
 from hpctf.compute.doctor.node_checks import check_port_free
 from hpctf.compute.start.runtime import check_resolves, prepare_environment, startup_checks
 from hpctf.core.errors import SlurmEnvironmentProblem, UserError

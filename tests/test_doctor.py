@@ -18,14 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from hpctf.cli import cli
-from hpctf.compute.doctor.node_checks import (
-    IbPort,
-    hostnames_check,
-    infiniband_check,
-    memlock_check,
-    read_infiniband,
-    scan_nccl_log,
-)
+from hpctf.compute.doctor.infiniband import IbPort, infiniband_check, read_infiniband
+from hpctf.compute.doctor.node_checks import hostnames_check, memlock_check, scan_nccl_log
 from hpctf.compute.start.preflight import busbw_gbps, error_line
 from hpctf.core.errors import UserError
 from hpctf.core.scheduler import slurm

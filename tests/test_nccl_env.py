@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpctf.compute.cluster.spec import cluster_spec
+from hpctf.compute.doctor.infiniband import read_infiniband
 from hpctf.compute.doctor.nccl_env import (
     Interface,
     hca_rails_check,
@@ -22,7 +23,6 @@ from hpctf.compute.doctor.nccl_env import (
     read_interfaces,
     socket_ifname_check,
 )
-from hpctf.compute.doctor.node_checks import read_infiniband
 from hpctf.compute.start.quick_preflight import before_tensorflow
 from hpctf.login.submitting.local import task_environment
 from tests.conftest import write

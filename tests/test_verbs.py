@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpctf.compute.cluster.spec import cluster_spec
-from hpctf.compute.doctor.node_checks import IbPort
+from hpctf.compute.doctor.infiniband import IbPort
 from hpctf.compute.doctor.verbs import load_verbs, verbs_check
 from hpctf.compute.start.quick_preflight import before_tensorflow
 from hpctf.login.submitting.local import task_environment

@@ -199,7 +199,7 @@ def test_scaled_constant_rate_survives_a_restore(tmp_path: Path) -> None:
     import keras
     import tensorflow as tf
 
-    from hpctf.compute.loop.training import learning_rate_scaler
+    from hpctf.compute.loop.learning_rate import learning_rate_scaler
 
     saved = keras.optimizers.Adam(0.01)
     saved.build([tf.Variable(1.0)])
@@ -220,7 +220,7 @@ def test_scaled_schedule(tmp_path: Path) -> None:
     import keras
     import tensorflow as tf
 
-    from hpctf.compute.loop.training import learning_rate_scaler
+    from hpctf.compute.loop.learning_rate import learning_rate_scaler
 
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5)
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(schedule))

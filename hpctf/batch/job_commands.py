@@ -304,27 +304,7 @@ def _after_end(
             return relaunch_here(run, config, history, job_id, decision.why), True
         if reason in RELAUNCH_REASONS:
             click.echo(f"hpctf: job {job_id} is requeued, not started again here: {refusal}")
-        # scontrol requeue ends this very job: Slurm sends SIGTERM to the batch script's
-        # processes, this one included (SIGKILL after KillWait). Hold it off until the requeue
-        # Slurm accepted is recorded; a SlurmFailure leaves no "requeued" record behind.
-        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            try:
-                slurm.requeue(job_id)
-            except slurm.SlurmAlreadyPending:
-                # Slurm requeued it itself after srun ended (a lost node, a preemption): its
-                # SIGTERM came while this shell ignored it, so do what the trap would have.
-                click.echo(f"hpctf: job {job_id} was requeued by Slurm already")
-                note_failed_nodes(run, job_id, "TERM", history)
-                release(run, job_id, slurm.RELEASE_AFTER_S)
-                return history, False
-            history = history.plus(journal.record_requeued(run, job_id, decision.why))
-            exclude_failed_nodes(run, history, job_id)  # a requeue adds no failed node
-            click.echo(f"hpctf: job {job_id} requeued: {decision.why}")
-            # Last: the batch shell ends right after this (it ignores SIGTERM by now).
-            release(run, job_id, slurm.RELEASE_AFTER_S)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        return _requeue(run, history, job_id, decision.why), False
     elif not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ended: {decision.why}")
         if signalled and reason not in ("cancelled", "done", PRUNED):
@@ -340,6 +320,33 @@ def _after_end(
             message += f"; after a fix, resume with hpctf resubmit {run.path}"
         raise _GaveUp(message)
     return history, False
+
+
+def _requeue(run: RunDir, history: RunHistory, job_id: str, why: str) -> RunHistory:
+    """Requeue the job through Slurm and record it (``why``); returns ``history`` with the
+    ``requeued`` record, or as it was when Slurm had requeued the job itself."""
+    # scontrol requeue ends this very job: Slurm sends SIGTERM to the batch script's
+    # processes, this one included (SIGKILL after KillWait). Hold it off until the requeue
+    # Slurm accepted is recorded; a SlurmFailure leaves no "requeued" record behind.
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        try:
+            slurm.requeue(job_id)
+        except slurm.SlurmAlreadyPending:
+            # Slurm requeued it itself after srun ended (a lost node, a preemption): its
+            # SIGTERM came while this shell ignored it, so do what the trap would have.
+            click.echo(f"hpctf: job {job_id} was requeued by Slurm already")
+            note_failed_nodes(run, job_id, "TERM", history)
+            release(run, job_id, slurm.RELEASE_AFTER_S)
+            return history
+        history = history.plus(journal.record_requeued(run, job_id, why))
+        exclude_failed_nodes(run, history, job_id)  # a requeue adds no failed node
+        click.echo(f"hpctf: job {job_id} requeued: {why}")
+        # Last: the batch shell ends right after this (it ignores SIGTERM by now).
+        release(run, job_id, slurm.RELEASE_AFTER_S)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return history
 
 
 COMMANDS = (job_start, job_signal, job_end)

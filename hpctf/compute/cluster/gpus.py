@@ -84,31 +84,9 @@ def check_gpus(
         built = f"TensorFlow {tf_version} is a CPU-only build"
         if packages:
             built += f" ({', '.join(packages)})"
-        if machine in ("aarch64", "arm64"):
-            fix = (
-                "PyPI has no CUDA build of TensorFlow for aarch64 Linux (tensorflow[and-cuda] "
-                "installs a CPU-only one there): point the site's python or venv at a CUDA "
-                "build of TensorFlow (a site module or container) with hpctf installed"
-            )
-        elif "tensorflow-cpu" in packages:
-            fix = (
-                "install hpctf[gpu] (tensorflow[and-cuda]) in a fresh environment for the "
-                "compute nodes (without tensorflow-cpu: the two share files)"
-            )
-        else:
-            fix = "install hpctf[gpu] (tensorflow[and-cuda]) in the compute nodes' environment"
-        raise UserError(f"{given} but {built} and sees none: {fix}")
+        raise UserError(f"{given} but {built} and sees none: {_cpu_build_fix(packages, machine)}")
     if seen < expected:
-        if not device_files:
-            fix = (
-                "the cluster's gres.conf has no File= for its GPUs, so CUDA sees none; ask the "
-                "admins, or set resources.gpus_per_node: 0 to train on CPUs"
-            )
-        else:
-            fix = (
-                "check the node's driver (nvidia-smi), the site's CUDA modules, and "
-                "TensorFlow's messages above (a CUDA library that did not load)"
-            )
+        fix = _unseen_gpus_fix(device_files)
         raise UserError(f"{given} but TensorFlow {tf_version} (a GPU build) sees {seen}: {fix}")
     if seen > expected:
         raise UserError(
@@ -116,3 +94,32 @@ def check_gpus(
             "not this task's; let Slurm set CUDA_VISIBLE_DEVICES (do not unset or change it in "
             "setup)"
         )
+
+
+def _cpu_build_fix(packages: Sequence[str], machine: str) -> str:
+    """What to install when a CPU-only TensorFlow was given GPUs (:func:`check_gpus`)."""
+    if machine in ("aarch64", "arm64"):
+        return (
+            "PyPI has no CUDA build of TensorFlow for aarch64 Linux (tensorflow[and-cuda] "
+            "installs a CPU-only one there): point the site's python or venv at a CUDA "
+            "build of TensorFlow (a site module or container) with hpctf installed"
+        )
+    if "tensorflow-cpu" in packages:
+        return (
+            "install hpctf[gpu] (tensorflow[and-cuda]) in a fresh environment for the "
+            "compute nodes (without tensorflow-cpu: the two share files)"
+        )
+    return "install hpctf[gpu] (tensorflow[and-cuda]) in the compute nodes' environment"
+
+
+def _unseen_gpus_fix(device_files: bool) -> str:
+    """What to check when a GPU build of TensorFlow sees fewer GPUs than Slurm gave."""
+    if not device_files:
+        return (
+            "the cluster's gres.conf has no File= for its GPUs, so CUDA sees none; ask the "
+            "admins, or set resources.gpus_per_node: 0 to train on CPUs"
+        )
+    return (
+        "check the node's driver (nvidia-smi), the site's CUDA modules, and "
+        "TensorFlow's messages above (a CUDA library that did not load)"
+    )

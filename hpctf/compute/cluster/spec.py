@@ -6,6 +6,8 @@ TF_CONFIG JSON. Every task of a step computes the same worker list from the same
 no task has to talk to another to agree on it. What needs I/O (test-binding the port, resolving
 the addresses) lives in :mod:`hpctf.compute.start.runtime`.
 
+Where each rank is (nodes, tasks, distribution) is :mod:`hpctf.compute.cluster.placement`'s.
+
 TF's own SlurmClusterResolver is not used
 (tensorflow/python/distribute/cluster_resolver/slurm_cluster_resolver.py): it sorts hosts as
 strings (in ``node[9-10]`` rank 0 gets node10's address), assumes block distribution, gives
@@ -18,14 +20,14 @@ says this task is (SLURMD_NODENAME, SLURM_NODEID, SLURM_LOCALID) before anything
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hpctf.compute.cluster.gpu_bind import gpu_binding
+from hpctf.compute.cluster.placement import layout, plane_size, slurm_int, step_tasks
 from hpctf.core.errors import SlurmEnvironmentProblem, UserError
 from hpctf.core.run import journal
-from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodelist
+from hpctf.core.scheduler.hostnames import check_hostname_template
 
 # Consecutive job ids start their port windows this far apart, so two jobs that share a node
 # collide only if their ids differ by a multiple of (span / gcd(span, stride)) -- not for
@@ -33,9 +35,6 @@ from hpctf.core.scheduler.hostnames import check_hostname_template, expand_nodel
 # coprime with every span: 10,000 consecutive job ids use 10,000 different window starts.
 _JOB_STRIDE = 1009
 _STEP_STRIDE = 101
-
-_NUMBER_RE = re.compile(r"^[0-9]{1,9}$")
-_TASKS_RE = re.compile(r"^([0-9]{1,6})(?:\(x([0-9]{1,7})\))?$")
 
 
 @dataclass(frozen=True)
@@ -115,32 +114,6 @@ class ClusterSpec:
         )
 
 
-def expand_tasks_per_node(text: str, max_nodes: int = 1_000_000) -> list[int]:
-    """Slurm's compressed tasks-per-node (``2(x3),1``) -> one count per node ([2, 2, 2, 1]).
-
-    Stops with a SlurmEnvironmentProblem once the text names more than ``max_nodes`` nodes, so
-    a hostile ``1(x9999999)`` costs nothing. Counts are at least 1: a step has no empty nodes.
-    """
-    counts: list[int] = []
-    for part in text.split(","):
-        match = _TASKS_RE.match(part)
-        if not match:
-            raise SlurmEnvironmentProblem(
-                f"cannot read tasks per node {text!r}; expected a form like 2(x3),1"
-            )
-        count, repeat = int(match.group(1)), int(match.group(2) or 1)
-        if count == 0 or repeat == 0:
-            raise SlurmEnvironmentProblem(
-                f"tasks per node {text!r} has a zero count; every node runs a task"
-            )
-        if len(counts) + repeat > max_nodes:
-            raise SlurmEnvironmentProblem(
-                f"tasks per node {text!r} names more nodes than the {max_nodes} in the nodelist"
-            )
-        counts.extend([count] * repeat)
-    return counts
-
-
 def port_window(job_id: int, step_id: int, port_range: tuple[int, int]) -> Callable[[int], int]:
     """The port of each slot (a task's rank, see :func:`cluster_spec`) in ``[low, high)``.
 
@@ -156,75 +129,6 @@ def port_window(job_id: int, step_id: int, port_range: tuple[int, int]) -> Calla
     return port
 
 
-def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
-    raw = env.get(key)
-    if raw is None or raw == "":
-        if default is None:
-            raise SlurmEnvironmentProblem(f"{key} is not set in this Slurm job step")
-        return default
-    # Outside a step, SLURM_STEP_ID may be "batch"/"extern"; neither starts workers.
-    if not _NUMBER_RE.match(raw):
-        raise SlurmEnvironmentProblem(f"{key}={raw!r} is not a number")
-    return int(raw)
-
-
-def _plane_size(distribution: str, env: Mapping[str, str]) -> int | None:
-    """Tasks per node per round for SLURM_DISTRIBUTION; None means block (fill each node).
-
-    srun exports SLURM_DISTRIBUTION only when --distribution is given, as
-    ``node-level[:socket-level[:core-level]][,Pack|NoPack]`` ("block:block", "cyclic",
-    "plane" with SLURM_DIST_PLANESIZE). Only the node level decides which node a rank is on
-    (https://slurm.schedmd.com/srun.html#OPT_distribution).
-    """
-    node_level = distribution.split(",")[0].split(":")[0].strip().lower()
-    if node_level in {"", "*", "block"}:
-        return None
-    if node_level == "cyclic":
-        return 1
-    if node_level.startswith("plane"):
-        raw = node_level.partition("=")[2] or env.get("SLURM_DIST_PLANESIZE", "")
-        if not _NUMBER_RE.match(raw) or int(raw) == 0:
-            raise UserError(
-                f"SLURM_DISTRIBUTION={distribution!r} without a plane size "
-                f"(SLURM_DIST_PLANESIZE={raw!r})"
-            )
-        return int(raw)
-    if node_level == "arbitrary":
-        raise UserError(
-            "SLURM_DISTRIBUTION=arbitrary: rank placement came from a host list that the "
-            "environment does not carry; start workers with srun --distribution=block:block"
-        )
-    raise UserError(
-        f"SLURM_DISTRIBUTION={distribution!r} is not one hpctf knows (block, cyclic, plane)"
-    )
-
-
-def layout(counts: Sequence[int], plane: int | None) -> tuple[list[int], list[int]]:
-    """Node index and local id of every rank, as srun places ``counts[i]`` tasks on node i.
-
-    ``plane`` None is block (node 0 takes ranks 0..counts[0]-1, then node 1, ...); otherwise
-    ranks are dealt round-robin over the nodes, ``plane`` at a time, skipping full nodes:
-    cyclic is plane 1. Local ids count up in rank order on each node. This matches Slurm 22.05
-    for block, cyclic and plane=N with even and uneven counts (tests/test_cluster_slurm.py).
-    """
-    if plane is None or plane >= max(counts):
-        nodes = [i for i, count in enumerate(counts) for _ in range(count)]
-        local = [j for count in counts for j in range(count)]
-        return nodes, local
-    nodes, local = [], []
-    placed = [0] * len(counts)
-    remaining = sum(counts)
-    while remaining:
-        for i, count in enumerate(counts):
-            take = min(plane, count - placed[i])
-            for j in range(placed[i], placed[i] + take):
-                nodes.append(i)
-                local.append(j)
-            placed[i] += take
-            remaining -= take
-    return nodes, local
-
-
 def _require_step(env: Mapping[str, str]) -> tuple[int, int]:
     """Job and step id; a UserError when ``env`` is not a task of a job step."""
     if not env.get("SLURM_JOB_ID"):
@@ -232,7 +136,7 @@ def _require_step(env: Mapping[str, str]) -> tuple[int, int]:
             "SLURM_JOB_ID is not set: this is not a Slurm job; run it inside one, "
             "e.g. srun -N2 --ntasks-per-node=1 hpctf tfconfig"
         )
-    job_id = _int(env, "SLURM_JOB_ID")
+    job_id = slurm_int(env, "SLURM_JOB_ID")
     # The batch script has SLURM_JOB_ID, SLURM_PROCID=0 and the job's task counts but no step:
     # a spec built there would describe tasks that do not exist.
     if not env.get("SLURM_STEP_ID"):
@@ -240,55 +144,7 @@ def _require_step(env: Mapping[str, str]) -> tuple[int, int]:
             f"SLURM_STEP_ID is not set: this is job {job_id}'s batch script, not a job step; "
             "run it under srun"
         )
-    return job_id, _int(env, "SLURM_STEP_ID")
-
-
-@dataclass(frozen=True)
-class _StepTasks:
-    """The job step's nodes and tasks as Slurm's variables give them, checked together."""
-
-    hosts: list[str]
-    counts: list[int]
-    ntasks: int
-    proc_id: int
-    nodelist: str
-    tasks_text: str
-
-
-def _step_tasks(env: Mapping[str, str]) -> _StepTasks:
-    """The step's hosts (in Slurm's order), tasks per host, task count and this task's rank;
-    a SlurmEnvironmentProblem when one is missing or they disagree."""
-    nodelist_key = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
-    nodelist = env.get(nodelist_key)
-    if not nodelist:
-        raise SlurmEnvironmentProblem("SLURM_JOB_NODELIST is not set in this Slurm job step")
-    hosts = expand_nodelist(nodelist)
-    if len(set(hosts)) != len(hosts):
-        raise SlurmEnvironmentProblem(f"{nodelist_key}={nodelist!r} names a node twice")
-    tasks_key = (
-        "SLURM_STEP_TASKS_PER_NODE"
-        if env.get("SLURM_STEP_TASKS_PER_NODE")
-        else "SLURM_TASKS_PER_NODE"
-    )
-    tasks_text = env.get(tasks_key)
-    if not tasks_text:
-        raise SlurmEnvironmentProblem("SLURM_TASKS_PER_NODE is not set in this Slurm job step")
-    counts = expand_tasks_per_node(tasks_text, max_nodes=len(hosts))
-    if len(counts) != len(hosts):
-        raise SlurmEnvironmentProblem(
-            f"{nodelist_key}={nodelist!r} has {len(hosts)} hosts but {tasks_key}={tasks_text!r} "
-            f"has {len(counts)} entries"
-        )
-    total = sum(counts)
-    ntasks = _int(env, "SLURM_NTASKS", total)
-    if ntasks != total:
-        raise SlurmEnvironmentProblem(
-            f"SLURM_NTASKS={ntasks} but {tasks_key}={tasks_text!r} adds up to {total}"
-        )
-    proc_id = _int(env, "SLURM_PROCID")
-    if not 0 <= proc_id < ntasks:
-        raise SlurmEnvironmentProblem(f"SLURM_PROCID={proc_id} is outside 0..{ntasks - 1}")
-    return _StepTasks(hosts, counts, ntasks, proc_id, nodelist, tasks_text)
+    return job_id, slurm_int(env, "SLURM_STEP_ID")
 
 
 def cluster_spec(
@@ -307,36 +163,25 @@ def cluster_spec(
     Each task's port: :func:`_port_slots`.
     """
     job_id, step_id = _require_step(env)
-    try:
-        check_hostname_template(hostname_template)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    step = _step_tasks(env)
-    hosts, counts, ntasks, proc_id = step.hosts, step.counts, step.ntasks, step.proc_id
-    low, high = port_range
-    span = high - low
-    per_node = max(counts)
-    if per_node > span:
-        raise UserError(
-            f"{per_node} tasks per node need more ports than port_range {low}-{high} holds"
-        )
-    node_of, local_of = layout(counts, _plane_size(env.get("SLURM_DISTRIBUTION", ""), env))
-    slots = _port_slots(ntasks, span, local_of)
+    _check_template(hostname_template)
+    step = step_tasks(env)
+    span = _port_span(port_range, max(step.counts))
+    node_of, local_of = layout(step.counts, plane_size(env.get("SLURM_DISTRIBUTION", ""), env))
+    slots = _port_slots(step.ntasks, span, local_of)
     workers = _worker_addresses(
-        hosts, node_of, slots, hostname_template, port_window(job_id, step_id, port_range)
+        step.hosts, node_of, slots, hostname_template, port_window(job_id, step_id, port_range)
     )
-
+    proc_id = step.proc_id
     node_index, local_id = node_of[proc_id], local_of[proc_id]
-    _self_check(
-        env, proc_id, hosts[node_index], node_index, local_id, step.nodelist, step.tasks_text
-    )
-    binding = gpu_binding(env, per_node, local_id, hosts[node_index])
+    node = step.hosts[node_index]
+    _self_check(env, proc_id, node, node_index, local_id, step.nodelist, step.tasks_text)
+    binding = gpu_binding(env, max(step.counts), local_id, node)
     host, _, port = workers[proc_id].rpartition(":")
     return ClusterSpec(
         workers=workers,
-        nodes=tuple(hosts[node] for node in node_of),
+        nodes=tuple(step.hosts[index] for index in node_of),
         task_index=proc_id,
-        node=hosts[node_index],
+        node=node,
         node_index=node_index,
         local_id=local_id,
         host=host,
@@ -350,6 +195,25 @@ def cluster_spec(
         gpu_devices=binding.devices,
         gpu_how=binding.how,
     )
+
+
+def _check_template(hostname_template: str) -> None:
+    """A UserError when the site's ``hostname_template`` is not one hpctf accepts."""
+    try:
+        check_hostname_template(hostname_template)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _port_span(port_range: tuple[int, int], per_node: int) -> int:
+    """How many ports ``port_range`` holds; a UserError when fewer than one node's tasks."""
+    low, high = port_range
+    span = high - low
+    if per_node > span:
+        raise UserError(
+            f"{per_node} tasks per node need more ports than port_range {low}-{high} holds"
+        )
+    return span
 
 
 def _port_slots(ntasks: int, span: int, local_of: Sequence[int]) -> Sequence[int]:

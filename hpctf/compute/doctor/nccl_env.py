@@ -1,6 +1,6 @@
 """NCCL's network settings against the node, before the first collective: ``NCCL_SOCKET_IFNAME``
 against its interfaces (/sys/class/net) and ``NCCL_IB_HCA`` against its HCAs' ports and link
-layers (/sys/class/infiniband, read by :func:`hpctf.compute.doctor.node_checks.read_infiniband`).
+layers (/sys/class/infiniband, read by :func:`hpctf.compute.doctor.infiniband.read_infiniband`).
 
 Why here: a ``NCCL_SOCKET_IFNAME`` that matches nothing is no configuration error to NCCL; the
 job starts and stops at the first collective with "Bootstrap : no socket interface found"
@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctf.compute.doctor.node_checks import Check, IbPort, sysfs_text
+from hpctf.compute.doctor.infiniband import IbPort, sysfs_text
+from hpctf.compute.doctor.node_checks import Check
 
 NET_ROOT = Path("/sys/class/net")
 
@@ -144,7 +145,7 @@ def hca_rails_check(ports: Sequence[IbPort] | None, hca: str | None) -> Check:
     takes both InfiniBand and Ethernet (RoCE) ports mixes the compute rails with storage or
     management HCAs (fail); one that leaves out active ports like the ones it takes drops
     rails (warn). Names that the node lacks, and ports down, are
-    :func:`hpctf.compute.doctor.node_checks.infiniband_check`'s."""
+    :func:`hpctf.compute.doctor.infiniband.infiniband_check`'s."""
     if not hca or not hca.strip():
         return Check("nccl_ib_hca", "skip", "NCCL_IB_HCA unset: NCCL picks the HCAs")
     if not ports:

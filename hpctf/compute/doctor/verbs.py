@@ -15,7 +15,8 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
-from hpctf.compute.doctor.node_checks import Check, IbPort
+from hpctf.compute.doctor.infiniband import IbPort
+from hpctf.compute.doctor.node_checks import Check
 
 LIBRARIES = ("libibverbs.so.1", "libibverbs.so")
 

@@ -81,14 +81,6 @@ def open_session(
     try:
         # After the strategy exists: TF's C++ handler would swallow SIGTERM otherwise.
         with PreemptionWatch(gather) as preemption:
-            # The last step is known from train.steps; with train.epochs once distribute() has
-            # counted the data.
-            cadence = Cadence(
-                settings.log_every_steps,
-                checkpoint.every_steps,
-                settings.steps,
-                settings.restart_every_steps,
-            )
             parts = Parts(
                 connection.strategy,
                 gather,
@@ -97,20 +89,40 @@ def open_session(
                 # After the strategy too: TensorBoard's writer starts TensorFlow's context.
                 ChiefRecords(run, spec.is_chief, config),
             )
-            control = TrainingControl(
-                settings,
-                checkpoint,
-                run,
-                spec,
-                parts,
-                cadence=cadence,
-                warning_seconds=warning_seconds,
-                examples_per_step=settings.global_batch_size,
-            )
+            control = _control(settings, checkpoint, run, spec, parts, warning_seconds)
             yield Session(control, connection)
     finally:
         if watchdog is not None:
             watchdog.stop()
+
+
+def _control(
+    settings: Train,
+    checkpoint: Checkpoint,
+    run: RunDir,
+    spec: ClusterSpec,
+    parts: Parts,
+    warning_seconds: int | None,
+) -> TrainingControl:
+    """The step protocol of this rank over ``parts``, at the cadence the settings ask for."""
+    # The last step is known from train.steps; with train.epochs once distribute() has counted
+    # the data.
+    cadence = Cadence(
+        settings.log_every_steps,
+        checkpoint.every_steps,
+        settings.steps,
+        settings.restart_every_steps,
+    )
+    return TrainingControl(
+        settings,
+        checkpoint,
+        run,
+        spec,
+        parts,
+        cadence=cadence,
+        warning_seconds=warning_seconds,
+        examples_per_step=settings.global_batch_size,
+    )
 
 
 class Session:

@@ -13,17 +13,17 @@ import dataclasses
 import importlib
 import logging
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
-import keras
 import tensorflow as tf
 
-from hpctf.api import DataSource, Task
+from hpctf.api import Task
 from hpctf.compute.cluster.joining import with_loss_scaling
 from hpctf.compute.cluster.spec import ClusterSpec
-from hpctf.compute.compat import tensorflow_internals
 from hpctf.compute.loop.control import Pruned, peer_lost
+from hpctf.compute.loop.evaluation import Evaluator
+from hpctf.compute.loop.learning_rate import learning_rate_scaler
 from hpctf.compute.loop.preemption import Preempted
 from hpctf.compute.loop.session import Session, open_session
 from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
@@ -135,53 +135,6 @@ def build_task(
         task.optimizer.build(task.model.trainable_variables)
     # Outside the scope: a metric named here is a Keras metric, with plain variables.
     return task, metric_directions(given.metrics, given.loss)
-
-
-class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):  # type: ignore[misc]
-    """A user's learning-rate schedule times a constant factor."""
-
-    def __init__(self, schedule: Any, factor: float) -> None:
-        self.schedule = schedule
-        self.factor = factor
-
-    def __call__(self, step: Any) -> Any:
-        return self.schedule(step) * self.factor
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "schedule": keras.optimizers.schedules.serialize(self.schedule),
-            "factor": self.factor,
-        }
-
-
-def learning_rate_scaler(optimizer: Any, replicas: int) -> Callable[[], str]:
-    """For ``train.scale_learning_rate``: a function that sets ``optimizer``'s learning rate
-    to the rate the entry gave times ``replicas`` and says what it did.
-
-    Call it after restoring a checkpoint: a constant rate is an optimizer variable, so a
-    restore would bring back the rate scaled for the replica count of the job that saved it.
-    A schedule cannot be assigned a number (Keras raises TypeError) and is wrapped instead.
-    Where Keras keeps the given rate elsewhere: an EnvironmentProblem naming the version
-    (:func:`hpctf.compute.compat.tensorflow_internals.given_learning_rate`).
-    """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under LossScaleOptimizer
-    given = tensorflow_internals.given_learning_rate(inner)
-    if isinstance(given, keras.optimizers.schedules.LearningRateSchedule):
-        scaled: Any = ScaledSchedule(given, replicas)
-        text = f"{type(given).__name__} x {replicas}"
-    elif callable(given):  # Keras calls a plain callable without the step
-        scaled = ScaledSchedule(lambda step: given(), replicas)
-        text = f"{given!r} x {replicas}"
-    else:
-        base = float(keras.ops.convert_to_numpy(given))
-        scaled = base * replicas
-        text = f"{base:g} -> {scaled:g}"
-
-    def apply() -> str:
-        inner.learning_rate = scaled
-        return f"learning rate scaled by {replicas} replicas: {text}"
-
-    return apply
 
 
 def _restored_task(session: Session, entry: Callable[..., Any]) -> tuple[Task, int, dict[str, str]]:
@@ -300,13 +253,7 @@ class _Steps:
             if hooks:
                 hooks.step_end(step, loss)  # TerminateOnNaN sees a NaN before hpctf refuses it
             stopping = bool(hooks) and hooks.stop
-            # Reading the loss on the host waits for the step to finish; do it only when
-            # logging, so the other steps are dispatched back to back.
-            value = None
-            if step % settings.log_every_steps == 0 or step == total or stopping:
-                value = float(loss)
-                if not math.isfinite(value) and not stopping:
-                    raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
+            value = self.loss_value(loss, step, stopping)
             if asked and step != total and self.flags.pruned:  # the same on every rank
                 self.prune(step)
                 return step, results, evaluated
@@ -320,15 +267,33 @@ class _Steps:
                 hooks.epoch_end(step, results if evaluated == step else None)
             session.step_done(step, loss=value)
             if hooks.stop and step != total:  # model.stop_training: EarlyStopping, TerminateOnNaN
-                if session.last_saved_step != step:
-                    session.save(step)
-                log.info(
-                    "training stopped at step %d of %d by a callback (model.stop_training)",
-                    step,
-                    total,
-                )
+                self.stopped_by_callback(step)
                 return step, results, evaluated
         return total, results, evaluated
+
+    def loss_value(self, loss: Any, step: int, stopping: bool) -> float | None:
+        """The loss of ``step`` read on the host where it is logged (the last step, one a
+        callback stops at, every ``train.log_every_steps``), else None: reading it waits for
+        the step to finish, and the other steps are dispatched back to back. A loss that is
+        not finite is the user's (unless a callback stops there: TerminateOnNaN)."""
+        total = self.session.total_steps
+        if step % self.session.settings.log_every_steps and step != total and not stopping:
+            return None
+        value = float(loss)
+        if not math.isfinite(value) and not stopping:
+            raise UserError(f"loss became {value} at step {step}; lower the learning rate?")
+        return value
+
+    def stopped_by_callback(self, step: int) -> None:
+        """A callback stopped training at ``step`` (``model.stop_training``): saved, said."""
+        session = self.session
+        if session.last_saved_step != step:
+            session.save(step)
+        log.info(
+            "training stopped at step %d of %d by a callback (model.stop_training)",
+            step,
+            session.total_steps,
+        )
 
 
 def steps_per_epoch(settings: Train, total: int) -> int:
@@ -374,59 +339,3 @@ def make_train_step(
         return loss
 
     return flagged_train_step(strategy, replica_step, flags if flags is not None else StepFlags())
-
-
-class Evaluator:
-    """Mean loss and metrics over the whole validation set, summed across workers.
-
-    Built once per run, so its ``tf.function`` is traced once (and once more for a last,
-    smaller batch), not at every evaluation.
-    """
-
-    def __init__(self, session: Session, eval_data: DataSource, task: Task) -> None:
-        strategy = self._strategy = session.strategy
-        self._keepalive = session.keepalive
-        self._record = session.record
-        self._equalize = session.equalize
-        self._dataset = session.evaluation_dataset(eval_data)
-        # build_task resolved the metrics to name -> per-example function.
-        functions = {"loss": task.loss, **cast(Mapping[str, Any], task.metrics)}
-
-        def replica_sums(features: Any, labels: Any) -> dict[str, Any]:
-            predicted = user_code.model_call(task.model, features, training=False)
-            predictions = tf.cast(predicted, tf.float32)
-            sums = {
-                name: tf.reduce_sum(
-                    tf.cast(user_code.metric_call(fn, labels, predictions), tf.float64)
-                )
-                for name, fn in functions.items()
-            }
-            sums["count"] = tf.cast(tf.shape(labels)[0], tf.float64)
-            return sums
-
-        @tf.function(reduce_retracing=True)
-        def eval_step(features: Any, labels: Any) -> dict[str, Any]:
-            per_replica = strategy.run(replica_sums, args=(features, labels))
-            return {
-                name: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
-                for name, value in per_replica.items()
-            }
-
-        self._eval_step = eval_step
-
-    def at(self, step: int) -> dict[str, float]:
-        """Evaluate at ``step``: the results logged, recorded (group ``eval``) and returned."""
-        self._equalize()  # every rank scores the model the checkpoint holds
-        results = self()
-        log.info("eval at step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in results.items()))
-        self._record(step, results, group="eval")
-        return results
-
-    def __call__(self) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        for features, labels in self._strategy.experimental_distribute_dataset(self._dataset):
-            for name, value in self._eval_step(features, labels).items():
-                totals[name] = totals.get(name, 0.0) + float(value)
-            self._keepalive("evaluation batch")
-        count = totals.pop("count", 0.0)
-        return {name: value / count for name, value in totals.items()} if count else {}

@@ -93,6 +93,14 @@ def agree_on_step(
         if min(gather(1 if ok(proposal) else 0)) == 1:
             return proposal
         bound = proposal - 1
+    _none_agreed(first, listed, directory)
+    return None
+
+
+def _none_agreed(first: Sequence[int], listed: Mapping[int, str], directory: str) -> None:
+    """After rounds of :func:`agree_on_step` that agreed on no step (``first``: the ranks'
+    proposals of the first round): a UserError when some rank could read a checkpoint, an
+    EnvironmentProblem when some listed one but none could read any; a fresh start returns."""
     if max(first) > NONE:
         raise UserError(
             f"the ranks see different checkpoints in {directory} (newest readable per rank: "
@@ -104,7 +112,6 @@ def agree_on_step(
     # the first round said whether some rank lists checkpoints all the same.
     if min(first) < NONE:
         raise unreadable(listed, directory)
-    return None
 
 
 def unreadable(listed: Mapping[int, str], directory: str) -> EnvironmentProblem:

@@ -38,10 +38,10 @@ from typing import Any
 
 from hpctf.compute.cluster.gpus import granted_gpus
 from hpctf.compute.cluster.spec import ClusterSpec, cluster_spec
+from hpctf.compute.doctor.infiniband import read_infiniband
 from hpctf.compute.doctor.node_checks import (
     Check,
     node_addresses,
-    read_infiniband,
     scan_nccl_log,
     tensorflow_check,
 )
@@ -106,32 +106,12 @@ def allreduce(spec: ClusterSpec, join_timeout: int) -> dict[str, Any]:
     """
     import tensorflow as tf
 
-    from hpctf.compute.cluster.joining import configure_failure_detection, make_strategy
-    from hpctf.core.settings.train import Train
-
     gpus = len(tf.config.list_physical_devices("GPU"))
-    settings = Train(
-        entry="hpctf.compute.start.preflight:allreduce",
-        global_batch_size=1,
-        steps=1,
-        startup_timeout_seconds=join_timeout,
-    )
-    configure_failure_detection(spec, settings)
-    strategy = make_strategy(gpus, settings)
+    strategy = _preflight_strategy(spec, join_timeout, gpus)
     implementation = "NCCL" if gpus else "RING"  # make_strategy's choice for communication auto
     ranks = int(strategy.num_replicas_in_sync)
     sizes, iterations = (GPU_SIZES, GPU_ITERATIONS) if gpus else (CPU_SIZES, CPU_ITERATIONS)
-
-    @tf.function
-    def reduce(elements: int) -> Any:
-        # The buffer is made inside the replica function: per-replica values made outside it
-        # (experimental_distribute_values_from_function) make MWMS's all_reduce fail with
-        # "destinations can not be empty" (TF 2.21). Filling it costs far less than reducing.
-        def summed() -> Any:
-            context = tf.distribute.get_replica_context()
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.ones([elements]))
-
-        return strategy.run(summed)
+    reduce = _summing_all_reduce(strategy)
 
     results = []
     for size in sizes:
@@ -153,6 +133,40 @@ def allreduce(spec: ClusterSpec, join_timeout: int) -> dict[str, Any]:
         )
         log.info("all-reduce %d bytes: %.3f ms", elements * 4, seconds * 1e3)
     return {"status": "ok", "implementation": implementation, "ranks": ranks, "sizes": results}
+
+
+def _preflight_strategy(spec: ClusterSpec, join_timeout: int, gpus: int) -> Any:
+    """The strategy the training would make on ``gpus`` GPUs (communication auto), every task
+    joined within ``join_timeout`` seconds."""
+    from hpctf.compute.cluster.joining import configure_failure_detection, make_strategy
+    from hpctf.core.settings.train import Train
+
+    settings = Train(
+        entry="hpctf.compute.start.preflight:allreduce",
+        global_batch_size=1,
+        steps=1,
+        startup_timeout_seconds=join_timeout,
+    )
+    configure_failure_detection(spec, settings)
+    return make_strategy(gpus, settings)
+
+
+def _summing_all_reduce(strategy: Any) -> Any:
+    """A ``tf.function`` of ``elements``: the all-reduced sum of ones over every replica."""
+    import tensorflow as tf
+
+    @tf.function
+    def reduce(elements: int) -> Any:
+        # The buffer is made inside the replica function: per-replica values made outside it
+        # (experimental_distribute_values_from_function) make MWMS's all_reduce fail with
+        # "destinations can not be empty" (TF 2.21). Filling it costs far less than reducing.
+        def summed() -> Any:
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.ones([elements]))
+
+        return strategy.run(summed)
+
+    return reduce
 
 
 def error_line(exc: BaseException) -> str:
@@ -262,17 +276,10 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
     site = Site.model_validate(settings["site"])
     results = doctor_dir / RESULTS_DIR
     results.mkdir(parents=True, exist_ok=True)
-    raw_rank = env.get("SLURM_PROCID", "")
-    rank = int(raw_rank) if raw_rank.isdigit() else None
-    node = env.get("SLURMD_NODENAME") or socket.gethostname()
     try:
         spec = cluster_spec(env, site.port_range, site.hostname_template)
     except UserError as exc:
-        report = Report(rank, node)
-        report.checks.append(Check("cluster", "fail", str(exc)))
-        report.allreduce = {"status": "skip", "error": "no cluster spec"}
-        name = f"rank-{rank}" if rank is not None else f"unknown-{node}-{os.getpid()}"
-        write_atomic(results / f"{name}.json", report.to_json())
+        _report_without_cluster(results, env, exc)
         return 0
     report = Report(spec.task_index, spec.node, spec.local_id)
     path = results / f"rank-{spec.task_index}.json"
@@ -280,6 +287,37 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
     _start_watchdog(max(30.0, timeout * 0.75 - (time.monotonic() - started)))
     log.info("%s", spec.describe())
 
+    nccl_log = _prepare_with_nccl_log(doctor_dir, spec)
+    report.facts.update(
+        {"python": platform.python_version(), "hpctf": VERSION, "executable": sys.executable}
+    )
+    image = site.container.image if site.container else None
+    report.checks.extend(before_tensorflow(spec, env, node_addresses(spec), image=image))
+    write_atomic(path, report.to_json())  # known before importing TensorFlow, in case that hangs
+    _tensorflow_stage(report, spec, env, settings)
+    write_atomic(path, report.to_json())
+
+    _allreduce_stage(report, path, doctor_dir, spec, timeout, nccl_log)
+    log.info("report written: %s", path)
+    return 0
+
+
+def _report_without_cluster(results: Path, env: Mapping[str, str], exc: UserError) -> None:
+    """The report of a task whose cluster spec failed (``exc``), named by its rank where
+    Slurm gave one: nothing else can be checked."""
+    raw_rank = env.get("SLURM_PROCID", "")
+    rank = int(raw_rank) if raw_rank.isdigit() else None
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    report = Report(rank, node)
+    report.checks.append(Check("cluster", "fail", str(exc)))
+    report.allreduce = {"status": "skip", "error": "no cluster spec"}
+    name = f"rank-{rank}" if rank is not None else f"unknown-{node}-{os.getpid()}"
+    write_atomic(results / f"{name}.json", report.to_json())
+
+
+def _prepare_with_nccl_log(doctor_dir: Path, spec: ClusterSpec) -> Path:
+    """This process's environment prepared as the worker's, NCCL's INFO log asked for in the
+    doctor directory; that log's path."""
     nccl_log = doctor_dir / NCCL_DIR / f"rank-{spec.task_index}.log"
     nccl_log.parent.mkdir(parents=True, exist_ok=True)
     prepare_environment(os.environ, spec)
@@ -288,12 +326,13 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
     os.environ.update(
         {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": str(nccl_log)}
     )
-    report.facts.update(
-        {"python": platform.python_version(), "hpctf": VERSION, "executable": sys.executable}
-    )
-    image = site.container.image if site.container else None
-    report.checks.extend(before_tensorflow(spec, env, node_addresses(spec), image=image))
-    write_atomic(path, report.to_json())  # known before importing TensorFlow, in case that hangs
+    return nccl_log
+
+
+def _tensorflow_stage(
+    report: Report, spec: ClusterSpec, env: Mapping[str, str], settings: Mapping[str, Any]
+) -> None:
+    """The tensorflow check against the GPUs Slurm gave this task, added to ``report``."""
     try:
         grant = granted_gpus(
             spec.gpus,
@@ -307,11 +346,6 @@ def run_preflight(doctor_dir: Path, env: Mapping[str, str]) -> int:
         check, facts = tensorflow_check(grant)
         report.checks.append(check)
         report.facts.update(facts)
-    write_atomic(path, report.to_json())
-
-    _allreduce_stage(report, path, doctor_dir, spec, timeout, nccl_log)
-    log.info("report written: %s", path)
-    return 0
 
 
 def _allreduce_stage(

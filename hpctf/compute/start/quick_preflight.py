@@ -29,14 +29,13 @@ from pathlib import Path
 
 from hpctf.compute.cluster.gpus import Grant
 from hpctf.compute.cluster.spec import ClusterSpec
+from hpctf.compute.doctor.infiniband import infiniband_check, read_infiniband
 from hpctf.compute.doctor.nccl_env import hca_rails_check, read_interfaces, socket_ifname_check
 from hpctf.compute.doctor.node_checks import (
     Check,
     hostnames_check,
-    infiniband_check,
     memlock_check,
     port_check,
-    read_infiniband,
     resolve_reason,
     tensorflow_check,
 )

@@ -254,18 +254,9 @@ def launch(
     launcher (:func:`_end_with`).
     """
     job_id = os.getpid()
-    # One owner per run directory (hpctf.core.run.ownership), as job-start does on Slurm: a resubmit
-    # of this run has claimed it for this process already; anyone else's live claim stops here.
-    owner = ownership.take(run.path, ownership.claim_of("local"), ownership.alive, 0)
-    if owner is not None:
-        raise UserError(f"{owner.describe()} owns {run.path}; wait for it, or stop it")
+    _claim(run)
     ntasks = config.ntasks
-    # The secret env: values are not given: each worker reads them from secrets.env, so that
-    # they are not in its environment at exec (hpctf.compute.start.runtime.run_worker).
-    given = {**config.site.env, **config.experiment.env}
-    secret = {k for k, v in given.items() if is_secret(v)}
-    public = {k: v for k, v in {**env, **plain_env(given)}.items() if k not in secret}
-    base = {**public, LAUNCHER_PID_ENV: str(job_id)}
+    base = _workers_env(config, env, job_id)
     journal.record_started(run, str(job_id), socket.gethostname(), config.site.preemption.signal)
     stop = _StopSignals()
     procs: list[subprocess.Popen[bytes]] = []
@@ -275,9 +266,7 @@ def launch(
     try:
         network, said = open_private_network(config, env)
         _say(echoed, said)
-        worker = [config.python, "-m", "hpctf", "worker", str(run.path)]
-        if network is not None:
-            worker = network.command(worker)
+        worker = _worker_command(config, run, network)
         procs = spawn_tasks(worker, ntasks, base, run.rank_log, launcher=job_id)
         status = _supervise(run, job_id, procs, stop, echoed)
     except KeyboardInterrupt:
@@ -296,6 +285,35 @@ def launch(
     if interrupt and stop.first == signal.SIGINT:
         raise Interrupted(reason)
     return CANCELLED_EXIT if reason == "cancelled" else status
+
+
+def _claim(run: RunDir) -> None:
+    """One owner per run directory (hpctf.core.run.ownership), as job-start does on Slurm: a
+    resubmit of this run has claimed it for this process already; anyone else's live claim
+    stops here (a UserError naming it)."""
+    owner = ownership.take(run.path, ownership.claim_of("local"), ownership.alive, 0)
+    if owner is not None:
+        raise UserError(f"{owner.describe()} owns {run.path}; wait for it, or stop it")
+
+
+def _workers_env(config: ResolvedConfig, env: Mapping[str, str], job_id: int) -> dict[str, str]:
+    """The workers' environment: ``env`` and the run's plain env: values, and the launcher's
+    pid. The secret env: values are not given: each worker reads them from secrets.env, so that
+    they are not in its environment at exec (hpctf.compute.start.runtime.run_worker)."""
+    given = {**config.site.env, **config.experiment.env}
+    secret = {k for k, v in given.items() if is_secret(v)}
+    public = {k: v for k, v in {**env, **plain_env(given)}.items() if k not in secret}
+    return {**public, LAUNCHER_PID_ENV: str(job_id)}
+
+
+def _worker_command(
+    config: ResolvedConfig, run: RunDir, network: PrivateNetwork | None
+) -> list[str]:
+    """``python -m hpctf worker RUN_DIR``, inside the run's private network when it has one."""
+    worker = [config.python, "-m", "hpctf", "worker", str(run.path)]
+    if network is not None:
+        worker = network.command(worker)
+    return worker
 
 
 def _supervise(

@@ -161,6 +161,17 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
     journal alone cannot tell).
     """
     run = RunRecord.read(run_dir)
+    _check_request(run, rank, job_id, follow)
+    reader = LogReader(run.run, rank, job_id)
+    if follow:
+        _follow(run_dir, reader)
+    else:
+        _print_once(run, reader, job_id)
+
+
+def _check_request(run: RunRecord, rank: int, job_id: str | None, follow: bool) -> None:
+    """A UserError for a job the run never had, or a rank without a log (while following, only
+    once the run is over: a rank's log may come with its start)."""
     path = run.run.rank_log(rank)
     if job_id is not None and job_id not in run.state.jobs:
         raise UserError(
@@ -171,15 +182,20 @@ def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
         raise UserError(
             f"{path}: no log for rank {rank}; ranks with logs: {', '.join(ranks) or 'none yet'}"
         )
-    reader = LogReader(run.run, rank, job_id)
-    if not follow:
-        for text in reader.read(run.history, final=True):
-            click.echo(text, nl=False)
-        output = batch_output(run.run, run.history, job_id) if job_id is not None else None
-        if output is not None:
-            click.echo(f"===== job {job_id}: its own output, every start ({output}) =====")
-            click.echo(output.read_text(encoding="utf-8", errors="replace"), nl=False)
-        return
+
+
+def _print_once(run: RunRecord, reader: LogReader, job_id: str | None) -> None:
+    """The rank's log as it is, and with ``job_id`` that job's own output after it."""
+    for text in reader.read(run.history, final=True):
+        click.echo(text, nl=False)
+    output = batch_output(run.run, run.history, job_id) if job_id is not None else None
+    if output is not None:
+        click.echo(f"===== job {job_id}: its own output, every start ({output}) =====")
+        click.echo(output.read_text(encoding="utf-8", errors="replace"), nl=False)
+
+
+def _follow(run_dir: Path, reader: LogReader) -> None:
+    """Print the rank's log as it grows, across requeues, until the run is over."""
     next_check = 0.0
     gone = 0
     last_state = ""
