@@ -6,16 +6,19 @@ a few steps)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests import sshd as harness
 from tests.conftest import DIGITS, HPCTF, submitted
@@ -286,3 +289,62 @@ def test_python_sweeps_and_searches_through_ssh(remote: Remote, tmp_path: Path) 
     assert search_states == "True ['done', 'done']", proc.stdout + proc.stderr
     ok, path = search_best.split()
     assert ok == "True" and Path(path).parent == remote.runs, proc.stdout
+
+
+class ArgvWatch:
+    """Every process's argument vector on this machine (the laptop and the login host are
+    both here), sampled every few milliseconds while it runs: what ``ps`` shows every user."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.005):
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                with contextlib.suppress(OSError):
+                    argv = cmdline.read_bytes().replace(b"\0", b" ")
+                    self.seen.add(argv.decode(errors="replace"))
+
+    def __enter__(self) -> ArgvWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_no_secret_of_the_site_in_any_argument_vector_on_either_host(
+    remote: Remote, tmp_path: Path
+) -> None:
+    """A site whose env holds a secret: submit, logs, status, cancel-free reads from Python,
+    and doctor from the laptop; no process on either host ever had it in its argv (the site
+    travels without it there, or on ssh's stdin)."""
+    token = f"tok-{os.getpid()}-{time.time_ns()}"
+    sites = Path(remote.env["HPCTF_SITE_PATH"])
+    site = yaml.safe_load((sites / "cluster.yaml").read_text())
+    site.update(name="secretive", env={"MY_API_TOKEN": token})
+    (sites / "secretive.yaml").write_text(yaml.safe_dump(site))
+    with ArgvWatch() as watch:
+        proc = remote.hpctf("submit", str(DIGITS), "--site", "secretive", *TINY)
+        _, run_dir = submitted(proc.stdout)
+        remote.wait_done(run_dir)
+        remote.hpctf("logs", str(run_dir), "--site", "secretive")
+        remote.hpctf("status", "--site", "secretive", "--json", str(run_dir))
+        script = (
+            "import hpctf\n"
+            f"run = hpctf.submit({str(DIGITS)!r}, site='secretive', set={TINY[1::2]!r})\n"
+            "print(run.wait(timeout=300, poll=1), len(run.metrics(frame=False)))\n"
+        )
+        python = subprocess.run([*HPCTF[:1], "-c", script], env=remote.env,
+                                capture_output=True, text=True, timeout=400)  # fmt: skip
+        doctor = remote.hpctf("doctor", "--site", "secretive", check=None, timeout=400)
+    assert python.returncode == 0, python.stdout + python.stderr
+    assert python.stdout.split()[-2] == "done", python.stdout
+    assert doctor.returncode in (0, 1), doctor.stdout + doctor.stderr  # ran on the cluster
+    assert len(watch.seen) > 50  # the watch saw the commands' processes
+    assert any("_remote" in argv or "_call" in argv for argv in watch.seen)
+    leaked = sorted(argv for argv in watch.seen if token in argv)
+    assert not leaked, leaked
