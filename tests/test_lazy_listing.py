@@ -17,11 +17,11 @@ from click.testing import CliRunner
 
 from hpctf.cli import cli
 from hpctf.core.run import journal, run_index
-from hpctf.core.run.listing import read_facts
+from hpctf.core.run.listing import RunFacts, read_facts
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import write_atomic
 from hpctf.login.reading import background_index
-from hpctf.login.reading.runs import find_runs, scan_runs
+from hpctf.login.reading.runs import find_runs, scan_runs, unread_note
 from hpctf.login.watching import status as status_command
 from tests.test_run_index import make_run
 
@@ -60,7 +60,7 @@ def runs_root(root: Path, count: int) -> dict[str, str]:
     return states
 
 
-def shown(runs: list) -> dict[str, str]:  # type: ignore[type-arg]
+def shown(runs: list[RunFacts]) -> dict[str, str]:
     return {facts.name: str(facts.state.state) for facts in runs}
 
 
@@ -134,6 +134,19 @@ def test_status_says_what_it_left_unread_and_all_reads_every_run(
     again = CliRunner().invoke(cli, ["status", "--root", str(tmp_path)])
     assert "more run" not in again.stderr
     assert table(again.stdout) == states
+
+
+def test_where_no_index_may_be_kept_a_lazy_listing_says_so_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    states = runs_root(tmp_path, 3)
+    (tmp_path / run_index.INDEX_DIR).mkdir(mode=0o777)
+    os.chmod(tmp_path / run_index.INDEX_DIR, 0o777)  # writable by others: not trusted
+    scan = scan_runs(tmp_path, read_at_most=1)
+    assert (shown(scan.runs), scan.unread, scan.indexing) == ({"r2": states["r2"]}, 2, False)
+    assert "no background indexer could start" in unread_note(scan)
+    assert not background_index.lock_of(tmp_path.resolve()).exists()
+    assert shown(scan_runs(tmp_path).runs) == states  # read in full, without an index
 
 
 def test_a_lock_left_by_a_process_that_is_gone_is_taken_over(tmp_path: Path) -> None:

@@ -182,13 +182,13 @@ def unread_note(scan: Scan) -> str:
         f", none changed since {iso_time(scan.unread_since)}"
     )  # fmt: skip
     then = (
-        "the index reads them in the background for the next listing"
+        ": the index reads them in the background for the next listing"
         if scan.indexing
-        else "no index here"
+        else " (no background indexer could start: an index is kept only where it is yours)"
     )
     return (
         f"hpctf: and {scan.unread:,} more run{'' if scan.unread == 1 else 's'} under "
-        f"{scan.root}{since}, not read yet: {then}; hpctf status --all reads them now"
+        f"{scan.root}{since}, not read yet{then}; hpctf status --all reads them now"
     )
 
 
