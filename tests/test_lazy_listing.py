@@ -18,12 +18,24 @@ from click.testing import CliRunner
 from hpctf.cli import cli
 from hpctf.core.run import journal, run_index
 from hpctf.core.run.listing import RunFacts, read_facts
-from hpctf.core.run.rundir import RunDir
+from hpctf.core.run.rundir import RunDir, create_run_dir, plan_run_dir
 from hpctf.core.safe_files import write_atomic
 from hpctf.login.reading import background_index
 from hpctf.login.reading.runs import find_runs, scan_runs, unread_note
+from hpctf.login.resolving.loader import load_config
+from hpctf.login.submitting.render import render
 from hpctf.login.watching import status as status_command
-from tests.test_run_index import make_run
+from tests.conftest import DIGITS
+
+
+def make_run(root: Path, name: str) -> RunDir:
+    """A run directory as submit makes it (config, script, snapshot, ``created``), submitted."""
+    env = {**os.environ, "HPCTF_RUNS_ROOT": str(root)}
+    config = load_config(DIGITS, "local", ["train.steps=100"], env).config
+    run = RunDir(plan_run_dir(config).path.with_name(name))
+    create_run_dir(run, config, render(config, run.path))
+    journal.record_submitted(run, "4242")
+    return run
 
 
 def _done(run: RunDir) -> None:
