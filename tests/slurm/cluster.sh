@@ -283,12 +283,15 @@ ensure_munge() {
 start_accounting() {
     local i
     rm -rf "$DB"
-    mkdir -p "$DB"
-    chown mysql:mysql "$DB"
-    mariadb-install-db --user=mysql --datadir="$DB/data" --skip-test-db \
+    # A tmpdir of its own: two clusters' MariaDB starting at once in /tmp (two xdist workers,
+    # each with a 22.05 and a 24.11 cluster) failed "Could not remove temporary table
+    # '/tmp/#sql-temptable-...'" and "Installation of system tables failed".
+    mkdir -p "$DB/tmp"
+    chown mysql:mysql "$DB" "$DB/tmp"
+    mariadb-install-db --user=mysql --datadir="$DB/data" --tmpdir="$DB/tmp" --skip-test-db \
         --auth-root-authentication-method=socket >"$LOG/mariadb-install.log" 2>&1 ||
         fail "mariadb-install-db failed (see $LOG/mariadb-install.log)"
-    mariadbd --user=mysql --datadir="$DB/data" --socket="$DB/mysqld.sock" --port="$DB_PORT" \
+    mariadbd --user=mysql --datadir="$DB/data" --tmpdir="$DB/tmp" --socket="$DB/mysqld.sock" --port="$DB_PORT" \
         --bind-address=127.0.0.1 --pid-file="$DB/mysqld.pid" --log-error="$LOG/mariadb.log" \
         --skip-log-bin --innodb-buffer-pool-size=16M </dev/null >/dev/null 2>&1 &
     for ((i = 0; i < 100; i++)); do
