@@ -54,6 +54,12 @@
 #     be mode 0600; slurm.conf's AccountingStoragePass names the munge socket
 #     (the dbd connection ignores AuthInfo's socket). Records reach sacct 1-4 s
 #     after a job ends; `sacct -D` lists a requeued job's earlier runs.
+#   * HPCTF_SLURM_ROOT (Slurm 24.11.5): slurmdbd's first connection to the host's
+#     MariaDB (10.11, no TLS) fails "SSL is required, but the server does not
+#     support it"; slurmdbd tries again 5 s later and connects. The same
+#     slurm.conf works on 22.05 and 24.11 (24.11 only logs "Configured MailProg
+#     is invalid"). A 22.05 client cannot talk to a 24.11 slurmctld: use the
+#     root's clients ($DIR/bin, `env`).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
