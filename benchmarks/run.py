@@ -46,6 +46,10 @@ and noisy: absolute numbers move, ratios much less):
               space (44 points, 4 at once), both on the real Slurm test cluster (benchmarks/
               slurm_cluster.py, accounting on): node-hours from sacct and whether the search
               reached the grid's best (goal: <= 1/3 of the grid's node-hours)
+  controller  RPCs hpctf sends to slurmctld (sdiag, by message type) for one run to DONE with
+              a requeue, a 1,000-point sweep, `hpctf status SWEEP`, a search, and `logs -f`,
+              Run.wait and Sweep.wait watching 100 runs (goal: <= 1 RPC/s for 1,000 active
+              runs); not in --tiny unless named with --only
   soak        one job of 100,000 steps (--tiny: 1,000) of the smallest step, 2 workers:
               threads, RSS and steps/s at its start and end (goal: flat)
 
@@ -75,6 +79,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from bench_controller import ControllerBench
 from bench_crash import CrashBench
 from bench_first_step import FirstStepBench
 from bench_gpu import GpuBench
@@ -102,6 +107,11 @@ from harness import (
 )
 from report import gpus_here, machine, resolver_table, table
 
+# The controller budget (#45: RPCs to slurmctld, bench_controller.py) runs last in a full run
+# and alone with --only; --tiny leaves it out unless named (tests/test_benchmarks.py's lanes).
+ALL_SECTIONS = (*SECTIONS, "controller")
+FULL_ORDER = (*ORDER, "controller")
+
 
 class Bench(
     LoginBench,
@@ -117,6 +127,7 @@ class Bench(
     SoakBench,
     GpuBench,
     SearchBench,
+    ControllerBench,
 ):
     """Every section, each from its module (``bench_<section>.py``), over the shared harness."""
 
@@ -139,7 +150,7 @@ def workdir(keep: Path | None) -> Iterator[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="sections: " + ", ".join(SECTIONS) + "; with --gpu: " + ", ".join(GPU_SECTIONS),
+        epilog="sections: " + ", ".join(ALL_SECTIONS) + "; with --gpu: " + ", ".join(GPU_SECTIONS),
     )
     parser.add_argument("--tiny", action="store_true", help="CI size: a few minutes")
     parser.add_argument(
@@ -175,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runtime_rounds:
         changes["runtime_rounds"] = args.runtime_rounds
     sizes = replace(sizes, **changes)
-    known = GPU_SECTIONS if args.gpu else SECTIONS
+    known = GPU_SECTIONS if args.gpu else ALL_SECTIONS
     chosen = [name.strip() for value in args.only for name in value.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in known]
     if unknown:
@@ -191,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         say(f"GPUs: {'; '.join(found)}")
-    order = GPU_SECTIONS if args.gpu else ORDER
+    order = GPU_SECTIONS if args.gpu else ORDER if args.tiny and not chosen else FULL_ORDER
     sections = [name for name in order if not chosen or name in chosen]
 
     results: dict[str, Any] = {
