@@ -68,7 +68,8 @@ def test_the_architecture_table_names_every_room_of_each_wing_and_no_other() -> 
         rooms = {p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*.py"))}
         named = set(re.findall(r"`([a-z_]+)/`", cell))
         modules = set(re.findall(r"`([a-z_]+)`", cell))
-        assert named == rooms, f"{wing}: the table names {sorted(named)}, the code has {sorted(rooms)}"
+        said = f"{wing}: the table names {sorted(named)}, the code has {sorted(rooms)}"
+        assert named == rooms, said
         gone = sorted(m for m in modules if not (folder / f"{m}.py").is_file())
         assert not gone, f"{wing}: the table names modules that are not there: {gone}"
 

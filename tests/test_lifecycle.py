@@ -342,6 +342,7 @@ def test_status_json_for_scripts(runs_root: Path, fake_slurm: FakeSlurm) -> None
             "job": "4242",
             "from_step": 0,
             "reason": None,
+            "cause": None,
             "exit_code": None,
             "end_step": None,
             "nodes": "node[1-2]",

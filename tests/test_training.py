@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctf.core.errors import STALLED_EXIT
+from hpctf.core.run import journal
 from hpctf.core.run.history.runstate import run_state
 from hpctf.core.run.rundir import RunDir
 from hpctf.login.submitting.local import task_environment
@@ -215,6 +216,10 @@ def test_a_dead_or_frozen_rank_ends_the_other_within_the_bound(
             rf"Error: rank {victim} \(localhost:\d+ on node localhost\) stopped answering", log
         ), log[-3000:]
         assert "bug in hpctf" not in log
+        # The survivor recorded the loss: the history types the start's end as a lost peer.
+        (run_dir,) = runs_root.iterdir()
+        (lost,) = [e for e in RunDir(run_dir).events() if e["event"] == journal.PEER_LOST]
+        assert lost["rank"] == 1 - victim and f"rank {victim}" in lost["line"], lost
     finally:
         for proc in procs:
             if proc.poll() is None:

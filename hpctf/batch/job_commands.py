@@ -24,6 +24,7 @@ from hpctf.core.run.history import (
     PLANNED_RESTART,
     PRUNED,
     Budgets,
+    EndReason,
     RunHistory,
     after_end,
     before_start,
@@ -123,9 +124,9 @@ def close_unended(
     saved = history.saved_on_warning
     signal_saved = None if saved is None else saved.signal or "TERM"
     reason = reason_from_slurm(ended.state, signal_saved, run.done.exists(), walltime_signal)
-    if reason != "cancelled" and history.saved_for_restart is not None:
+    if reason != EndReason.CANCELLED and history.saved_for_restart is not None:
         reason = PLANNED_RESTART  # the ranks saved for a planned restart: no failure
-    if reason != "cancelled" and history.since_last_start_pruned:
+    if reason != EndReason.CANCELLED and history.since_last_start_pruned:
         reason = PRUNED  # the search pruned the trial and every rank saved: finished
     code = ended.exit_code.partition(":")[0]
     exit_code = int(code) if code.isdigit() else None
@@ -307,7 +308,7 @@ def _after_end(
         return _requeue(run, history, job_id, decision.why), False
     elif not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ended: {decision.why}")
-        if signalled and reason not in ("cancelled", "done", PRUNED):
+        if signalled and reason not in (EndReason.CANCELLED, EndReason.DONE, PRUNED):
             # Slurm ends this job itself and may have requeued it: the trap gave it a start
             # time past KillWait; this shell ends now, so sooner will do.
             release(run, job_id, slurm.RELEASE_AFTER_S)

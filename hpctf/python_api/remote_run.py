@@ -24,7 +24,7 @@ from hpctf.login.calls.models import (
     StatusRequest,
     SweepStarted,
 )
-from hpctf.login.calls.run_end import has_ended
+from hpctf.login.reading.run_report import has_ended
 from hpctf.login.remote.calling import remote_call
 from hpctf.login.remote.forward import ship
 from hpctf.login.remote.ssh import Connection

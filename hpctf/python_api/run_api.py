@@ -32,7 +32,7 @@ from hpctf.login.calls.models import (
     Statuses,
     StatusRequest,
 )
-from hpctf.login.calls.run_end import has_ended
+from hpctf.login.reading.run_report import has_ended
 
 Settings = Mapping[str, Any] | Sequence[str] | None
 

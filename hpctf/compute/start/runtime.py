@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from pathlib import Path
 
 from hpctf.compute.cluster.gpus import granted_gpus
+from hpctf.compute.cluster.peers import PeerLost
 from hpctf.compute.cluster.spec import ClusterSpec, cluster_spec
 from hpctf.compute.doctor.node_checks import check_port_free, check_tensorflow_gpus
 from hpctf.compute.loop.preemption import install_early_handlers
@@ -156,9 +157,16 @@ def _refusal_recorded(run: RunDir, spec: ClusterSpec) -> Iterator[None]:
     """A UserError that stops the training (a fit without the steps of an epoch, a Task that
     returns no hpctf.Task, ...) recorded in the journal as the start's one-line reason, as an
     exception of the user's code is: ``hpctf status`` says it (not only ``failed (exit 2)``)
-    and no requeue retries it. Every rank that raised records; the error leaves as it came."""
+    and no requeue retries it; a lost peer recorded as the start's cause. Every rank that
+    raised records; the error leaves as it came."""
     try:
         yield
+    except PeerLost as exc:
+        # Why this start ends is another rank's loss: the history types the restart's cause
+        # from it (a lost peer, not a crash of this rank's code).
+        with contextlib.suppress(EnvironmentProblem):  # the journal's disk may be full
+            journal.record_peer_lost(run, spec.journal_job, spec.node, spec.task_index, str(exc))
+        raise
     except UserError as exc:
         # The journal is readable by others: its records are redacted of the run's secrets.
         line = str(exc)

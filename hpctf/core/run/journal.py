@@ -57,6 +57,7 @@ PRUNED: Final = "pruned"  # the chief: a search's pruner stopped the trial; ever
 ENVIRONMENT_FAILED: Final = "environment_failed"  # the chief: a full disk at save time
 USER_CODE_FAILED: Final = "user_code_failed"  # a rank: the user's code raised
 NODE_CHECK_FAILED: Final = "node_check_failed"  # a rank: train.preflight: quick failed a check
+PEER_LOST: Final = "peer_lost"  # a rank: another stopped answering in a collective
 ENDED: Final = "ended"  # job-end, the local launcher, the chief: why a start ended
 REQUEUED: Final = "requeued"  # job-end: hpctf requeued the job
 RELEASED: Final = "released"  # job-signal, job-end: Slurm's hold on the requeued job shortened
@@ -82,6 +83,7 @@ EVENTS: Final = frozenset(
         ENVIRONMENT_FAILED,
         USER_CODE_FAILED,
         NODE_CHECK_FAILED,
+        PEER_LOST,
         ENDED,
         REQUEUED,
         RELEASED,
@@ -270,6 +272,13 @@ def record_user_code_failed(
     return run.record(
         USER_CODE_FAILED, job_id=job_id, node=node, rank=rank, error=error, at=at, line=line
     )
+
+
+def record_peer_lost(
+    run: JournalDir, job_id: str, node: str, rank: int, line: str
+) -> dict[str, Any]:
+    """A rank (on ``node``) saw another stop answering in a collective; ``line`` names it."""
+    return run.record(PEER_LOST, job_id=job_id, node=node, rank=rank, line=line)
 
 
 def record_node_check_failed(

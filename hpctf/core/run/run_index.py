@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.run.history import RunHistory, read_history
+from hpctf.core.run.history import RunHistory, RunStatus, read_history
 from hpctf.core.run.listing import RunFacts, facts_of, read_facts
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import private_folder, write_atomic
@@ -152,7 +152,7 @@ def plain(value: Any) -> Any:
 # Run states after which nothing writes metrics.jsonl until the journal says so (a resubmit's
 # ``submitted``): the chief writes DONE after its last step, and a failure is the job-end's
 # record, after the job. Not cancelled: the workers of a cancelled job may log a step after.
-METRICS_FINAL_STATES = frozenset({"done", "failed", "gave_up"})
+METRICS_FINAL_STATES = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.GAVE_UP})
 
 
 def _metrics_final(row: Row) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctf.core.run.history import read_history
+from hpctf.core.run.history import RunStatus, read_history
 from hpctf.core.run.metrics_history import eval_metric, metric_records
 from hpctf.core.run.rundir import RunDir
 
@@ -49,7 +49,7 @@ def objective_value(run_dir: Path, metric: str) -> float | None:
     return values[-1][1] if values else None
 
 
-def run_end(run_dir: Path) -> str:
+def run_end(run_dir: Path) -> RunStatus:
     """The run's state from its journal: ``done``, ``pruned``, ``failed``, ``gave_up``,
     ``cancelled``, ``preempted``, or ``running``/``queued``/``requeued`` while not ended."""
     return read_history(RunDir(Path(run_dir))).state.state

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hpctf.core.run.history.states import RunStatus
+from hpctf.core.run.history import RunStatus
 
 VERSION = 1
 Mode = Literal["min", "max"]

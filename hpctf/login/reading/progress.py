@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpctf.core.run.history import Start
+from hpctf.core.run.history import RunStatus, Start
 from hpctf.core.run.listing import RunFacts, epoch_seconds
 
 
@@ -36,7 +36,7 @@ def progress(run: RunFacts, now: float, running: bool | None = None) -> dict[str
     and the ETA count only then, not while a requeued job waits."""
     step, total, rate = run.step, run.total_steps, run.steps_per_s
     if running is None:
-        running = run.state.state == "running"
+        running = run.state.state == RunStatus.RUNNING
     eta = None
     if running and total and step is not None and isinstance(rate, (int, float)) and rate > 0:
         eta = max(total - step, 0) / rate

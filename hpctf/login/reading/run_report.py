@@ -15,6 +15,7 @@ from hpctf.core.run import ownership, snapshot
 from hpctf.core.run.history import (
     PLANNED_RESTART,
     Job,
+    RestartCause,
     RunState,
     RunStatus,
     Start,
@@ -58,6 +59,19 @@ def local_launcher_gone(path: Path, slurm: bool, state: RunStatus) -> ownership.
     return owner
 
 
+def has_ended(document: Mapping[str, Any]) -> bool:
+    """Whether the run of a ``status --json`` document will not start again by itself: a
+    final state, or preempted (saved and stopped) with no job of Slurm's left that may
+    requeue it. What :meth:`hpctf.Run.wait` and a sweep's end wait for."""
+    state = RunStatus(document["state"])
+    if state.final:
+        return True
+    if state != RunStatus.PREEMPTED:
+        return False
+    current = document.get("slurm")
+    return not current or current.get("state") in slurm.FINAL_STATES
+
+
 def run_document(run: RunFacts, view: SlurmView, now: float) -> dict[str, Any]:
     """Everything `hpctf status` says of one run in a listing, as one JSON-ready mapping: its
     facts (:mod:`hpctf.core.run.listing`), with what Slurm says and the time now."""
@@ -94,6 +108,7 @@ def _start_document(start: Start) -> dict[str, Any]:
         "job": start.job_id,
         "from_step": start.step,
         "reason": start.reason,
+        "cause": start.cause,
         "exit_code": start.exit_code,
         "end_step": start.end_step,
         "nodes": start.nodes,
@@ -301,10 +316,17 @@ def _end(start: Start, job: Mapping[str, str] | None, logged: int | None = None)
     if start.user_code is not None:  # what the user's code raised, not srun's 143 for it
         return f"{start.user_code} (step {start.end_step}, {exit_words(start.exit_code)})"
     end_step = start.end_step
+    # The restart's cause where the reason alone does not say it (a crash or a lost peer).
+    cause = f", cause {start.cause}" if start.cause in _CAUSES_TO_SAY else ""
     if logged is not None and end_step is not None and logged > end_step and start.exit_code:
         saved = f"its last checkpoint step {end_step}" if end_step else "no checkpoint"
-        return f"{start.reason} at step {logged} ({exit_words(start.exit_code)}; {saved})"
-    return f"{start.reason} at step {end_step} ({exit_words(start.exit_code)})"
+        return f"{start.reason} at step {logged} ({exit_words(start.exit_code)}; {saved}{cause})"
+    return f"{start.reason} at step {end_step} ({exit_words(start.exit_code)}{cause})"
+
+
+_CAUSES_TO_SAY = frozenset(
+    {RestartCause.WORKER_CRASHED, RestartCause.PEER_LOST, RestartCause.NODE_LOST}
+)
 
 
 def done_text(path: Path) -> str:

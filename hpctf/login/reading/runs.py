@@ -21,7 +21,7 @@ import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.printable import printable
-from hpctf.core.run.history import RunHistory, RunState, read_history
+from hpctf.core.run.history import ACTIVE_STATES, FINAL_STATES, RunHistory, RunState, read_history
 from hpctf.core.run.listing import METRICS_TAIL_BYTES as METRICS_TAIL_BYTES
 from hpctf.core.run.listing import RunFacts, facts_of, iso_time
 from hpctf.core.run.listing import epoch_seconds as epoch_seconds
@@ -35,8 +35,9 @@ if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config 
     # `hpctf status` of runs already indexed reads none
     from hpctf.core.settings.config import ResolvedConfig
 
-FINAL_RUN_STATES = frozenset({"done", "failed", "gave_up", "cancelled", "interrupted", "pruned"})
-ACTIVE_RUN_STATES = frozenset({"queued", "running", "requeued"})
+# The history's sets (hpctf.core.run.history.states), under the names the watchers know.
+FINAL_RUN_STATES = FINAL_STATES
+ACTIVE_RUN_STATES = ACTIVE_STATES
 
 
 def runs_root_for(root: Path | None, site_name: str | None, env: Mapping[str, str]) -> Path:

@@ -24,7 +24,7 @@ from typing import IO
 
 from hpctf.core.errors import PREEMPTED_EXIT, UserError, shell_status
 from hpctf.core.run import journal, ownership
-from hpctf.core.run.history import record_end_read
+from hpctf.core.run.history import EndReason, record_end_read
 from hpctf.core.run.notifications import notify_end
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import open_append
@@ -284,7 +284,7 @@ def launch(
     notify_end(run, config, str(job_id))  # notify: done, failed
     if interrupt and stop.first == signal.SIGINT:
         raise Interrupted(reason)
-    return CANCELLED_EXIT if reason == "cancelled" else status
+    return CANCELLED_EXIT if reason == EndReason.CANCELLED else status
 
 
 def _claim(run: RunDir) -> None:

@@ -44,7 +44,7 @@ def is_over(record: SweepDir, documents: Sequence[Mapping[str, Any]]) -> bool:
     not the run directories' — its whole budget asked and no trial still running there (a
     trial refused before it had a run, or one a killed task asked, has no run directory)."""
     if not record.is_search:
-        from hpctf.login.calls.run_end import has_ended
+        from hpctf.login.reading.run_report import has_ended
 
         return all(map(has_ended, documents))
     from hpctf.login.sweeps.search_watch import study_trials

@@ -14,7 +14,7 @@ import click
 
 from hpctf.core.errors import UserError
 from hpctf.core.printable import printable
-from hpctf.core.run.history import RunHistory, Start
+from hpctf.core.run.history import RunHistory, RunStatus, Start
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import open_regular
 from hpctf.login.reading.run_report import local_launcher_gone
@@ -204,11 +204,12 @@ def _follow(run_dir: Path, reader: LogReader) -> None:
         for text in reader.read(current.history):
             click.echo(text, nl=False)
         state = current.state.state
-        stopped = state in ("failed", "preempted")  # the start ended; a requeue may follow
+        # The start ended; a requeue may follow.
+        stopped = state in (RunStatus.FAILED, RunStatus.PREEMPTED)
         if state != last_state:  # a failed start: ask soon, once job-end had time to requeue
             gone, last_state = 0, state
             next_check = min(next_check, time.monotonic() + (3 if stopped else 30))
-        over = state in FINAL_RUN_STATES - {"failed"}
+        over = state in FINAL_RUN_STATES - {RunStatus.FAILED}
         # A local launcher gone from this host recorded no end (SIGKILL, a full disk): over.
         launcher = local_launcher_gone(current.run.path, current.slurm, state)
         over = over or launcher is not None

@@ -15,6 +15,7 @@ from hpctf.core.run.history.ends import (
     reason_from_slurm,
 )
 from hpctf.core.run.history.jobs import Job
+from hpctf.core.run.history.outside_view import as_seen
 from hpctf.core.run.history.run_history import (
     RunHistory,
     made_in,
@@ -22,13 +23,14 @@ from hpctf.core.run.history.run_history import (
     record_end,
     record_end_read,
 )
-from hpctf.core.run.history.runstate import RunState, Start, as_seen
+from hpctf.core.run.history.runstate import RunState, Start
 from hpctf.core.run.history.states import (
     ACTIVE_STATES,
     FAILURE_REASONS,
     FINAL_STATES,
     PREEMPTION_REASONS,
     EndReason,
+    RestartCause,
     RunStatus,
     TrialStatus,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "Decision",
     "EndReason",
     "Job",
+    "RestartCause",
     "RunHistory",
     "RunState",
     "RunStatus",

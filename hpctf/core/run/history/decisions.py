@@ -4,11 +4,18 @@ before a start proceeds (:func:`before_start`), within the run's budgets, from i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpctf.core.run.history.ends import PLANNED_RESTART, PRUNED
-from hpctf.core.run.history.runstate import RunState, spends_failure_budget
-from hpctf.core.run.history.states import FAILURE_REASONS, PREEMPTION_REASONS, EndReason, RunStatus
+from hpctf.core.run.history.runstate import RunState, Start, spends_failure_budget
+from hpctf.core.run.history.states import (
+    FAILURE_REASONS,
+    PREEMPTION_REASONS,
+    EndReason,
+    RestartCause,
+    RunStatus,
+)
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,24 @@ def after_end(state: RunState, budgets: Budgets) -> Decision:
                 False, True, f"{reason}: {used} preemption requeues used of {budgets.preemption}"
             )
         return Decision(True, False, f"{reason}: requeue {used + 1} of {budgets.preemption}")
-    used = state.failure_requeues
-    if reason != EndReason.NODE_FAIL and not last.advanced:
+    return _after_failure(state, budgets, last)
+
+
+# Not the code's fault: a start that made no progress is tried again (within the failure
+# budget) unless the one before it ended so too, for the same cause.
+_OUTSIDE_CAUSES = frozenset({RestartCause.NODE_LOST, RestartCause.PEER_LOST})
+
+
+def _after_failure(state: RunState, budgets: Budgets, last: Start) -> Decision:
+    """A crash, a stall or a lost peer: requeue within the failure budget; a crash or a stall
+    without progress, or a lost peer twice in a row without progress, stops with one line
+    naming the cause instead of looping (a lost node: Slurm requeues the job, and
+    :func:`before_start` stops it so)."""
+    reason, cause, used = last.reason, last.cause, state.failure_requeues
+    if cause in _OUTSIDE_CAUSES:
+        if (looping := _lost_twice(state.starts)) is not None:
+            return looping
+    elif not last.advanced:
         return Decision(
             False,
             True,
@@ -78,6 +101,24 @@ def after_end(state: RunState, budgets: Budgets) -> Decision:
     if used >= budgets.failure:
         return Decision(False, True, f"{reason}: {used} failure requeues used of {budgets.failure}")
     return Decision(True, False, f"{reason}: requeue {used + 1} of {budgets.failure}")
+
+
+def _lost_twice(starts: Sequence[Start]) -> Decision | None:
+    """The stop of a run whose last two starts ended for the same outside cause (a lost node,
+    a lost peer) without progress: a third would loop on it."""
+    if len(starts) < 2:
+        return None
+    before, last = starts[-2], starts[-1]
+    if last.cause not in _OUTSIDE_CAUSES or before.cause != last.cause:
+        return None
+    if last.advanced or before.advanced:
+        return None
+    return Decision(
+        False,
+        True,
+        f"{last.reason} ({last.cause}) twice in a row without progress (checkpoint step "
+        f"{last.step}): stopped instead of starting again; fix the cause and run hpctf resubmit",
+    )
 
 
 def before_start(state: RunState, budgets: Budgets) -> Decision:
@@ -91,6 +132,8 @@ def before_start(state: RunState, budgets: Budgets) -> Decision:
         return Decision(False, False, f"the search pruned the run {state.why}".strip())
     if state.state == RunStatus.GAVE_UP:
         return Decision(False, True, f"the run gave up: {state.why}")
+    if (looping := _lost_twice(state.starts)) is not None:  # Slurm requeued it: hpctf stops
+        return looping
     failures = sum(1 for s in state.starts if spends_failure_budget(s) or s.reason is None)
     preemptions = sum(1 for s in state.starts if s.reason in PREEMPTION_REASONS)
     if failures > budgets.failure:

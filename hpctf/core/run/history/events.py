@@ -120,6 +120,13 @@ class UserCodeFailed(Event):
 
 
 @dataclass(frozen=True)
+class PeerLost(Event):
+    node: str = ""
+    rank: int | None = None
+    line: str = ""
+
+
+@dataclass(frozen=True)
 class NodeCheckFailed(Event):
     node: str | None = None
     rank: int | None = None
@@ -194,6 +201,7 @@ KINDS: dict[str, type[Event]] = {
     journal.ENVIRONMENT_FAILED: EnvironmentFailed,
     journal.USER_CODE_FAILED: UserCodeFailed,
     journal.NODE_CHECK_FAILED: NodeCheckFailed,
+    journal.PEER_LOST: PeerLost,
     journal.ENDED: Ended,
     journal.REQUEUED: Requeued,
     journal.RELEASED: Released,

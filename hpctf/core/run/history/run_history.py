@@ -34,6 +34,7 @@ from hpctf.core.run.history.events import (
 )
 from hpctf.core.run.history.jobs import Job, cancelled_by_user, jobs_of, open_jobs
 from hpctf.core.run.history.runstate import RunState, Start, run_state, starts_of
+from hpctf.core.run.history.states import EndReason
 from hpctf.core.run.rundir import RunDir
 
 
@@ -186,7 +187,7 @@ class RunHistory:
 
     def end_of_last_start(
         self, exit_code: int, done: bool, walltime_signal: str
-    ) -> tuple[str, list[dict[str, Any]]]:
+    ) -> tuple[EndReason, list[dict[str, Any]]]:
         """Why the last start ended with ``exit_code`` (:func:`.ends.end_of_start`) and the
         nodes that failed a quick check during it."""
         since = self.since_last_start
@@ -217,7 +218,9 @@ def made_in(run: RunDir) -> Path | None:
     return Path(where) if isinstance(where, str) and where else None
 
 
-def record_end_read(run: RunDir, job_id: str, exit_code: int, walltime_signal: str) -> str:
+def record_end_read(
+    run: RunDir, job_id: str, exit_code: int, walltime_signal: str
+) -> EndReason:
     """:func:`record_end` for a command that has not read the run's journal yet (the local
     launcher, a chief whose launcher is gone): read once here; returns the reason."""
     return record_end(run, read_history(run), job_id, exit_code, walltime_signal)[0]
@@ -225,7 +228,7 @@ def record_end_read(run: RunDir, job_id: str, exit_code: int, walltime_signal: s
 
 def record_end(
     run: RunDir, history: RunHistory, job_id: str, exit_code: int, walltime_signal: str
-) -> tuple[str, RunHistory]:
+) -> tuple[EndReason, RunHistory]:
     """A start ended with ``exit_code``: record why (:meth:`RunHistory.end_of_last_start`),
     the checkpoint step reached and the nodes that failed a quick check. ``history`` is the
     run's, read by this command. Returns the reason and the history with the record."""

@@ -1,5 +1,5 @@
-"""A run's state, derived from its journal alone (:func:`run_state`, pure), and as seen with
-what the journal cannot know (:func:`as_seen`); the requeue decisions are in :mod:`.decisions`.
+"""A run's state, derived from its journal alone (:func:`run_state`, pure); as seen with what
+the journal cannot know in :mod:`.outside_view`, the requeue decisions in :mod:`.decisions`.
 
 The journal holds one event per fact (:mod:`hpctf.core.run.journal` names them and writes them):
 ``submitted``, ``started`` (with the checkpoint step the start resumes from and the site's
@@ -73,6 +73,7 @@ from hpctf.core.run.history.events import (
     GaveUp,
     NodesDown,
     NotStarted,
+    PeerLost,
     Pruned,
     Requeued,
     Signalled,
@@ -85,6 +86,7 @@ from hpctf.core.run.history.states import (
     FAILURE_REASONS,
     PREEMPTION_REASONS,
     EndReason,
+    RestartCause,
     RunStatus,
 )
 
@@ -105,6 +107,8 @@ class Start:
     user_code: str | None = None
     # Where a search pruned the trial during this start, in words (pruning_words).
     pruned: str | None = None
+    # The line of the first rank that saw another stop answering (a lost peer).
+    peer_lost: str | None = None
     # When it started, when it recorded its end (None: it did not), its last record's time.
     started_at: str = ""
     ended_at: str | None = None
@@ -120,6 +124,21 @@ class Start:
         return self.end_step is not None and self.end_step > self.step
 
     @property
+    def cause(self) -> RestartCause | None:
+        """Why the run would start again after this start (None: it ended for good, or has
+        not ended): the one place a restart's cause is decided."""
+        reason = self.reason
+        if reason is None or reason in (EndReason.DONE, EndReason.CANCELLED, PRUNED):
+            return None
+        if self.user_code is not None:
+            return RestartCause.USER_CODE
+        if self.environment is not None:
+            return RestartCause.ENVIRONMENT
+        if reason == EndReason.FAILED and self.peer_lost is not None:
+            return RestartCause.PEER_LOST
+        return _CAUSES[reason]
+
+    @property
     def left_to_slurm(self) -> bool:
         """Slurm ended this start itself (the batch shell got SIGTERM: a preemption, a lost
         node, ``scontrol requeue``) or it ended without a word (``node_fail``) and it did not
@@ -127,6 +146,16 @@ class Start:
         return self.reason not in (EndReason.DONE, EndReason.CANCELLED, PRUNED) and (
             self.signalled or self.reason == EndReason.NODE_FAIL
         )
+
+
+_CAUSES = {
+    EndReason.PREEMPTED: RestartCause.PREEMPTION,
+    EndReason.TIMEOUT: RestartCause.WALLTIME,
+    EndReason.RESTART: RestartCause.PLANNED,
+    EndReason.FAILED: RestartCause.WORKER_CRASHED,
+    EndReason.STALLED: RestartCause.STALL,
+    EndReason.NODE_FAIL: RestartCause.NODE_LOST,
+}
 
 
 @dataclass(frozen=True)
@@ -222,6 +251,8 @@ def _with(start: Start, event: Event, first: bool) -> Start:
         return replace(start, environment=event.why or "the environment failed")
     if isinstance(event, UserCodeFailed) and start.user_code is None:
         return replace(start, user_code=event.line or "your code raised an exception")
+    if isinstance(event, PeerLost) and start.peer_lost is None:
+        return replace(start, peer_lost=event.line or f"rank {event.rank}: a peer was lost")
     if isinstance(event, Ended) and start.reason is None:
         return replace(
             start,
@@ -333,51 +364,3 @@ def _starts_before_extension(events: Sequence[Event]) -> int:
     train.steps=``): a done run extended is done again only once a later start is."""
     last = max((i for i, e in enumerate(events) if isinstance(e, Extended)), default=-1)
     return sum(1 for e in events[: last + 1] if isinstance(e, Started))
-
-
-def as_seen(
-    state: RunState,
-    *,
-    local: bool,
-    launcher_gone: str | None = None,
-    path: str = "",
-    slurm_requeued: bool = False,
-    closed_reason: EndReason | None = None,
-) -> RunState:
-    """The run's state as every command shows it: the journal's, with what the journal cannot
-    know, given by the caller that asked (the one place these are decided).
-
-    - ``launcher_gone`` (a local run the journal says is running): the local launcher, in
-      words, is gone from this host without recording how its start ended (killed, a full
-      disk): the run ``failed``, resumed by ``hpctf resubmit PATH``.
-    - A local run saved and stopped by a signal to its launcher (SIGTERM, SIGHUP, the launcher
-      killed) was ``interrupted``: nothing preempts or requeues a local run (a Ctrl-C or
-      ``hpctf cancel`` is ``cancelled``).
-    - ``slurm_requeued``: Slurm's queue holds the job again (Slurm requeued it itself after a
-      node failure, a preemption or ``scontrol requeue``) while the journal says its start
-      failed, was preempted or, its batch shell killed first, is still running: the run is
-      ``requeued``, its last start closed for ``closed_reason`` as its next start will close
-      it. A requeue counts against its budget as soon as it is decided.
-    """
-    if launcher_gone is not None and state.state == RunStatus.RUNNING:
-        state = replace(
-            state,
-            state=RunStatus.FAILED,
-            why=f"{launcher_gone} is gone without recording how its start ended (killed, or a "
-            f"full disk?); its rank logs say the rest; continue with: hpctf resubmit {path}",
-        )
-    elif local and state.state == RunStatus.PREEMPTED:
-        state = replace(
-            state, state=RunStatus.INTERRUPTED, why=f"its launcher was stopped; {state.why}"
-        )
-    requeuable = (RunStatus.FAILED, RunStatus.PREEMPTED, RunStatus.RUNNING)
-    if slurm_requeued and state.state in requeuable:
-        state = replace(state, state=RunStatus.REQUEUED, why=f"by Slurm after {closed_reason}")
-    if state.state == RunStatus.REQUEUED and state.last is not None:
-        state = replace(
-            state,
-            preemption_requeues=state.preemption_requeues
-            + (closed_reason in PREEMPTION_REASONS),
-            failure_requeues=state.failure_requeues + (closed_reason in FAILURE_REASONS),
-        )
-    return state

@@ -95,6 +95,36 @@ PREEMPTION_REASONS = frozenset({EndReason.PREEMPTED, EndReason.TIMEOUT})
 FAILURE_REASONS = frozenset({EndReason.STALLED, EndReason.FAILED, EndReason.NODE_FAIL})
 
 
+class RestartCause(_Word):
+    """Why a run started again (inside its allocation or through a requeue), as the history
+    decides it from how the start before ended (:attr:`.runstate.Start.cause`), and the budget
+    it counts against (:data:`CAUSE_BUDGETS`)."""
+
+    PREEMPTION = "preemption"  # warned by SIGTERM: every rank saved an agreed step
+    WALLTIME = "walltime"  # warned before the time limit: every rank saved
+    PLANNED = "planned"  # train.restart_every_steps
+    WORKER_CRASHED = "worker_crashed"  # a rank exited non-zero (a crash, OOM, a signal)
+    PEER_LOST = "peer_lost"  # a rank saw another stop answering in a collective
+    NODE_LOST = "node_lost"  # Slurm killed the job without a warning: a node down, a requeue
+    STALL = "stall"  # a rank's watchdog saw no progress
+    USER_CODE = "user_code"  # the user's code raised: never restarted, theirs to fix
+    ENVIRONMENT = "environment"  # a full disk or a read-only filesystem at save time: never
+
+
+# Which requeue budget each cause counts against (None: none; the two never restarted: none).
+CAUSE_BUDGETS: dict[RestartCause, str | None] = {
+    RestartCause.PREEMPTION: "preemption",
+    RestartCause.WALLTIME: "preemption",
+    RestartCause.PLANNED: None,
+    RestartCause.WORKER_CRASHED: "failure",
+    RestartCause.PEER_LOST: "failure",
+    RestartCause.NODE_LOST: "failure",
+    RestartCause.STALL: "failure",
+    RestartCause.USER_CODE: None,
+    RestartCause.ENVIRONMENT: None,
+}
+
+
 class TrialStatus(_Word):
     """A search trial's state, as the study and ``hpctf status SEARCH`` show it: pending (not
     started, or started and not yet running), running, done, failed, pruned."""
