@@ -13,7 +13,7 @@ import click
 import pytest
 from pydantic import ValidationError
 
-from hpctf.cli import cli
+from hpctf.cli import _command_named, cli
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.settings.config import Login, Site
 from hpctf.login.remote import cluster_side, forward, shipping
@@ -107,10 +107,21 @@ def test_pending_submits_keep_their_token_until_answered(tmp_path: Path) -> None
     assert oct(pending.parent.stat().st_mode & 0o777) == "0o700"
 
 
-def test_cluster_commands_are_read_without_click_for_what_the_laptop_needs() -> None:
-    parsed = forward._light_parse(["RUN", "--site=c", "-f", "-o", "out.png", "--rank", "1"])
-    assert parsed == {"run_dir": "RUN", "site_name": "c", "follow": True, "output": Path("out.png")}
-    assert forward._light_parse(["--", "-odd"]) == {"run_dir": "-odd"}
+def test_a_laptop_reads_a_cluster_commands_arguments_with_that_commands_own_parser(
+    tmp_path: Path,
+) -> None:
+    """No second parser: what the laptop needs (the site, -f, -o, RUN) is click's reading of
+    the command itself; a word the command refuses is left to the command to say here, before
+    any connection (the site's host does not even resolve)."""
+    (tmp_path / "far.yaml").write_text(
+        "name: far\nscheduler: slurm\nruns_root: /r\nlogin: {host: user@far.example.invalid}\n"
+    )
+    env = {"HPCTF_SITE_PATH": str(tmp_path), "HPCTF_SITE": "far", "HOME": str(tmp_path)}
+    for refused in (["logs", "/r/run", "--no-such"], ["logs", "/r/run", "--rank", "x"]):
+        assert forward.forwarded(refused, env, _command_named) is None
+    with pytest.raises(UserError, match="--update-code"):  # read by click: --site anywhere
+        forward.forwarded(["resubmit", "--site", "far", "/r/run", "--update-code"], {
+            k: v for k, v in env.items() if k != "HPCTF_SITE"}, _command_named)  # fmt: skip
 
 
 def test_resubmit_update_code_from_a_laptop_is_refused_before_connecting(tmp_path: Path) -> None:
@@ -251,22 +262,22 @@ def test_another_users_code_store_in_a_shared_runs_root_locks_nobody_out(
 @pytest.mark.parametrize(
     ("name", "given", "sent"),
     [
-        ("logs", ["RUN", "--site", "mycluster", "-f"], ["logs", "RUN", "-f"]),
-        ("cancel", ["--site=mycluster", "RUN"], ["cancel", "RUN"]),
+        ("logs", ["RUN", "--site", "x", "-f"], ["logs", "--site", "mycluster", "RUN", "-f"]),
+        ("cancel", ["--site=mycluster", "RUN"], ["cancel", "--site", "mycluster", "RUN"]),
         ("resubmit", ["RUN", "--site", "mycluster", "--exclude", "n1"],
-         ["resubmit", "RUN", "--exclude", "n1"]),
-        ("plot", ["RUN", "--site", "mycluster", "-o", "x.png"], ["plot", "RUN", "-o", "x.png"]),
+         ["resubmit", "--site", "mycluster", "RUN", "--exclude", "n1"]),
+        ("plot", ["RUN", "-o", "x.png"], ["plot", "--site", "mycluster", "RUN", "-o", "x.png"]),
         ("doctor", [], ["doctor", "--site", "mycluster"]),  # chosen by $HPCTF_SITE
         ("status", ["--site", "mycluster", "RUN"], ["status", "--site", "mycluster", "RUN"]),
-        ("logs", ["--", "--site"], ["logs", "--", "--site"]),  # a RUN named --site
+        ("logs", ["--", "--site"], ["logs", "--site", "mycluster", "--", "--site"]),  # RUN --site
     ],
 )  # fmt: skip
 def test_a_laptop_command_reaches_the_cluster_as_its_command_takes_it(
     name: str, given: list[str], sent: list[str]
 ) -> None:
     """`logs RUN --site X` said "No such option '--site'" on the cluster, and `doctor` with
-    $HPCTF_SITE checked the cluster's `local`: --site goes where the command has it, named
-    whichever way the laptop chose the site, and nowhere else."""
+    $HPCTF_SITE checked the cluster's `local`: every command that runs there takes --site, and
+    gets the site the laptop chose, whichever way it chose it."""
     assert forward.cluster_args(name, given, "mycluster") == sent
 
 

@@ -4,7 +4,8 @@
 (:mod:`hpctf.login.remote.shipping`); ``--dry-run`` stays here. ``status``, ``runs``,
 ``logs``, ``cancel``, ``resubmit``, ``plot`` and ``doctor`` run on the cluster as given, with
 their output streamed back and their exit status kept. Which site: the command's ``--site``,
-else ``$HPCTF_SITE`` (RUN arguments are paths on the cluster).
+else ``$HPCTF_SITE`` (RUN arguments are paths on the cluster). The arguments are read by the
+command's own click parser here, as on the cluster: one parser.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ if TYPE_CHECKING:  # imported where a site is behind SSH: every command asks thi
     from hpctf.login.remote.ssh import Connection
 
 ON_CLUSTER = frozenset({"status", "runs", "logs", "cancel", "resubmit", "plot", "doctor"})
-# The cluster's commands that have a --site option of their own (tests/test_remote_units.py
-# checks this against the CLI); the rest know the site from `_remote`'s document alone.
-TAKES_SITE = frozenset({"status", "runs", "doctor"})
+# Every one of them takes --site (tests/test_remote_units.py checks this against the CLI):
+# the laptop's choice (--site or $HPCTF_SITE, which the cluster's shell does not have) is
+# passed on as --site.
+TAKES_SITE = ON_CLUSTER
 SHIPPED = frozenset({"submit", "sweep"})
 COMMANDS = ON_CLUSTER | SHIPPED
 _HELP = frozenset({"--help", "-h"})
@@ -43,16 +45,16 @@ def forwarded(
     if not args or args[0] not in COMMANDS or _HELP & set(args[1:]):
         return None
     name, rest = args[0], list(args[1:])
+    command = command_of(name)
+    try:
+        # A shipped command's experiment is read here anyway; a cluster command's arguments
+        # are checked here too, so that a mistake is said before any connection.
+        with command.make_context(name, list(rest), resilient_parsing=name in SHIPPED) as ctx:
+            params = dict(ctx.params)
+    except click.ClickException:
+        return None  # let the command itself say what is wrong
     if name in SHIPPED:
-        command = command_of(name)
-        try:
-            with command.make_context(name, list(rest), resilient_parsing=True) as ctx:
-                params = dict(ctx.params)
-        except click.ClickException:
-            return None  # let the command itself say what is wrong
         return _shipped(name, command, params, env)
-    # Not click's parsing: that would import every command (a third of a second) first.
-    params = _light_parse(rest)
     site_name = params.get("site_name") or env.get("HPCTF_SITE")
     if not site_name:
         return None
@@ -81,10 +83,8 @@ def forwarded(
 
 
 def cluster_args(name: str, rest: Sequence[str], site_name: str) -> list[str]:
-    """``hpctf NAME REST`` as the cluster's command takes it: the site named by ``--site``
-    where the command has that option (chosen here by ``--site`` or ``$HPCTF_SITE``, which
-    the cluster's shell does not have), and left out where it has not (``logs``, ``cancel``,
-    ``resubmit``, ``plot``: the ``_remote`` document names the site)."""
+    """``hpctf NAME REST`` as the cluster's command takes it: the site chosen here (by
+    ``--site`` or ``$HPCTF_SITE``, which the cluster's shell does not have) as ``--site``."""
     kept: list[str] = []
     words = iter(rest)
     for word in words:
@@ -130,28 +130,6 @@ def on_cluster(
 
     document = json.dumps(site_document(site), sort_keys=True)
     return connection.run(["_remote", document, *args], capture=capture, terminal=terminal)
-
-
-def _light_parse(args: Sequence[str]) -> dict[str, Any]:
-    """What the laptop needs of a cluster command's arguments: ``--site``, ``-f``/``--follow``,
-    ``-o``/``--output`` and the first argument (RUN); the cluster parses them all again."""
-    params: dict[str, Any] = {}
-    words = iter(args)
-    for word in words:
-        if word == "--":
-            params.setdefault("run_dir", next(words, None))
-            break
-        key, eq, value = word.partition("=")
-        if key in ("--site", "-o", "--output"):
-            found = value if eq else next(words, None)
-            params["site_name" if key == "--site" else "output"] = found
-        elif word in ("-f", "--follow"):
-            params["follow"] = True
-        elif not word.startswith("-"):
-            params.setdefault("run_dir", word)
-    if params.get("output"):
-        params["output"] = Path(params["output"])
-    return params
 
 
 def _shipped(

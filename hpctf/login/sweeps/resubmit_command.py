@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from hpctf.core.errors import UserError
+from hpctf.login.reading.run_site import run_site_option
 from hpctf.login.submitting.resubmit import resubmit_run
 from hpctf.login.sweeps.sweep_commands import sweep_resubmit
 from hpctf.login.sweeps.sweep_dir import is_sweep_dir
@@ -48,6 +49,7 @@ from hpctf.login.sweeps.sweep_dir import is_sweep_dir
     help="Continue the run with a new train.steps (or epochs, log/eval cadence, "
     "checkpoint.every_steps, keep), also a done one (repeatable).",
 )
+@run_site_option
 def resubmit(
     run_dir: Path,
     exclude: str | None,
@@ -55,6 +57,7 @@ def resubmit(
     update_code: bool,
     from_scratch: bool,
     overrides: tuple[str, ...],
+    site_name: str | None,
 ) -> None:
     """Start a new job on RUN_DIR; it resumes from the latest checkpoint. On a sweep
     directory: one new job array over the points that did not finish.

@@ -9,6 +9,7 @@ import click
 from hpctf.core.errors import UserError
 from hpctf.core.run import journal, run_index
 from hpctf.core.run.run_identity import check_not_a_copy, check_owned
+from hpctf.login.reading.run_site import run_site_option
 from hpctf.login.reading.runs import RunRecord
 from hpctf.login.submitting.launchers import job_launcher
 from hpctf.login.submitting.local_control import (
@@ -22,7 +23,8 @@ from hpctf.login.sweeps.sweep_dir import is_sweep_dir
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
-def cancel(run_dir: Path) -> None:
+@run_site_option
+def cancel(run_dir: Path, site_name: str | None) -> None:
     """Cancel the job of RUN_DIR that has not ended, and record that the user cancelled it:
     the run ends `cancelled` (it is not requeued); `hpctf resubmit` starts it again. On a
     sweep directory: every point's open job, in one scancel. A local run: its launcher gets

@@ -18,6 +18,7 @@ from hpctf.core.run.history import RunHistory, RunStatus, Start
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import open_regular
 from hpctf.login.reading.run_report import local_launcher_gone
+from hpctf.login.reading.run_site import run_site_option
 from hpctf.login.reading.runs import FINAL_RUN_STATES, RunRecord
 from hpctf.login.reading.slurm_view import slurm_records
 
@@ -153,7 +154,10 @@ def _job_alive(run: RunRecord) -> bool | None:
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep printing, across requeues, until the run ends."
 )
-def logs(run_dir: Path, rank: int, job_id: str | None, follow: bool) -> None:
+@run_site_option
+def logs(
+    run_dir: Path, rank: int, job_id: str | None, follow: bool, site_name: str | None
+) -> None:
     """Print one rank's log of RUN_DIR across every start, a separator line where each begins.
 
     With -f, follow the live job, and the next one after a requeue, until the run is done,

@@ -17,6 +17,7 @@ from hpctf.core.errors import UserError
 from hpctf.core.run.history import EndReason
 from hpctf.core.safe_files import write_atomic
 from hpctf.login.reading.run_report import with_slurm_queue
+from hpctf.login.reading.run_site import run_site_option
 from hpctf.login.reading.runs import RunRecord, metric_records
 from hpctf.login.reading.slurm_view import job_states, slurm_state
 from hpctf.login.sweeps.sweep_dir import SweepDir, is_sweep_dir
@@ -44,7 +45,8 @@ RESTART_LABELS = {
     help="The PNG to write (default: RUN_DIR/loss.png for your own run, ./NAME-loss.png "
     "for a run someone else owns; SWEEP/search.png for a search, SWEEP/sweep.png for a grid).",
 )
-def plot(run_dir: Path, output: Path | None) -> None:
+@run_site_option
+def plot(run_dir: Path, output: Path | None, site_name: str | None) -> None:
     """Draw RUN_DIR's loss and eval metrics against step, each restart marked with why the
     start before it ended; for a search's SWEEP directory, the objective over trials (with the
     best so far) and each trial's eval curve, pruned trials marked where they were pruned; for
