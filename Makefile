@@ -39,6 +39,9 @@ system-packages:
 # on the scheduler (requeue, walltime, MinJobAge) rather than compute, so two overlap well even
 # on 2 cores. HPCTF_SLURM_ACCOUNTING=1: the clusters keep real accounting (MariaDB + slurmdbd,
 # about 9 s at start), so sacct answers for jobs slurmctld has forgotten, as on a real site.
+# Tests marked both_slurms run again on a second cluster, Slurm 24.11 with Python 3.13 workers,
+# from a Debian 13 root built once by tests/slurm/debian13-root.sh (about 2 minutes, 2.2 GB,
+# cached in ~/.cache/hpctf-slurm2411/).
 TEST_WORKERS ?= 2
 test: system-packages lint
 	HPCTF_REQUIRE_SLURM=1 HPCTF_SLURM_ACCOUNTING=1 $(BIN)/python -m pytest -ra --durations=10 -n $(TEST_WORKERS) --dist worksteal

@@ -176,3 +176,32 @@ def test_only_this_hosts_directories_are_swept(tmp_path: Path) -> None:
         (directory / "owner.lock").write_bytes(b"")  # its lock free: its worker is gone
     assert worker_tmp.remove_left_behind(tmp_path) == [mine]
     assert sorted(tmp_path.iterdir()) == sorted([theirs, suffix_host])
+
+
+def test_an_exit_bound_during_the_main_threads_removal_waits_for_it(tmp_path: Path) -> None:
+    """leave() on the main thread removes the directory; the exit bound's timer fires in the
+    middle of it: its os._exit must wait for the removal, not cut it short (seen on the Slurm
+    24.11 cluster: a rank gone with its files left behind). The removal is slowed here to
+    make the overlap certain."""
+    program = (
+        "import os, shutil, threading, time, tempfile\n"
+        "from hpctf.compute.process import worker_tmp\n"
+        "from hpctf.compute.process.leaving import exit_now\n"
+        f"tempfile.tempdir = {str(tmp_path)!r}\n"
+        "own = worker_tmp.use_own_tmp(0)\n"
+        "for i in range(20):\n"
+        "    (own / f'f{i}').write_text('x')\n"
+        "real = os.unlink\n"
+        "def slow(path, *a, **k):\n"
+        "    time.sleep(0.05)\n"
+        "    return real(path, *a, **k)\n"
+        "shutil._use_fd_functions = False\n"
+        "os.unlink = slow\n"
+        "threading.Timer(0.2, exit_now, args=(7,)).start()\n"
+        "exit_now(0)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode in (0, 7), proc.stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))

@@ -36,11 +36,19 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 from pathlib import Path
 
 log = logging.getLogger("hpctf")
 
 _own: Path | None = None
+# Held through a removal: the exit bound's timer and the main thread's leave() may both remove
+# the directory; the second waits for the first's rmtree, or its os._exit would cut it short
+# (seen on the Slurm 24.11 cluster: a rank gone with its autograph files left behind).
+_removing = threading.Lock()
+# How long a second remover waits for the first (a removal on a hung filesystem must not hold
+# the exit for ever).
+REMOVAL_WAIT_S = 2.0
 _PREFIX = "hpctf-rank"
 _OWNER = "owner.lock"  # locked by the worker while it lives
 
@@ -67,13 +75,19 @@ def use_own_tmp(task_index: int) -> Path | None:
 
 
 def remove_own_tmp() -> None:
-    """Remove the worker's own temporary directory, if it has one; never raises."""
+    """Remove the worker's own temporary directory, if it has one; never raises. A second
+    caller (another thread) returns once the first caller's removal is over."""
     global _own
-    if _own is None:
+    if not _removing.acquire(timeout=REMOVAL_WAIT_S):
         return
-    path, _own = _own, None
-    tempfile.tempdir = None  # gettempdir() finds $TMPDIR again
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        if _own is None:
+            return
+        path, _own = _own, None
+        tempfile.tempdir = None  # gettempdir() finds $TMPDIR again
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        _removing.release()
 
 
 def _lock_for_life(path: Path) -> None:
