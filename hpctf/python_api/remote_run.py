@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -133,24 +133,11 @@ def submit(
     experiment: Path, site: str | None, overrides: list[str], env: Mapping[str, str]
 ) -> RemoteRun | None:
     """:func:`hpctf.submit` on a site behind SSH; None when the site is here."""
-    shipped = ship("submit", experiment, site, overrides, [], env, capture=True)
+    shipped = _shipped("submit", Started, experiment, site, overrides, [], env)
     if shipped is None:
         return None
-    answer, connection, remote_site = shipped
-    if answer.returncode == 2:
-        raise UserError(_said(answer.stderr))
-    try:
-        started = Started.model_validate_json(answer.stdout)
-    except ValidationError:
-        raise EnvironmentProblem(
-            f"submit on {connection.login.host} exited {answer.returncode}: {_said(answer.stderr)}"
-        ) from None
+    started, connection, remote_site = shipped
     return RemoteRun(started.run_dir, connection, remote_site)
-
-
-def _said(stderr: str) -> str:
-    lines = [line.removeprefix("Error: ") for line in stderr.strip().splitlines()]
-    return lines[-1] if lines else "no message"
 
 
 def sweep(
@@ -162,16 +149,41 @@ def sweep(
 ) -> RemoteSweep | None:
     """:func:`hpctf.sweep` on a site behind SSH (``options``: ``hpctf sweep``'s, as its
     arguments); None when the site is here."""
-    shipped = ship("sweep", experiment, site, overrides, options, env, capture=True)
+    shipped = _shipped("sweep", SweepStarted, experiment, site, overrides, options, env)
+    if shipped is None:
+        return None
+    started, connection, remote_site = shipped
+    return RemoteSweep(started.sweep_dir, connection, remote_site)
+
+
+Answered = TypeVar("Answered", Started, SweepStarted)
+
+
+def _shipped(
+    name: str,
+    answer_type: type[Answered],
+    experiment: Path,
+    site: str | None,
+    overrides: list[str],
+    options: list[str],
+    env: Mapping[str, str],
+) -> tuple[Answered, Connection, Site] | None:
+    """``submit`` or ``sweep`` shipped to the cluster, its typed answer read; None when the
+    site is here. The cluster's one line is a UserError here when it was the user's."""
+    shipped = ship(name, experiment, site, overrides, options, env, capture=True)
     if shipped is None:
         return None
     answer, connection, remote_site = shipped
     if answer.returncode == 2:
         raise UserError(_said(answer.stderr))
     try:
-        started = SweepStarted.model_validate_json(answer.stdout)
+        return answer_type.model_validate_json(answer.stdout), connection, remote_site
     except ValidationError:
         raise EnvironmentProblem(
-            f"sweep on {connection.login.host} exited {answer.returncode}: {_said(answer.stderr)}"
+            f"{name} on {connection.login.host} exited {answer.returncode}: {_said(answer.stderr)}"
         ) from None
-    return RemoteSweep(started.sweep_dir, connection, remote_site)
+
+
+def _said(stderr: str) -> str:
+    lines = [line.removeprefix("Error: ") for line in stderr.strip().splitlines()]
+    return lines[-1] if lines else "no message"
