@@ -1,18 +1,18 @@
-"""A sweep from Python: :func:`sweep` starts one as ``hpctf sweep`` does, :class:`Sweep` reads
-one (its points, ``status SWEEP --json``'s documents, the best point by a metric)."""
+"""A sweep from Python: :class:`Sweep` reads one (its points, ``status SWEEP --json``'s
+documents, the best point by a metric); :func:`hpctf.python_api.submit_api.sweep` starts one
+as ``hpctf sweep`` does."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpctf.core.errors import UserError
 from hpctf.login.calls.models import Mode, PointRef, Request, Result, SweepRequest, SweepView
-from hpctf.python_api.run_api import Run, Settings, set_texts, value_text
+from hpctf.python_api.run_api import Run
 
 
 @dataclass(frozen=True)
@@ -100,46 +100,3 @@ class Sweep:
             raise UserError(f"mode={mode!r}: give 'min' or 'max' (or leave it out)")
         best = self._view(metric, modes[mode]).best
         return None if best is None else self._point(best)
-
-
-def sweep(
-    experiment: str | os.PathLike[str],
-    grid: Mapping[str, Sequence[Any]] | None = None,
-    site: str | None = None,
-    set: Settings = None,
-    max_running: int | None = None,
-    ranges: Mapping[str, str] | None = None,
-    draws: int | None = None,
-    seed: int = 0,
-    max_points: int | None = None,
-    echo: bool = False,
-) -> Sweep:
-    """``hpctf sweep EXPERIMENT --grid KEY=V1,V2 ...``: one run per point of the product of
-    ``grid`` (``{"train.args.lr": [0.01, 0.1]}``), or ``draws`` random points from ``ranges``
-    (``{"train.args.lr": "1e-4:1e-1:log"}``); an experiment with a ``sweep:`` section (and no
-    grid) is searched, as ``hpctf sweep`` does. On a Slurm site it returns once the job array
-    is submitted (:meth:`Sweep.wait` waits); on a local site once every point has run (worker
-    output in the rank logs unless ``echo``; Ctrl-C: the point saves, KeyboardInterrupt)."""
-    from hpctf.login.submitting.launchers import Caller
-    from hpctf.login.sweeps.plan import DEFAULT_MAX_POINTS
-    from hpctf.login.sweeps.start import start_any
-    from hpctf.python_api import remote_run
-
-    grids = [f"{k}={','.join(value_text(v) for v in vs)}" for k, vs in (grid or {}).items()]
-    range_texts = [f"{k}={v}" for k, v in (ranges or {}).items()]
-    options = [
-        *(f"--grid={g}" for g in grids),
-        *(f"--range={r}" for r in range_texts),
-        *([f"--random={draws}"] if draws else []),
-        f"--seed={seed}",
-        f"--max-points={max_points or DEFAULT_MAX_POINTS}",
-        *([f"--max-running={max_running}"] if max_running else []),
-    ]
-    remote = remote_run.sweep(Path(experiment), site, set_texts(set), options, os.environ)
-    if remote is not None:  # a site behind SSH: the sweep is on the cluster
-        return remote
-    record, _ = start_any(
-        Path(experiment), grids, range_texts, draws, seed, max_points or DEFAULT_MAX_POINTS,
-        site, set_texts(set), max_running, Caller(echo=echo, interrupt=True),
-    )  # fmt: skip
-    return Sweep(record.path)

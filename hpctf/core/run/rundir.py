@@ -29,9 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import checkpoint_files, journal, journal_entries, secret_store, snapshot
-from hpctf.core.run.bulk_create import in_shares as in_shares  # its old home: sweeps' commands
-from hpctf.core.run.bulk_create import record_unsynced as record_unsynced  # the same
-from hpctf.core.run.bulk_create import write_point
+from hpctf.core.run.bulk_create import in_shares, write_point
 from hpctf.core.safe_files import (
     NotARegularFile,
     read_bounded,

@@ -20,8 +20,9 @@ import click
 
 from hpctf.core.errors import EnvironmentProblem, UserError
 from hpctf.core.run import journal
+from hpctf.core.run.bulk_create import in_shares, record_unsynced
 from hpctf.core.run.hours import hours_json, hours_text, summed
-from hpctf.core.run.rundir import RunDir, in_shares, record_unsynced
+from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import sync_filesystem, write_atomic
 from hpctf.core.scheduler import slurm
 from hpctf.core.scheduler.launcher import is_slurm, launcher_for
