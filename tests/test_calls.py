@@ -95,3 +95,13 @@ def test_a_cancel_is_typed_and_its_words_stay_off_the_answer(
     cancelled = RESULTS["cancel"].model_validate(answer.result)
     assert cancelled.jobs == ["4242"] and cancelled.state is RunStatus.CANCELLED  # type: ignore[union-attr]
     assert any("4242" in call for call in fake_slurm.calls("scancel"))
+
+
+def test_a_call_of_a_newer_hpctf_is_refused_naming_both_versions() -> None:
+    call = Call(site=_site(), request=StatusRequest(run_dirs=["/r"]))
+    status, answer, _ = _call(call.model_copy(update={"version": 99}).model_dump_json())
+    assert status == 3 and answer.failure is not None and answer.failure.kind == "environment"
+    assert (
+        "call version 99" in answer.failure.message
+        and "same hpctf version" in answer.failure.message
+    )

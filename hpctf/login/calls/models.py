@@ -38,8 +38,9 @@ class CancelRequest(_Model):
 
 class ResubmitRequest(_Model):
     """``hpctf resubmit RUN [--set ...] [--exclude ...] [--from-scratch]
-    [--retry-failed-nodes]``. ``update_code`` takes the code the run was submitted with
-    from where it was: from a laptop that is the laptop's, so the call refuses it there."""
+    [--retry-failed-nodes]``. ``update_code`` copies the code again from the run's
+    python_path where the call is answered: a laptop's RemoteRun refuses it (the cluster's
+    copy is the one shipped at submit, not the laptop's code)."""
 
     command: Literal["resubmit"] = "resubmit"
     run_dir: str
