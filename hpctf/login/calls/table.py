@@ -5,7 +5,6 @@ path."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,23 +33,13 @@ if TYPE_CHECKING:
 
 
 def status(request: StatusRequest) -> Statuses:
-    """Each run's ``status --json`` document: one squeue call for all of them, one sacct
-    call more with ``hours``."""
-    from hpctf.core.run.hours import hours_json
-    from hpctf.login.reading.hours_view import hours_of
-    from hpctf.login.reading.run_report import full_document
+    """Each run's ``status --json`` document, whole, as ``hpctf status RUN`` makes it: one
+    squeue call for all of them, one sacct call more with ``hours``."""
     from hpctf.login.reading.runs import RunRecord
-    from hpctf.login.reading.slurm_view import job_states
+    from hpctf.login.watching.status import run_documents
 
     records = [RunRecord.read(Path(path)) for path in request.run_dirs]
-    facts = [record.facts for record in records]
-    view = job_states(facts, all_jobs=True)
-    now = time.time()
-    documents = [full_document(record, view, now) for record in records]
-    if request.hours:
-        hours = hours_of(facts)
-        for document, run in zip(documents, facts, strict=True):
-            document["hours"] = hours_json(hours[run.path])
+    documents, _, _ = run_documents(records, whole=True, with_hours=request.hours)
     return Statuses(runs=redact_data(documents))
 
 

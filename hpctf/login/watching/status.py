@@ -41,9 +41,7 @@ from hpctf.login.reading.runs import (
     scan_runs,
     unread_note,
 )
-from hpctf.login.reading.slurm_view import (
-    job_states,
-)
+from hpctf.login.reading.slurm_view import SlurmView, job_states
 from hpctf.login.sweeps.sweep_commands import sweep_status
 from hpctf.login.sweeps.sweep_dir import (
     SweepDir,
@@ -154,16 +152,13 @@ def status(
     read = [RunRecord.read(path) for path in run_dirs]
     sweeps: list[dict[str, Any]] = []
     if read:
-        runs = [run.facts for run in read]
+        # One run in full, with one sacct call more for its hours; a table of many keeps to one
+        # squeue call.
+        documents, view, hours = run_documents(read, whole=single, with_hours=single)
     else:
         runs, sweeps = _selected_runs(root, site_name, every, lazy=not (every or as_json))
-    view = job_states(runs, all_jobs=single)
-    now = time.time()
-    if single:  # one sacct call more for the hours; the table of many keeps to one of each
-        documents = [full_document(read[0], view, now)]
-        hours = hours_of(runs)
-        documents[0]["hours"] = hours_json(hours[runs[0].path])
-    else:
+        view = job_states(runs, all_jobs=False)
+        now = time.time()
         documents = [run_document(run, view, now) for run in runs]
     unrecorded = _unrecorded_jobs(read[0]) if single else ""
     if as_json:
@@ -173,11 +168,34 @@ def status(
         )
     elif single:
         click.echo(for_terminal(describe_run(read[0], documents[0])), nl=False)
-        click.echo(f"hours: {hours_text(hours[runs[0].path])}")
+        assert hours is not None  # asked for with the one run
+        click.echo(f"hours: {hours_text(hours[read[0].facts.path])}")
         if unrecorded:
             click.echo(unrecorded)
     elif documents or sweeps:
         click.echo(for_terminal(status_table(documents, sweeps)), nl=False)
+
+
+def run_documents(
+    read: Sequence[RunRecord], whole: bool, with_hours: bool
+) -> tuple[list[dict[str, Any]], SlurmView, dict[str, Hours | None] | None]:
+    """The ``status --json`` documents of the runs ``read``: ``whole`` (every job of each,
+    its losses; :func:`full_document`) or as a listing's rows; one squeue call for all, one
+    sacct call more ``with_hours`` (each document's ``hours``). Also the view of Slurm they
+    were made with and the hours. ``hpctf status RUN...`` and the typed call's status
+    (:func:`hpctf.login.calls.table.status`)."""
+    runs = [record.facts for record in read]
+    view = job_states(runs, all_jobs=whole)
+    now = time.time()
+    documents = [
+        full_document(record, view, now) if whole else run_document(record.facts, view, now)
+        for record in read
+    ]
+    hours = hours_of(runs) if with_hours else None
+    if hours is not None:
+        for document, run in zip(documents, runs, strict=True):
+            document["hours"] = hours_json(hours[run.path])
+    return documents, view, hours
 
 
 def _unrecorded_jobs(run: RunRecord) -> str:
