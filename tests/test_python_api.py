@@ -54,7 +54,7 @@ def test_a_run_from_python_submits_reads_and_extends_through_the_cli_functions(
     with pytest.raises(TimeoutError):
         run.wait(timeout=0.2, poll=0.1)
     assert [r.path for r in hpctf.runs()] == [run.path]
-    with pytest.raises(UserError, match="no log of rank 0"):
+    with pytest.raises(UserError, match="no log for rank 0"):
         run.logs()
 
     # The run ends done at step 300, with metrics rows.

@@ -233,7 +233,7 @@ def test_python_submit_wait_and_metrics_through_ssh(remote: Remote) -> None:
     assert Path(path).parent == remote.runs and (Path(path) / "DONE").is_file()
     assert status == "done True []", proc.stdout
     assert logs == "True True", proc.stdout
-    assert refused.startswith("user error: ") and "no log of rank 9" in refused, proc.stdout
+    assert refused.startswith("user error: ") and "no log for rank 9" in refused, proc.stdout
 
 
 SEARCH = """\

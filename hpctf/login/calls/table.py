@@ -94,20 +94,15 @@ def metrics(request: MetricsRequest) -> Metrics:
 
 
 def logs(request: LogsRequest) -> Logs:
-    """One rank's log across every start, as ``hpctf logs RUN --rank N [--job ID]``."""
-    from hpctf.core.errors import UserError
+    """One rank's log across every start, as ``hpctf logs RUN --rank N [--job ID]`` prints
+    it (its checks: :func:`hpctf.login.watching.logs.check_request`)."""
     from hpctf.login.reading.runs import RunRecord
-    from hpctf.login.watching.logs import LogReader
+    from hpctf.login.watching.logs import LogReader, check_request
 
     record = RunRecord.read(Path(request.run_dir))
-    path, rank, job = record.run.path, request.rank, request.job
-    if job is not None and job not in record.state.jobs:
-        raise UserError(f"{path}: no job {job}; its jobs: {', '.join(record.state.jobs)}")
-    if not record.run.rank_log(rank).exists():
-        ranks = sorted(p.stem.split("-")[1] for p in record.run.logs.glob("rank-*.log"))
-        raise UserError(f"{path}: no log of rank {rank} (yet); ranks: {ranks or 'none'}")
-    text = "".join(LogReader(record.run, rank, job).read(record.history, final=True))
-    return Logs(text=redact(text))
+    check_request(record, request.rank, request.job, follow=False)
+    reader = LogReader(record.run, request.rank, request.job)
+    return Logs(text=redact("".join(reader.read(record.history, final=True))))
 
 
 def sweep(request: SweepRequest) -> SweepView:

@@ -165,7 +165,7 @@ def logs(
     journal alone cannot tell).
     """
     run = RunRecord.read(run_dir)
-    _check_request(run, rank, job_id, follow)
+    check_request(run, rank, job_id, follow)
     reader = LogReader(run.run, rank, job_id)
     if follow:
         _follow(run_dir, reader)
@@ -173,7 +173,7 @@ def logs(
         _print_once(run, reader, job_id)
 
 
-def _check_request(run: RunRecord, rank: int, job_id: str | None, follow: bool) -> None:
+def check_request(run: RunRecord, rank: int, job_id: str | None, follow: bool) -> None:
     """A UserError for a job the run never had, or a rank without a log (while following, only
     once the run is over: a rank's log may come with its start)."""
     path = run.run.rank_log(rank)
