@@ -20,6 +20,7 @@ from hpctf.login.remote import cluster_side, forward, shipping
 from hpctf.login.remote.ssh import remote_command
 from hpctf.login.remote.where import remote_login
 from hpctf.python_api import remote_run as remote_runs
+from hpctf.python_api import run_api
 from tests.conftest import DIGITS, other_user
 from tests.sshd import HOSTILE
 
@@ -91,10 +92,10 @@ def test_waiting_on_many_remote_runs_is_one_status_call_per_poll_with_backoff(
         state = "done" if len(calls) == 5 else "running"
         return [{"state": state} for _ in runs]
 
-    monkeypatch.setattr(remote_runs, "statuses", statuses)
-    monkeypatch.setattr(remote_runs.time, "sleep", sleeps.append)
+    monkeypatch.setattr(run_api, "statuses", statuses)
+    monkeypatch.setattr(run_api.time, "sleep", sleeps.append)
     runs = [remote_runs.RemoteRun(f"/r/{i}", None, None) for i in range(50)]  # type: ignore[arg-type]
-    assert remote_runs.wait_all(runs, poll=2) == ["done"] * 50
+    assert run_api.wait_all(runs, poll=2) == ["done"] * 50
     assert calls == [50] * 5
     assert sleeps == [2, 3, 4.5, 6.75]
 

@@ -6,33 +6,25 @@ between polls growing to :data:`MAX_POLL`."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from hpctf.core.errors import EnvironmentProblem, UserError
-from hpctf.core.run.history import RunStatus
 from hpctf.core.settings.config import Site
 from hpctf.login.calls.models import (
     Request,
     Result,
     Started,
-    Statuses,
-    StatusRequest,
     SweepStarted,
 )
-from hpctf.login.reading.run_report import has_ended
 from hpctf.login.remote.calling import remote_call
 from hpctf.login.remote.forward import ship
 from hpctf.login.remote.ssh import Connection
-from hpctf.python_api.run_api import Run, RunFailed, Settings
+from hpctf.python_api.run_api import Run, Settings
 from hpctf.python_api.sweep_api import Sweep
-
-MAX_POLL = 120.0
-BACKOFF = 1.5
 
 
 class RemoteRun(Run):
@@ -48,14 +40,6 @@ class RemoteRun(Run):
 
     def _answer(self, request: Request) -> Result:
         return remote_call(self.connection, self.site, request)
-
-    def status(self) -> dict[str, Any]:
-        return statuses([self], hours=True)[0]
-
-    def wait(
-        self, timeout: float | None = None, poll: float = 10.0, check: bool = False
-    ) -> RunStatus:
-        return wait_all([self], timeout, poll, check)[0]
 
     def resubmit(
         self,
@@ -94,39 +78,6 @@ class RemoteSweep(Sweep):
 
     def _run(self, path: str) -> Run:
         return RemoteRun(path, self.connection, self.site)
-
-
-def statuses(runs: Sequence[RemoteRun], hours: bool = False) -> list[dict[str, Any]]:
-    """Each run's ``status --json`` document, from one call for all of them (one squeue on
-    the cluster; ``hours``: one sacct more). The runs share the first one's connection."""
-    if not runs:
-        return []
-    answered = runs[0]._answer(StatusRequest(run_dirs=[str(r.path) for r in runs], hours=hours))
-    assert isinstance(answered, Statuses)
-    return answered.runs
-
-
-def wait_all(
-    runs: Sequence[RemoteRun], timeout: float | None = None, poll: float = 10.0, check: bool = False
-) -> list[RunStatus]:
-    """Wait until every run has ended; their final states, in order. One status call per
-    poll for all of them; the pause starts at ``poll`` and grows by :data:`BACKOFF` to
-    :data:`MAX_POLL`."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = poll
-    while True:
-        documents = statuses(runs)
-        if all(has_ended(d) for d in documents):
-            states = [RunStatus(d["state"]) for d in documents]
-            for run, document, state in zip(runs, documents, states, strict=True):
-                if check and state != RunStatus.DONE:
-                    raise RunFailed(run.path, state, str(document.get("why") or ""))
-            return states
-        if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(f"{len(runs)} run(s) not ended after {timeout} s")
-        left = pause if deadline is None else deadline - time.monotonic()
-        time.sleep(max(0.0, min(pause, left)))
-        pause = min(MAX_POLL, max(pause, poll) * BACKOFF)
 
 
 def submit(

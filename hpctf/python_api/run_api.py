@@ -107,20 +107,10 @@ class Run:
     ) -> RunStatus:
         """Block until the run ends (done, failed, gave_up, cancelled; preempted with no job
         left to resume it) and return that state. Requeues are waited through. ``poll``:
-        seconds between looks (one squeue call each); ``timeout``: a TimeoutError after that
-        many seconds; ``check``: raise :class:`RunFailed` unless the run is done."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            document = self._document(hours=False)  # one squeue call a look, no sacct
-            state = RunStatus(document["state"])
-            if has_ended(document):
-                if check and state != RunStatus.DONE:
-                    raise RunFailed(self.path, state, str(document.get("why") or ""))
-                return state
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{self.path} is still {state} after {timeout} s")
-            left = poll if deadline is None else deadline - time.monotonic()
-            time.sleep(max(0.0, min(poll, left)))
+        seconds before the second look, growing to :data:`MAX_POLL` (:func:`wait_all`);
+        ``timeout``: a TimeoutError after that many seconds; ``check``: raise
+        :class:`RunFailed` unless the run is done."""
+        return wait_all([self], timeout, poll, check)[0]
 
     def logs(self, rank: int = 0, job: str | None = None) -> str:
         """One rank's log across every start (``hpctf logs RUN --rank N [--job ID]``), with
@@ -183,6 +173,47 @@ class Run:
             from_scratch=from_scratch,
             retry_failed_nodes=retry_failed_nodes,
         )
+
+
+# A waiter's pause grows from its poll by BACKOFF a look, to MAX_POLL.
+MAX_POLL = 120.0
+BACKOFF = 1.5
+
+
+def statuses(runs: Sequence[Run], hours: bool = False) -> list[dict[str, Any]]:
+    """Each run's ``status --json`` document, from one call for all of them (one squeue;
+    ``hours``: one sacct more), as a watcher looks (the user's shared view of the queue,
+    :data:`hpctf.login.reading.slurm_view.WATCH_SHARE_S`). The runs are answered where the
+    first one is (here, or over its connection)."""
+    if not runs:
+        return []
+    paths = [str(r.path) for r in runs]
+    answered = runs[0]._answer(StatusRequest(run_dirs=paths, hours=hours, watching=True))
+    assert isinstance(answered, Statuses)
+    return answered.runs
+
+
+def wait_all(
+    runs: Sequence[Run], timeout: float | None = None, poll: float = 10.0, check: bool = False
+) -> list[RunStatus]:
+    """Wait until every run has ended; their final states, in order. One status call per
+    poll for all of them; the pause starts at ``poll`` and grows by :data:`BACKOFF` to
+    :data:`MAX_POLL`."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = poll
+    while True:
+        documents = statuses(runs)
+        if all(has_ended(d) for d in documents):
+            states = [RunStatus(d["state"]) for d in documents]
+            for run, document, state in zip(runs, documents, states, strict=True):
+                if check and state != RunStatus.DONE:
+                    raise RunFailed(run.path, state, str(document.get("why") or ""))
+            return states
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"{len(runs)} run(s) not ended after {timeout} s")
+        left = pause if deadline is None else deadline - time.monotonic()
+        time.sleep(max(0.0, min(pause, left)))
+        pause = min(MAX_POLL, max(pause, poll) * BACKOFF)
 
 
 def run(path: str | os.PathLike[str]) -> Run:

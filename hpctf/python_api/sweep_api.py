@@ -12,7 +12,7 @@ from typing import Any
 
 from hpctf.core.errors import UserError
 from hpctf.login.calls.models import Mode, PointRef, Request, Result, SweepRequest, SweepView
-from hpctf.python_api.run_api import Run
+from hpctf.python_api.run_api import BACKOFF, MAX_POLL, Run
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,18 @@ class Sweep:
         return Run(path)
 
     def _view(
-        self, metric: str | None = None, mode: Mode | None = None, documents: bool = True
+        self,
+        metric: str | None = None,
+        mode: Mode | None = None,
+        documents: bool = True,
+        watching: bool = False,
     ) -> SweepView:
         request = SweepRequest(
-            sweep_dir=str(self.path), metric=metric, mode=mode, documents=documents
+            sweep_dir=str(self.path),
+            metric=metric,
+            mode=mode,
+            documents=documents,
+            watching=watching,
         )
         answered = self._answer(request)
         assert isinstance(answered, SweepView)
@@ -75,15 +83,19 @@ class Sweep:
 
     def wait(self, timeout: float | None = None, poll: float = 10.0) -> dict[int, str]:
         """Block until every point has ended (as :meth:`Run.wait` says); each point's state.
-        A search: until its whole budget is asked and every trial is done, pruned or failed."""
+        A search: until its whole budget is asked and every trial is done, pruned or failed.
+        The pause between looks grows from ``poll`` as :meth:`Run.wait`'s does."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        pause = poll
         while True:
-            view = self._view()
+            view = self._view(watching=True)
             if view.over:
                 return {int(d["index"]): str(d["state"]) for d in view.documents}
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{self.path}: points still running after {timeout} s")
-            time.sleep(poll)
+            left = pause if deadline is None else deadline - time.monotonic()
+            time.sleep(max(0.0, min(pause, left)))
+            pause = min(MAX_POLL, max(pause, poll) * BACKOFF)
 
     def best(self, metric: str | None = None, mode: str | None = None) -> Point | None:
         """The point with the best ``metric`` (``eval.NAME``: its last evaluation;

@@ -8,10 +8,14 @@ Snakemake-Profiles/slurm#74).
 
 from __future__ import annotations
 
+import fcntl
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from hpctf.core.safe_files import write_atomic
 from hpctf.core.scheduler.slurm import (
     FINAL_STATES,
     SlurmError,
@@ -264,3 +268,44 @@ def sacct_usage(job_ids: Sequence[str], env: Mapping[str, str] | None = None) ->
         except SlurmNoAccounting:
             return None
     return "".join(texts)
+
+
+# The caller's queue as one squeue --me saw it, shared by every watcher of this user on this
+# host: a thousand `hpctf logs -f` or Run.wait loops ask slurmctld once per SHARED_QUEUE_S, not
+# once each (measured: a watcher asking for its own job costs 3 RPCs a look).
+SHARED_QUEUE_FILE = "squeue-me.json"
+
+
+def shared_user_queue(
+    folder: Path, max_age_s: float, env: Mapping[str, str] | None = None
+) -> dict[str, JobRecord]:
+    """Every job of the caller's that slurmctld holds, by job id, from ONE ``squeue --me``
+    shared through ``folder`` (the user's own cache): a snapshot younger than ``max_age_s``
+    is read instead of asking; of the watchers that find it old, one asks while the others
+    wait for its answer (a lock). Raises SlurmError when Slurm cannot answer."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / SHARED_QUEUE_FILE
+    if (fresh := _snapshot(path, max_age_s)) is not None:
+        return fresh
+    with open(folder / f"{SHARED_QUEUE_FILE}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (fresh := _snapshot(path, max_age_s)) is not None:  # asked while this one waited
+            return fresh
+        argv = ["squeue", "--me", "--array", "--states=all", "--noheader",
+                f"--format={'|'.join(SQUEUE_FIELDS)}"]  # fmt: skip
+        out = query(argv, env=env)
+        # Not fsync'd: a snapshot lost in a crash is asked again.
+        write_atomic(path, json.dumps({"time": time.time(), "out": out}), sync=False)
+        return parse_squeue(out)
+
+
+def _snapshot(path: Path, max_age_s: float) -> dict[str, JobRecord] | None:
+    """The jobs of the snapshot at ``path`` when it is younger than ``max_age_s`` (and not
+    from the future: a clock stepped back), else None."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        age = time.time() - float(data["time"])
+        out = str(data["out"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return parse_squeue(out) if 0 <= age < max_age_s else None

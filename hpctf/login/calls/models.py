@@ -27,6 +27,8 @@ class StatusRequest(_Model):
     command: Literal["status"] = "status"
     run_dirs: list[str] = Field(min_length=1)
     hours: bool = False
+    # A watcher's look (Run.wait): the user's shared view of the queue, at most 30 s old.
+    watching: bool = False
 
 
 class CancelRequest(_Model):
@@ -75,6 +77,7 @@ class SweepRequest(_Model):
     command: Literal["sweep"] = "sweep"
     sweep_dir: str
     documents: bool = True
+    watching: bool = False  # Sweep.wait: the user's shared view of the queue
     metric: str | None = None
     mode: Mode | None = None
 

@@ -39,7 +39,9 @@ def status(request: StatusRequest) -> Statuses:
     from hpctf.login.watching.status import run_documents
 
     records = [RunRecord.read(Path(path)) for path in request.run_dirs]
-    documents, _, _ = run_documents(records, whole=True, with_hours=request.hours)
+    documents, _, _ = run_documents(
+        records, whole=True, with_hours=request.hours, watching=request.watching
+    )
     return Statuses(runs=redact_data(documents))
 
 
@@ -115,7 +117,7 @@ def sweep(request: SweepRequest) -> SweepView:
     view = SweepView(sweep_dir=str(record.path), search=record.is_search, points=points)
     if not request.documents:
         return view
-    documents = documents_of(record)
+    documents = documents_of(record, request.watching)
     best = best_of(record, documents, request.metric, request.mode)
     return view.model_copy(
         update={

@@ -6,14 +6,21 @@ shows how it ended. Slurm down or slow is one line on stderr, and the journal's 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
 from hpctf.core.run.listing import RunFacts
 from hpctf.core.scheduler.slurm import SlurmFailure
-from hpctf.core.scheduler.slurm_queries import JobRecord, sacct_jobs, squeue_jobs
+from hpctf.core.scheduler.slurm_queries import (
+    JobRecord,
+    sacct_jobs,
+    shared_user_queue,
+    squeue_jobs,
+)
 from hpctf.login.reading.runs import ACTIVE_RUN_STATES
 
 # Slurm's states of a job back in the queue after a requeue.
@@ -29,8 +36,20 @@ class SlurmView:
     problem: str = ""
 
 
-def slurm_records(job_ids: Sequence[str], env: Mapping[str, str] | None = None) -> SlurmView:
+# How old a watcher's view of its user's queue may be (logs -f, Run.wait, Sweep.wait): the
+# watchers of one user on one host share one squeue --me of at most this age.
+WATCH_SHARE_S = 30.0
+
+
+def slurm_records(
+    job_ids: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    shared_s: float | None = None,
+) -> SlurmView:
     """Ask ONE squeue about ``job_ids``, then ONE sacct about the ones squeue no longer knows.
+    ``shared_s`` (a watcher of the caller's own jobs): squeue's answer from the user's shared
+    queue snapshot of at most that age (:func:`shared_user_queue`) instead of a query of its
+    own.
 
     A failing query (Slurm down, slow, not installed) is no error here: what was learned is
     returned, with ``problem`` saying in one line what could not be asked.
@@ -42,7 +61,16 @@ def slurm_records(job_ids: Sequence[str], env: Mapping[str, str] | None = None) 
     problems = []
     answered = True
     try:
-        records.update(squeue_jobs(ids, env))
+        if shared_s is None:
+            records.update(squeue_jobs(ids, env))
+        else:
+            queue = shared_user_queue(_queue_folder(env or os.environ), shared_s, env)
+            # Asked of squeue itself: a job the snapshot lacks (submitted after it, or
+            # forgotten since), and one it says ended, which a watcher would act on (Slurm may
+            # have requeued it since: a node failure).
+            fresh = [job for job in ids if job not in queue or queue[job].final]
+            records.update({job: queue[job] for job in ids if job not in fresh})
+            records.update(squeue_jobs(fresh, env))
     except SlurmFailure as exc:
         problems.append(f"squeue: {exc}")
         answered = False
@@ -61,12 +89,33 @@ def slurm_records(job_ids: Sequence[str], env: Mapping[str, str] | None = None) 
     return SlurmView(records, answered, problem)
 
 
-def job_states(runs: Sequence[RunFacts], all_jobs: bool) -> SlurmView:
+def _queue_folder(env: Mapping[str, str]) -> Path:
+    """Where the user's shared queue snapshot is kept: their own cache."""
+    cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "hpctf" / "queue"
+
+
+def watch_share(paths: Sequence[str | Path]) -> float | None:
+    """How old a watcher's view of the queue may be for the runs at ``paths``
+    (:data:`WATCH_SHARE_S`), or None when one of them is not the caller's: squeue --me knows
+    only the caller's jobs."""
+    try:
+        mine = all(os.stat(path).st_uid == os.getuid() for path in paths)
+    except OSError:
+        return None
+    return WATCH_SHARE_S if mine else None
+
+
+def job_states(runs: Sequence[RunFacts], all_jobs: bool, watching: bool = False) -> SlurmView:
+    """What Slurm says of the runs' current jobs (``all_jobs``: every job of each). A watcher
+    (``watching``) of the caller's own runs shares the user's queue snapshot
+    (:data:`WATCH_SHARE_S`) instead of asking slurmctld each look."""
     ids: list[str] = []
     for run in runs:
         if run.slurm:
             ids.extend(run.state.jobs if all_jobs else [run.job] if run.job else [])
-    view = slurm_records(ids)
+    shared = watch_share([run.path for run in runs]) if watching else None
+    view = slurm_records(ids, shared_s=shared)
     if view.problem:
         click.echo(view.problem, err=True)
     return view

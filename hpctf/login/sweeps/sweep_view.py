@@ -25,7 +25,7 @@ def points_of(record: SweepDir) -> list[dict[str, Any]]:
     ]
 
 
-def documents_of(record: SweepDir) -> list[dict[str, Any]]:
+def documents_of(record: SweepDir, watching: bool = False) -> list[dict[str, Any]]:
     """One document per point, as ``hpctf status SWEEP --json`` prints them (a search's: one
     per trial, with trial, params and value too)."""
     from hpctf.login.reading.slurm_view import job_states
@@ -36,7 +36,8 @@ def documents_of(record: SweepDir) -> list[dict[str, Any]]:
 
         return trial_documents(record)[0]
     facts = record.facts(every_point=True)
-    return point_documents(record, facts, job_states(facts, all_jobs=False), time.time())
+    view = job_states(facts, all_jobs=False, watching=watching)
+    return point_documents(record, facts, view, time.time())
 
 
 def is_over(record: SweepDir, documents: Sequence[Mapping[str, Any]]) -> bool:

@@ -20,7 +20,7 @@ from hpctf.core.safe_files import open_regular
 from hpctf.login.reading.run_report import local_launcher_gone
 from hpctf.login.reading.run_site import run_site_option
 from hpctf.login.reading.runs import FINAL_RUN_STATES, RunRecord
-from hpctf.login.reading.slurm_view import slurm_records
+from hpctf.login.reading.slurm_view import slurm_records, watch_share
 
 # The first line every worker writes at each start (hpctf.compute.start.runtime.run_worker).
 WORKER_HEADER = re.compile(
@@ -140,7 +140,8 @@ def _job_alive(run: RunRecord) -> bool | None:
     """Whether Slurm still runs or holds the run's current job (None: it did not answer)."""
     if not run.slurm or run.job is None:
         return False
-    view = slurm_records([run.job])
+    # A watcher: the user's shared view of the queue, not a query of its own each look.
+    view = slurm_records([run.job], shared_s=watch_share([run.run.path]))
     record = view.records.get(run.job)
     if record is not None:
         return not record.final

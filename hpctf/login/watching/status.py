@@ -177,15 +177,16 @@ def status(
 
 
 def run_documents(
-    read: Sequence[RunRecord], whole: bool, with_hours: bool
+    read: Sequence[RunRecord], whole: bool, with_hours: bool, watching: bool = False
 ) -> tuple[list[dict[str, Any]], SlurmView, dict[str, Hours | None] | None]:
     """The ``status --json`` documents of the runs ``read``: ``whole`` (every job of each,
     its losses; :func:`full_document`) or as a listing's rows; one squeue call for all, one
     sacct call more ``with_hours`` (each document's ``hours``). Also the view of Slurm they
     were made with and the hours. ``hpctf status RUN...`` and the typed call's status
-    (:func:`hpctf.login.calls.table.status`)."""
+    (:func:`hpctf.login.calls.table.status`); ``watching``: a watcher's look
+    (:func:`hpctf.login.reading.slurm_view.job_states`)."""
     runs = [record.facts for record in read]
-    view = job_states(runs, all_jobs=whole)
+    view = job_states(runs, all_jobs=whole, watching=watching)
     now = time.time()
     documents = [
         full_document(record, view, now) if whole else run_document(record.facts, view, now)
