@@ -38,6 +38,10 @@ from slurm_cluster import slurm_cluster, slurm_missing, slurm_required
 from hpctf.core.run.rundir import RunDir
 
 GOAL = "<= 1 RPC/s for 1,000 active runs"
+# One squeue's RPCs (REQUEST_JOB_INFO or _SINGLE, REQUEST_FED_INFO, REQUEST_PARTITION_INFO), and
+# how often the watchers of one user may ask it (hpctf.login.reading.slurm_view.WATCH_SHARE_S).
+SQUEUE_RPCS = 3
+SHARE_S = 30.0
 ACTIVE = 1000
 RUN_HOUR_BUDGET = 3600 * 1.0 / ACTIVE  # RPCs a run may cost once, spread over an hour
 STATUS_EVERY_S = 10.0  # a status loop (`watch -n 10 hpctf status SWEEP`)
@@ -398,11 +402,15 @@ class ControllerBench(Harness):
         total = sum(delta.values())
         seconds = samples[-1][0]
         per_run_s = total / seconds / runs
-        # One call for all of them (a sweep's wait): its cost does not grow with the runs.
-        at_scale = total / seconds if one_call else per_run_s * ACTIVE
         gaps = burst_gaps(samples)
         early, late = halves(samples)
         backoff = late < 0.75 * early
+        # The watchers of one user share one view of the queue (hpctf.login.reading.slurm_view
+        # .WATCH_SHARE_S): at most one squeue (3 RPCs) per SHARE_S whatever their number. Seen
+        # here when the hundred cost no more than that, their cost does not grow with the
+        # runs, as one call for all of them (a sweep's wait) does not.
+        shared = total <= SQUEUE_RPCS * (seconds / SHARE_S + 1)
+        at_scale = total / seconds if one_call or shared else per_run_s * ACTIVE
         self.row(
             benchmark=f"controller: {what}, {runs} pending runs, {seconds:.0f} s",
             hpctf=f"{total} RPCs ({top(delta)}); {early} in the first half, {late} in the "
@@ -410,14 +418,16 @@ class ControllerBench(Harness):
             baseline="-",
             result=f"{per_run_s:.4f} RPC/s a run; 1,000 runs"
             + (" in one sweep" if one_call else "")
-            + f": {at_scale:.1f} RPC/s"
-            + ("" if backoff else "; no backoff seen"),
-            goal=GOAL + ", with backoff",
-            met=at_scale <= 1.0 and backoff,
+            + f": {at_scale:.2f} RPC/s"
+            + (f" (one shared view: at most {SQUEUE_RPCS} RPCs per {SHARE_S:.0f} s, whatever the"
+               " number of watchers)" if shared and not one_call else "")
+            + ("" if backoff or shared else "; no backoff seen"),
+            goal=GOAL + ", with backoff or one shared view",
+            met=at_scale <= 1.0 and (backoff or shared),
         )
         return {"rpcs": delta, "window_s": seconds, "runs": runs, "gaps_s": gaps,
-                "halves": [early, late], "backoff": backoff, "rpc_per_s_per_run": per_run_s,
-                "rpc_per_s_1000_runs": at_scale}  # fmt: skip
+                "halves": [early, late], "backoff": backoff, "shared": shared,
+                "rpc_per_s_per_run": per_run_s, "rpc_per_s_1000_runs": at_scale}  # fmt: skip
 
     def _ctl_logs_follow(
         self, env: dict[str, str], sweep: Path, sizes: ControllerSizes
