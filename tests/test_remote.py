@@ -319,9 +319,9 @@ class ArgvWatch:
 def test_no_secret_of_the_site_in_any_argument_vector_on_either_host(
     remote: Remote, tmp_path: Path
 ) -> None:
-    """A site whose env holds a secret: submit, logs, status, cancel-free reads from Python,
-    and doctor from the laptop; no process on either host ever had it in its argv (the site
-    travels without it there, or on ssh's stdin)."""
+    """A site whose env holds a secret: submit, logs, status, runs, plot, cancel, a Python
+    submit with wait and metrics, and doctor from the laptop; no process on either host ever
+    had it in its argv (the site travels without it there, or on ssh's stdin)."""
     token = f"tok-{os.getpid()}-{time.time_ns()}"
     sites = Path(remote.env["HPCTF_SITE_PATH"])
     site = yaml.safe_load((sites / "cluster.yaml").read_text())
@@ -333,6 +333,9 @@ def test_no_secret_of_the_site_in_any_argument_vector_on_either_host(
         remote.wait_done(run_dir)
         remote.hpctf("logs", str(run_dir), "--site", "secretive")
         remote.hpctf("status", "--site", "secretive", "--json", str(run_dir))
+        remote.hpctf("runs", "--site", "secretive")
+        remote.hpctf("plot", str(run_dir), "--site", "secretive", "-o", str(tmp_path / "p.png"))
+        remote.hpctf("cancel", str(run_dir), "--site", "secretive")  # done: nothing to cancel
         script = (
             "import hpctf\n"
             f"run = hpctf.submit({str(DIGITS)!r}, site='secretive', set={TINY[1::2]!r})\n"
