@@ -39,7 +39,7 @@ def test_watchers_of_one_user_share_one_squeue_me(
         hpctf.run(run).wait(timeout=0.05, poll=0.01)
     calls = fake_slurm.calls("squeue")
     assert len(calls) == 1 and "--me" in calls[0], calls
-    assert (cache / slurm_queries.SHARED_QUEUE_FILE).stat().st_mode & 0o077 == 0
+    assert (cache / slurm_queries.shared_queue_file()).stat().st_mode & 0o077 == 0
 
 
 def test_an_old_view_is_asked_again_and_a_job_it_lacks_is_asked_alone(
@@ -48,7 +48,7 @@ def test_an_old_view_is_asked_again_and_a_job_it_lacks_is_asked_alone(
     fake_slurm.answer("squeue", squeue_line("4242", "PENDING"))
     view = slurm_view.slurm_records(["4242"], shared_s=30.0)
     assert view.records["4242"].state == "PENDING"
-    snapshot = cache / slurm_queries.SHARED_QUEUE_FILE
+    snapshot = cache / slurm_queries.shared_queue_file()
     data = json.loads(snapshot.read_text())
     snapshot.write_text(json.dumps({**data, "time": time.time() - 31}))
     fake_slurm.forget()
@@ -84,3 +84,19 @@ def test_a_job_the_view_says_ended_is_asked_again_before_a_watcher_acts_on_it(
     view = slurm_view.slurm_records(["4242"], shared_s=30.0)
     assert view.records["4242"].state == "PENDING"
     assert any("--jobs=4242" in call for call in fake_slurm.calls("squeue"))
+
+
+def test_two_clusters_of_one_user_keep_two_views(
+    runs_root: Path, fake_slurm: FakeSlurm, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A login node that reaches two clusters (another SLURM_CONF): their job ids overlap,
+    so each keeps a view of its own."""
+    fake_slurm.answer("squeue", squeue_line("4242", "RUNNING"))
+    slurm_view.slurm_records(["4242"], shared_s=30.0)
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm-other/slurm.conf")
+    fake_slurm.answer("squeue", squeue_line("4242", "PENDING"))
+    fake_slurm.forget()
+    view = slurm_view.slurm_records(["4242"], shared_s=30.0)
+    assert view.records["4242"].state == "PENDING"
+    assert [c for c in fake_slurm.calls("squeue") if "--me" in c]
+    assert len(list(cache.glob("squeue-me-*.json"))) == 2

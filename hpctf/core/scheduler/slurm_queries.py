@@ -9,7 +9,10 @@ Snakemake-Profiles/slurm#74).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -273,21 +276,29 @@ def sacct_usage(job_ids: Sequence[str], env: Mapping[str, str] | None = None) ->
 # The caller's queue as one squeue --me saw it, shared by every watcher of this user on this
 # host: a thousand `hpctf logs -f` or Run.wait loops ask slurmctld once per SHARED_QUEUE_S, not
 # once each (measured: a watcher asking for its own job costs 3 RPCs a look).
-SHARED_QUEUE_FILE = "squeue-me.json"
+def shared_queue_file(env: Mapping[str, str] | None = None) -> str:
+    """The snapshot's file name for the cluster ``env`` talks to: one per Slurm configuration
+    and squeue (a login node may reach two clusters, whose job ids overlap)."""
+    env = os.environ if env is None else env
+    squeue = shutil.which("squeue", path=env.get("PATH")) or "squeue"
+    key = hashlib.sha256(f"{env.get('SLURM_CONF', '')}\0{squeue}".encode()).hexdigest()[:16]
+    return f"squeue-me-{key}.json"
 
 
 def shared_user_queue(
     folder: Path, max_age_s: float, env: Mapping[str, str] | None = None
 ) -> dict[str, JobRecord]:
     """Every job of the caller's that slurmctld holds, by job id, from ONE ``squeue --me``
-    shared through ``folder`` (the user's own cache): a snapshot younger than ``max_age_s``
-    is read instead of asking; of the watchers that find it old, one asks while the others
-    wait for its answer (a lock). Raises SlurmError when Slurm cannot answer."""
+    shared through ``folder`` (the user's own cache), one per cluster
+    (:func:`shared_queue_file`): a snapshot younger than ``max_age_s`` is read instead of
+    asking; of the watchers that find it old, one asks while the others wait for its answer
+    (a lock). Raises SlurmError when Slurm cannot answer."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = folder / SHARED_QUEUE_FILE
+    name = shared_queue_file(env)
+    path = folder / name
     if (fresh := _snapshot(path, max_age_s)) is not None:
         return fresh
-    with open(folder / f"{SHARED_QUEUE_FILE}.lock", "a") as lock:
+    with open(folder / f"{name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (fresh := _snapshot(path, max_age_s)) is not None:  # asked while this one waited
             return fresh
