@@ -5,6 +5,7 @@ inside it, a site that names them, and a pass-through apptainer for the real tes
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -139,3 +140,26 @@ env.update({k[len("APPTAINERENV_"):]: v for k, v in os.environ.items()
             if k.startswith("APPTAINERENV_")})
 os.execve(args[1], args[1:], env)
 """
+
+
+def job_environment(
+    tmp_path: Path, login_env: dict[str, str], recorded: Path, slurm: dict[str, str]
+) -> dict[str, str]:
+    """A batch script's environment as Slurm would give it (``slurm``: its SLURM_* values),
+    with the fake srun, apptainer and scontrol first on PATH and the fake image's worker."""
+    host_bin, image_bin = tmp_path / "host-bin", tmp_path / "image-bin"
+    tool(host_bin / "srun", SRUN)
+    tool(host_bin / "apptainer", APPTAINER)
+    tool(host_bin / "scontrol", SCONTROL)
+    tool(image_bin / "python3", WORKER)
+    return {
+        **login_env,
+        "PATH": f"{host_bin}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_RESTART_COUNT": "0",
+        **slurm,
+        "WANDB_API_KEY": "from-host",
+        "HPCTF_TEST_RECORDS": str(recorded),
+        "HPCTF_TEST_IMAGE_BIN": str(image_bin),
+        "HPCTF_TEST_IMAGE_ENV": json.dumps(IMAGE_ENV),
+    }

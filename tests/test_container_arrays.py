@@ -29,21 +29,17 @@ from hpctf.login.sweeps.search_start import SearchPlan, array_script
 from hpctf.login.sweeps.sweep_dir import SweepDir
 from tests.conftest import DIGITS, HPCTF, REPO, require_tool, wait_for_job, write
 from tests.container_fakes import (
-    APPTAINER,
-    IMAGE_ENV,
     PASS_THROUGH,
-    SCONTROL,
-    SRUN,
-    WORKER,
     container_site,
+    job_environment,
     records,
     tool,
 )
 from tests.fake_slurm import FakeSlurm
+from tests.goldens import check_golden
 from tests.slurm_jobs import logs_of
 
 GOLDEN = Path(__file__).resolve().parent / "golden-arrays"
-REGENERATE = bool(os.environ.get("HPCTF_REGENERATE_GOLDEN"))
 ENV = {"HOME": "/home/user"}
 SITES = ["ib-pyxis", "ib-apptainer"]
 SWEEP = Path("/scratch/user/hpctf-runs/digits-sweep-20250101-000000")
@@ -56,16 +52,7 @@ SEARCH = {
 
 
 def check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if REGENERATE:
-        GOLDEN.mkdir(exist_ok=True)
-        path.write_text(text)
-        pytest.skip(f"regenerated {path.name}")
-    assert path.exists(), f"no golden {path.name}: run with HPCTF_REGENERATE_GOLDEN=1"
-    assert text == path.read_text(), (
-        f"{path.name} differs from the rendered script; if the change is intended, "
-        "regenerate with HPCTF_REGENERATE_GOLDEN=1 and review the diff"
-    )
+    check_golden(GOLDEN, name, text)
 
 
 def normalised(script: str) -> str:
@@ -172,24 +159,9 @@ def test_a_sweeps_point_runs_in_the_container_in_its_own_run_directory(
     point = sweep / "digits-steps20"
     code_store = sweep / "code"
     assert os.path.realpath(point / "code").startswith(f"{code_store}/")
-    host_bin, image_bin = tmp_path / "host-bin", tmp_path / "image-bin"
-    tool(host_bin / "srun", SRUN)
-    tool(host_bin / "apptainer", APPTAINER)
-    tool(host_bin / "scontrol", SCONTROL)
-    tool(image_bin / "python3", WORKER)
-    job_env = {
-        **login_env,
-        "PATH": f"{host_bin}{os.pathsep}{os.environ['PATH']}",
-        "SLURM_JOB_ID": "4244",
-        "SLURM_ARRAY_JOB_ID": "4242",
-        "SLURM_ARRAY_TASK_ID": "1",
-        "SLURM_JOB_NODELIST": "node1",
-        "SLURM_RESTART_COUNT": "0",
-        "WANDB_API_KEY": "from-host",
-        "HPCTF_TEST_RECORDS": str(recorded),
-        "HPCTF_TEST_IMAGE_BIN": str(image_bin),
-        "HPCTF_TEST_IMAGE_ENV": json.dumps(IMAGE_ENV),
-    }
+    job_env = job_environment(tmp_path, login_env, recorded, {
+        "SLURM_JOB_ID": "4244", "SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "1",
+    })  # fmt: skip
     job = subprocess.run(
         [require_tool("bash"), str(sweep / "array-0.sbatch")],
         env=job_env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,

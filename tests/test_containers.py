@@ -27,13 +27,9 @@ from hpctf.core.run.rundir import RunDir
 from hpctf.core.settings.sbatch_options import normalize_sbatch_option
 from tests.conftest import DIGITS, HPCTF, require_tool, submitted, wait_for_job, write
 from tests.container_fakes import (
-    APPTAINER,
-    IMAGE_ENV,
     PASS_THROUGH,
-    SCONTROL,
-    SRUN,
-    WORKER,
     container_site,
+    job_environment,
     records,
     tool,
 )
@@ -63,22 +59,7 @@ def test_the_script_starts_the_worker_in_the_container_and_requeues_outside_it(
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     (run_dir,) = runs.iterdir()
-    host_bin, image_bin = tmp_path / "host-bin", tmp_path / "image-bin"
-    tool(host_bin / "srun", SRUN)
-    tool(host_bin / "apptainer", APPTAINER)
-    tool(host_bin / "scontrol", SCONTROL)
-    tool(image_bin / "python3", WORKER)
-    job_env = {
-        **login_env,
-        "PATH": f"{host_bin}{os.pathsep}{os.environ['PATH']}",
-        "SLURM_JOB_ID": "4242",
-        "SLURM_JOB_NODELIST": "node1",
-        "SLURM_RESTART_COUNT": "0",
-        "WANDB_API_KEY": "from-host",
-        "HPCTF_TEST_RECORDS": str(recorded),
-        "HPCTF_TEST_IMAGE_BIN": str(image_bin),
-        "HPCTF_TEST_IMAGE_ENV": json.dumps(IMAGE_ENV),
-    }
+    job_env = job_environment(tmp_path, login_env, recorded, {"SLURM_JOB_ID": "4242"})
     job = subprocess.run(
         [require_tool("bash"), str(script)],
         env=job_env,

@@ -12,7 +12,6 @@ and the repository path <repo> in --explain notes.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,11 @@ from hpctf.login.resolving.loader import load_config
 from hpctf.login.submitting import scaffold
 from hpctf.login.submitting.render import explain, render
 from tests.conftest import REPO
+from tests.goldens import check_golden
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 SITES = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))
 ENV = {"HOME": "/home/user"}
-REGENERATE = bool(os.environ.get("HPCTF_REGENERATE_GOLDEN"))
 
 
 def examples(tmp: Path) -> dict[str, Path]:
@@ -53,15 +52,7 @@ def rendered(site: str, experiment: Path, with_notes: bool = False) -> str:
 
 
 def check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if REGENERATE:
-        path.write_text(text)
-        pytest.skip(f"regenerated {path.name}")
-    assert path.exists(), f"no golden {path.name}: run with HPCTF_REGENERATE_GOLDEN=1"
-    assert text == path.read_text(), (
-        f"{path.name} differs from the rendered script; if the change is intended, "
-        "regenerate with HPCTF_REGENERATE_GOLDEN=1 and review the diff"
-    )
+    check_golden(GOLDEN, name, text)
 
 
 def test_examples_are_all_covered(tmp_path: Path) -> None:
