@@ -22,6 +22,7 @@ import pytest
 from hpctf.core.scheduler import slurm, slurm_queries
 
 if TYPE_CHECKING:
+    from hpctf.core.run.rundir import RunDir
     from tests.fake_slurm import FakeSlurm
 
 REPO = Path(__file__).resolve().parent.parent
@@ -400,3 +401,19 @@ def submit_script(
         cwd=cwd,
     )
     return proc, run_dir_from(proc.stdout)
+
+
+def made_run(root: Path, name: str) -> RunDir:
+    """A run directory under ``root`` as submit makes it (config, script, snapshot,
+    ``created``), with its job 4242 submitted."""
+    from hpctf.core.run import journal
+    from hpctf.core.run.rundir import RunDir, create_run_dir, plan_run_dir
+    from hpctf.login.resolving.loader import load_config
+    from hpctf.login.submitting.render import render
+
+    env = {**os.environ, "HPCTF_RUNS_ROOT": str(root)}
+    config = load_config(DIGITS, "local", ["train.steps=100"], env).config
+    run = RunDir(plan_run_dir(config).path.with_name(name))
+    create_run_dir(run, config, render(config, run.path))
+    journal.record_submitted(run, "4242")
+    return run

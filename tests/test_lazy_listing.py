@@ -18,24 +18,12 @@ from click.testing import CliRunner
 from hpctf.cli import cli
 from hpctf.core.run import journal, run_index
 from hpctf.core.run.listing import RunFacts, read_facts
-from hpctf.core.run.rundir import RunDir, create_run_dir, plan_run_dir
+from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import write_atomic
 from hpctf.login.reading import background_index
 from hpctf.login.reading.runs import find_runs, scan_runs, unread_note
-from hpctf.login.resolving.loader import load_config
-from hpctf.login.submitting.render import render
 from hpctf.login.watching import status as status_command
-from tests.conftest import DIGITS
-
-
-def make_run(root: Path, name: str) -> RunDir:
-    """A run directory as submit makes it (config, script, snapshot, ``created``), submitted."""
-    env = {**os.environ, "HPCTF_RUNS_ROOT": str(root)}
-    config = load_config(DIGITS, "local", ["train.steps=100"], env).config
-    run = RunDir(plan_run_dir(config).path.with_name(name))
-    create_run_dir(run, config, render(config, run.path))
-    journal.record_submitted(run, "4242")
-    return run
+from tests.conftest import made_run
 
 
 def _done(run: RunDir) -> None:
@@ -64,7 +52,7 @@ def runs_root(root: Path, count: int) -> dict[str, str]:
     kinds = list(WRITERS)
     for number in range(count):
         kind = kinds[number % len(kinds)]
-        run = make_run(root, f"r{number}")
+        run = made_run(root, f"r{number}")
         WRITERS[kind](run)
         stamp = time.time() - 60 * (count - number)
         os.utime(run.journal, (stamp, stamp))
@@ -112,7 +100,7 @@ def test_runs_changed_or_added_after_the_index_are_read_first(
     assert shown(find_runs(tmp_path)) == states  # the whole index, made in this process
     queued = RunDir(tmp_path / "r3")  # an old journal, queued: now running
     journal.record_started(queued, "4242", "node1", "USR2")
-    _done(make_run(tmp_path, "new"))
+    _done(made_run(tmp_path, "new"))
     scan = scan_runs(tmp_path, read_at_most=2)
     assert shown(scan.runs) == {**states, "r3": "running", "new": "done"}
     assert scan.unread == 0
@@ -161,7 +149,7 @@ def test_where_no_index_may_be_kept_a_lazy_listing_says_so_and_starts_nothing(
 
 
 def test_a_lock_left_by_a_process_that_is_gone_is_taken_over(tmp_path: Path) -> None:
-    make_run(tmp_path, "a")
+    made_run(tmp_path, "a")
     find_runs(tmp_path)  # the index folder
     lock = background_index.lock_of(tmp_path.resolve())
     lock.write_text("999999999")  # no such process
@@ -175,7 +163,7 @@ def test_a_lock_left_by_a_process_that_is_gone_is_taken_over(tmp_path: Path) -> 
 
 
 def test_the_index_row_is_the_facts_as_asdict_makes_them(tmp_path: Path) -> None:
-    run = make_run(tmp_path, "a")
+    run = made_run(tmp_path, "a")
     _failed(run)
     facts = read_facts(run.path)
     assert run_index.plain(facts) == asdict(facts)

@@ -15,21 +15,9 @@ from click.testing import CliRunner
 from hpctf.cli import cli
 from hpctf.core.run import journal, listing, run_index
 from hpctf.core.run.history import read_history
-from hpctf.core.run.rundir import RunDir, create_run_dir, plan_run_dir
+from hpctf.core.run.rundir import RunDir
 from hpctf.login.reading.runs import find_runs
-from hpctf.login.resolving.loader import load_config
-from hpctf.login.submitting.render import render
-from tests.conftest import DIGITS
-
-
-def make_run(root: Path, name: str) -> RunDir:
-    """A run directory as submit makes it (config, script, snapshot, ``created``), submitted."""
-    env = {**os.environ, "HPCTF_RUNS_ROOT": str(root)}
-    config = load_config(DIGITS, "local", ["train.steps=100"], env).config
-    run = RunDir(plan_run_dir(config).path.with_name(name))
-    create_run_dir(run, config, render(config, run.path))
-    journal.record_submitted(run, "4242")
-    return run
+from tests.conftest import made_run
 
 
 def states(root: Path) -> dict[str, str]:
@@ -52,7 +40,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def test_a_listing_reads_only_the_runs_that_changed(tmp_path: Path, reads: list[Path]) -> None:
-    first, second = make_run(tmp_path, "a"), make_run(tmp_path, "b")
+    first, second = made_run(tmp_path, "a"), made_run(tmp_path, "b")
     assert states(tmp_path) == {"a": "queued", "b": "queued"}
     assert sorted(p.name for p in reads) == ["a", "b"]
     reads.clear()
@@ -72,7 +60,7 @@ def test_a_row_made_in_the_same_tick_as_a_write_is_checked_against_the_journal(
 ) -> None:
     """A coarse file clock may give a record written just after a row was made the same time:
     until its times are SETTLE_NS old, a row is checked against the journal's listing too."""
-    run = make_run(tmp_path, "a")
+    run = made_run(tmp_path, "a")
     assert states(tmp_path) == {"a": "queued"}
     index = run_index.Index(tmp_path)
     row = index.rows[str(run.path)]
@@ -87,7 +75,7 @@ def test_a_row_made_in_the_same_tick_as_a_write_is_checked_against_the_journal(
 
 def test_writers_in_many_processes_lose_no_row(tmp_path: Path, reads: list[Path]) -> None:
     """Jobs ending at once each write their own pending row; the listing merges them all."""
-    runs = [make_run(tmp_path, f"r{i}") for i in range(6)]
+    runs = [made_run(tmp_path, f"r{i}") for i in range(6)]
     assert len(states(tmp_path)) == 6
     reads.clear()
     for run in runs:
@@ -119,8 +107,8 @@ def _note(path: str) -> None:
     ],
 )
 def test_a_damaged_index_is_made_again(tmp_path: Path, damage: bytes) -> None:
-    make_run(tmp_path, "a")
-    journal.record_started(make_run(tmp_path, "b"), "4242", "node1", "USR2")
+    made_run(tmp_path, "a")
+    journal.record_started(made_run(tmp_path, "b"), "4242", "node1", "USR2")
     assert states(tmp_path) == {"a": "queued", "b": "running"}
     (tmp_path / run_index.INDEX_DIR / run_index.INDEX_FILE).write_bytes(damage)
     assert states(tmp_path) == {"a": "queued", "b": "running"}
@@ -129,7 +117,7 @@ def test_a_damaged_index_is_made_again(tmp_path: Path, damage: bytes) -> None:
 
 
 def test_a_row_of_another_shape_is_made_again(tmp_path: Path) -> None:
-    run = make_run(tmp_path, "a")
+    run = made_run(tmp_path, "a")
     assert states(tmp_path) == {"a": "queued"}
     file = tmp_path / run_index.INDEX_DIR / run_index.INDEX_FILE
     data = json.loads(file.read_text())
@@ -144,7 +132,7 @@ def test_a_row_of_another_shape_is_made_again(tmp_path: Path) -> None:
 )
 def test_a_damaged_journal_entry_lists_with_a_clear_state(tmp_path: Path, content: bytes) -> None:
     """An empty entry, a truncated last line, garbage: the run is listed, the entry named."""
-    run = make_run(tmp_path, "a")
+    run = made_run(tmp_path, "a")
     journal.record_started(run, "4242", "node1", "USR2")
     (run.journal / "99999999999999999999-1-ended.json").write_bytes(content)
     result = CliRunner().invoke(cli, ["status", "--root", str(tmp_path)])
@@ -156,7 +144,7 @@ def test_a_damaged_journal_entry_lists_with_a_clear_state(tmp_path: Path, conten
 
 
 def test_an_index_that_cannot_be_written_still_lists(tmp_path: Path) -> None:
-    make_run(tmp_path, "a")
+    made_run(tmp_path, "a")
     (tmp_path / run_index.INDEX_DIR).write_text("a file where the index folder goes")
     assert states(tmp_path) == {"a": "queued"}
     assert states(tmp_path) == {"a": "queued"}
@@ -169,7 +157,7 @@ def test_an_index_folder_planted_as_a_link_is_neither_read_nor_written_through(
     it writes nothing there and trusts no row found there; the runs are read themselves."""
     root, yours = tmp_path / "root", tmp_path / "yours"
     yours.mkdir(mode=0o700)
-    make_run(root, "a")
+    made_run(root, "a")
     (yours / run_index.INDEX_FILE).write_text("your file")
     (root / run_index.INDEX_DIR).symlink_to(yours)
     for _ in range(2):
@@ -180,7 +168,7 @@ def test_an_index_folder_planted_as_a_link_is_neither_read_nor_written_through(
 
 
 def test_an_index_folder_others_may_write_is_not_trusted(tmp_path: Path, reads: list[Path]) -> None:
-    make_run(tmp_path, "a")
+    made_run(tmp_path, "a")
     assert states(tmp_path) == {"a": "queued"}  # makes the index
     folder = tmp_path / run_index.INDEX_DIR
     assert (folder.stat().st_mode & 0o777) == 0o700
@@ -197,8 +185,8 @@ def test_an_ended_runs_row_is_checked_by_its_journal_alone(
     journal's: nothing writes its metrics before a new journal entry, and a new entry (a
     resubmit) makes the row again. A running or queued run's row is checked by its metrics
     too."""
-    done, running = make_run(tmp_path, "done"), make_run(tmp_path, "running")
-    queued = make_run(tmp_path, "queued")
+    done, running = made_run(tmp_path, "done"), made_run(tmp_path, "running")
+    queued = made_run(tmp_path, "queued")
     for run in (done, running):
         journal.record_started(run, "4242", "node1", "USR2")
         (run.path / "metrics.jsonl").write_text('{"step": 100, "loss": 0.5}\n')
