@@ -1,5 +1,5 @@
-"""Preemption warnings carried in the step's own reduction (hpctf/compute/loop/step_flags.py): one
-reduction per step as before, the loss unchanged, a warning seen after the next step."""
+"""Preemption warnings carried in the steps' own reduction (hpctf/compute/loop/step_flags.py): one
+reduction per call, after its last step; the loss unchanged, a warning seen after the next call."""
 
 from __future__ import annotations
 
@@ -47,6 +47,38 @@ def test_the_flags_ride_in_the_one_reduction_of_the_step(monkeypatch: pytest.Mon
     assert flags.agree(0.5, replicas=1) == (signal.SIGTERM, 0.5, False)
     assert flags.agreed == [1.0, 1.0]
     assert len(reductions) == 1  # no retracing, no second reduction
+
+
+def test_a_call_of_many_steps_runs_each_and_reduces_once_after_the_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The steps before a call's last one reduce nothing (a loss nobody reads would cost a
+    collective a step); every one of them still runs (its state changes, its batch is taken)."""
+    import tensorflow as tf
+
+    from hpctf.compute.loop.step_flags import StepFlags, flagged_train_step
+
+    strategy = tf.distribute.get_strategy()
+    weight = tf.Variable(2.0)
+
+    def replica_step(features: Any, labels: Any) -> Any:
+        weight.assign_sub(0.1)
+        return tf.reduce_sum(features * weight - labels)
+
+    graphs: list[str] = []  # where each reduction was traced
+    reduce = strategy.reduce
+
+    def traced_reduce(*args: Any, **kwargs: Any) -> Any:
+        graphs.append(tf.compat.v1.get_default_graph().name)
+        return reduce(*args, **kwargs)
+
+    monkeypatch.setattr(strategy, "reduce", traced_reduce)
+    step = flagged_train_step(strategy, replica_step, StepFlags())
+    data = iter(tf.data.Dataset.from_tensor_slices(([1.0, 2.0, 3.0, 4.0, 5.0], [0.0] * 5)))
+    assert float(step(data, 4)) == pytest.approx(4 * 1.6)  # the 4th batch, after 4 updates
+    assert float(weight) == pytest.approx(1.6)
+    assert float(step(data, 1)) == pytest.approx(5 * 1.5)  # the 5th: the call took 4 batches
+    assert len(graphs) == 1 and "while" not in graphs[0], graphs  # after the loop, once
 
 
 def test_a_vote_for_a_save_by_time_rides_in_the_next_steps_and_is_answered_once() -> None:

@@ -1,23 +1,23 @@
-"""Preemption warnings carried in the step's own reduction: no extra collective per step.
+"""Preemption warnings carried in the steps' own reduction: no extra collective.
 
 The ranks must agree on one step to save at when any of them is warned. A separate agreement
 (:meth:`hpctf.compute.loop.preemption.PreemptionWatch.agree` over a gather) costs one more
 collective and a host sync every ``train.preemption_check_every_steps`` steps, warned or not:
-about 5 points of the digits example's runtime (issue #21). Each built-in step already reduces
-its loss across every replica (``strategy.reduce(SUM, loss)`` in
-:func:`hpctf.compute.loop.training.make_train_step`); here that one reduction carries, beside
-the loss, one count per watched signal (the rank's flags, which its signal handler raises),
-the rank's vote to prune the run (a search's trial: :mod:`hpctf.compute.loop.pruning`), the
-rank's vote for a save by time (``checkpoint.every_seconds``) and the rank's seconds per step.
-What comes back is the same on every rank after the same step; the call returns the last
-step's vector, and reading it every N steps (a local read, no collective) gives every rank the
-same answer at the same step: the save is at one agreed step, as before. A flag stays raised
-on its rank, so the count in any later step's vector still holds it.
+about 5 points of the digits example's runtime (issue #21). The built-in loop runs the steps up
+to the next one that calls for anything in one call, and reduces the last step's loss across
+every replica (``strategy.reduce(SUM, loss)``, :func:`flagged_train_step`; the steps before it
+reduce only their gradients); here that one reduction carries, beside the loss, one count per
+watched signal (the rank's flags, which its signal handler raises), the rank's vote to prune
+the run (a search's trial: :mod:`hpctf.compute.loop.pruning`), the rank's vote for a save by
+time (``checkpoint.every_seconds``) and the rank's seconds per step. What comes back is the
+same on every rank after the same call; reading it after a call (a local read, no collective)
+gives every rank the same answer at the same step: the save is at one agreed step, as before.
+A flag stays raised on its rank, so the count in any later call's vector still holds it.
 
 Why this cannot deadlock or miss a warning: no collective is added or made conditional (the
-vector replaces the scalar in a reduction every rank already runs at every step); a flag,
-once raised, stays raised until the run exits, so a warning that lands between two steps is in
-the next step's reduction; and every rank decides from values read after the same step number,
+vector replaces the scalar in a reduction every rank runs at the end of every call); a flag,
+once raised, stays raised until the run exits, so a warning that lands between two calls is in
+the next call's reduction; and every rank decides from values read after the same step number,
 which are the same everywhere. The check cadence comes from those same values (the step times
 are whole milliseconds, exact in float32 up to 2**24, so their sum is the same bits on every
 rank whatever the order of the additions), so every rank checks at the same steps. The bound
@@ -125,12 +125,13 @@ def flagged_train_step(
     """``train_step(iterator, steps=1)``: ``steps`` steps in one call of one ``tf.function``
     (as Keras's ``steps_per_execution``: the Python of a call is paid once for them), each
     running ``replica_step`` on the next batch on every replica, with what every rank brings
-    (``flags.brought``, read once per call) in the step's one reduction. Returns the last
-    step's loss summed over replicas; keeps the last step's reduced vector in ``flags.last``.
+    (``flags.brought``, read once per call) in the last step's reduction, the call's one.
+    Returns the last step's loss summed over replicas; keeps the last step's reduced vector in
+    ``flags.last``.
 
-    Nothing but the reduction is added to a step: the vector rides as the loop's own carried
-    value and leaves with the call's result, so no variable is written inside the steps (a
-    write per step cost about a point of the digits example's runtime)."""
+    Nothing but that reduction is added to a call: the vector leaves with the call's result, so
+    no variable is written inside the steps (a write per step cost about a point of the digits
+    example's runtime)."""
 
     # Not converted by autograph (as Keras's own steps_per_execution loop): converting this
     # closure took 1.6 s of the first step's 2.5 s (measured, TF 2.21, a loaded 2-core VM),
@@ -140,21 +141,29 @@ def flagged_train_step(
     def train_steps(iterator: Any, steps: Any) -> Any:
         brought = tf.reshape(flags.brought.read_value(), [_WIDTH])
 
+        def bare(features: Any, labels: Any) -> None:
+            replica_step(features, labels)
+
         def replica(features: Any, labels: Any) -> Any:
             loss = tf.reshape(tf.cast(replica_step(features, labels), tf.float32), [1])
             return tf.concat([loss, brought], axis=0)
 
-        def step(done: Any, total: Any) -> tuple[Any, Any]:
+        def step(done: Any) -> Any:
             features, labels = next(iterator)
-            per_replica = strategy.run(replica, args=(features, labels))
-            return done + 1, strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            strategy.run(bare, args=(features, labels))
+            return done + 1
 
         # Traced once (a tensor count, one iterator per run): keys fixed at trace time keep
-        # RSS flat (fixed_instance_keys).
+        # RSS flat (fixed_instance_keys). The steps before the call's last one reduce nothing
+        # but their gradients (a loss nobody reads costs a collective a step: about a third of
+        # the digits example's steps/s, measured against a plain loop of 10 steps per call).
+        # The ops of the loop's body run in order, the iterator's and the variables' alike:
+        # a tf.function orders a body's stateful ops (automatic control dependencies).
         with fixed_instance_keys():
-            _, total = tf.while_loop(
-                lambda done, total: done < steps, step, (tf.constant(0), tf.zeros([1 + _WIDTH]))
-            )
+            tf.while_loop(lambda done: done < steps - 1, step, (tf.constant(0),))
+            features, labels = next(iterator)
+            per_replica = strategy.run(replica, args=(features, labels))
+            total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         return total[0], total
 
     counts: dict[int, Any] = {}  # a tensor per count: a Python int would trace once per value

@@ -308,8 +308,9 @@ def make_train_step(
     strategy: Any, task: Task, global_batch: int, jit_compile: bool, flags: StepFlags | None = None
 ) -> Any:
     """``train_step(iterator, steps=1)``: optimizer steps on the next global batches; returns
-    the last one's loss summed over replicas. Each step's one reduction also carries the ranks'
-    preemption warnings (``flags``; the session's, from :meth:`Session.step_flags`)."""
+    the last one's loss summed over replicas: the call's one reduction besides the gradients',
+    which also carries the ranks' preemption warnings (``flags``; the session's, from
+    :meth:`Session.step_flags`)."""
     model, optimizer, loss_fn = task.model, task.optimizer, task.loss
 
     def gradients(features: Any, labels: Any) -> tuple[Any, Any]:
