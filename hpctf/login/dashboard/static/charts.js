@@ -64,7 +64,12 @@ const HpctfCharts = (() => {
       holder.appendChild(p);
       return null;
     }
-    const width = Math.max(320, Math.min(holder.clientWidth || 640, 900));
+    // Side by side in a row of charts: each an equal share of the row.
+    const row = holder.parentElement;
+    const share = row && row.classList.contains("charts")
+      ? (row.clientWidth - 16 * (row.children.length - 1)) / row.children.length
+      : holder.clientWidth;
+    const width = Math.floor(Math.max(320, Math.min(share || 640, 900)));
     const options = {
       title: String(title),
       width,
