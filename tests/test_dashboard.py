@@ -357,3 +357,34 @@ def test_a_run_page_of_no_run_is_one_line(dashboard: Dashboard, tmp_path: Path) 
     assert status == 400 and "not a run directory" in json.loads(body)["error"]
     status, _, body = get(dashboard, "/api/run?path=x&rank=-1", dashboard.token)
     assert status == 400
+
+
+def test_marks_and_thinned_curves() -> None:
+    """A run's curves as the page gets them: each start after the first marked where it
+    resumed, with how the one before it ended, a prune where it stopped; training rows thinned
+    to about the bound asked, every evaluation kept."""
+    from hpctf.login.calls.pages import marks_of, thinned
+
+    def start(step: int, reason: str | None, end: int | None) -> dict[str, object]:
+        return {"from_step": step, "reason": reason, "end_step": end}
+
+    marks = marks_of(
+        [start(0, "preempted", 100), start(100, None, None), start(100, "pruned", 150)]
+    )
+    assert [(m.step, m.kind) for m in marks] == [
+        (100, "restart"),
+        (100, "restart"),
+        (150, "pruned"),
+    ]
+    assert (
+        marks[0].text.startswith("restart 2 (after ")
+        and marks[1].text == "restart 3 (after killed)"
+    )
+    assert marks_of([start(0, "done", 10)]) == []
+    rows = [{"step": n, "loss": 1.0 / n} for n in range(1, 10_001)]
+    rows += [{"step": n, "eval": {"loss": 0.5}} for n in range(1000, 10_001, 1000)]
+    kept = thinned(sorted(rows, key=lambda r: int(r["step"])), 500)
+    plain = [r for r in kept if "eval" not in r]
+    assert 500 <= len(plain) <= 501 and plain[-1]["step"] == 10_000
+    assert sum(1 for r in kept if "eval" in r) == 10
+    assert thinned(rows[:100], 500) == rows[:100]

@@ -213,16 +213,28 @@ function curves(rows) {
   return { train, evals };
 }
 
+// One start's steps as a bar over the run's total: the history as a timeline in steps.
+function spanBar(start, doc, last) {
+  const total = doc.total_steps || Math.max(1, ...doc.starts.map((s) => s.end_step || 0), doc.step || 0);
+  const end = start.end_step !== null ? start.end_step : last ? (doc.step || start.from_step) : start.from_step;
+  const bar = el("div", { className: `bar end-${start.reason || "open"}` });
+  bar.style.left = `${Math.min(100, 100 * start.from_step / total)}%`;
+  bar.style.width = `${Math.max(0.5, Math.min(100, 100 * (end - start.from_step) / total))}%`;
+  return el("div", { className: "span", title: `steps ${start.from_step}-${end}` }, bar);
+}
+
 function historyTable(doc) {
   const rows = doc.starts.map((s, i) => el("tr", { className: "start" },
-    el("td", { className: "num" }, i + 1), el("td", {}, s.job || "-"),
+    el("td", { className: "num" }, i + 1),
+    el("td", { className: "timeline" }, spanBar(s, doc, i === doc.starts.length - 1)),
+    el("td", {}, s.job || "-"),
     el("td", { className: "num" }, s.from_step), el("td", {}, s.nodes || "-"),
     el("td", {}, s.reason || "not ended"), el("td", {}, s.cause || "-"),
     el("td", { className: "num" }, s.end_step === null ? "-" : s.end_step),
     el("td", { className: "num" }, s.exit_code === null ? "-" : s.exit_code),
     el("td", {}, s.user_code || "")));
   return el("table", { id: "history" },
-    el("thead", {}, el("tr", {}, ["#", "Job", "From step", "Nodes", "Ended", "Cause",
+    el("thead", {}, el("tr", {}, ["#", "Steps", "Job", "From step", "Nodes", "Ended", "Cause",
       "At step", "Exit", "User code"].map((t) => el("th", {}, t)))),
     el("tbody", {}, rows));
 }
@@ -307,11 +319,11 @@ async function showSweep(path) {
   if (page.search) {
     HpctfCharts.lines(objective, `${page.metric} over trials`, "trial", [
       { label: "trial", points: page.objective, dots: true },
-      { label: "best so far", points: page.best_so_far, width: 2 },
+      { label: "best so far", points: page.best_so_far, width: 2, stepped: true },
     ], []);
   }
   HpctfCharts.lines(together, `${page.metric || "eval"} of each`, "step",
-    page.curves.map((c) => ({ label: c.label, points: c.points })),
+    page.curves.map((c) => ({ label: c.label, points: c.points, dots: true, line: true })),
     page.curves.filter((c) => c.pruned_at).map((c) => ({ step: c.pruned_at[0], kind: "pruned", text: `${c.label} pruned` })));
   document.getElementById("where").textContent = path;
   document.body.dataset.loaded = "sweep";

@@ -8,6 +8,9 @@ const HpctfCharts = (() => {
 
   // Series given as [[x, y], ...] each, aligned on the union of their x values (uPlot's
   // data is one x array and one y array per series; a gap where a series has no point).
+  const INTEGER_TICKS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000,
+    1e4, 2e4, 2.5e4, 5e4, 1e5, 2e5, 2.5e5, 5e5, 1e6, 2e6, 5e6, 1e7];
+
   function aligned(series) {
     const xs = new Set();
     series.forEach((s) => s.points.forEach((p) => xs.add(p[0])));
@@ -54,7 +57,7 @@ const HpctfCharts = (() => {
 
   // A chart in `holder` (emptied first): `series` [{label, points: [[x, y]], dash?, points?}],
   // `marks` [{step, kind, text}]. Returns the uPlot instance (null without a point).
-  function lines(holder, title, xLabel, series, marks, opts) {
+  function lines(holder, title, xLabel, series, marks) {
     holder.replaceChildren();
     const shown = series.filter((s) => s.points.length);
     if (!shown.length) {
@@ -75,7 +78,8 @@ const HpctfCharts = (() => {
       width,
       height: 280,
       scales: { x: { time: false } },
-      axes: [{ label: xLabel }, {}],
+      // Trial numbers and steps are whole: no tick between two of them.
+      axes: [{ label: xLabel, incrs: INTEGER_TICKS }, {}],
       series: [
         { label: xLabel },
         ...shown.map((s, i) => ({
@@ -85,11 +89,11 @@ const HpctfCharts = (() => {
           dash: s.dash,
           spanGaps: true,
           points: { show: Boolean(s.dots) },
-          paths: s.dots && !s.line ? () => null : undefined,
+          paths: s.dots && !s.line ? () => null
+            : s.stepped ? uPlot.paths.stepped({ align: 1 }) : undefined,
         })),
       ],
       plugins: marks && marks.length ? [marksPlugin(marks)] : [],
-      ...(opts || {}),
     };
     const plot = new uPlot(options, aligned(shown), holder);
     holder.dataset.series = String(shown.length);
