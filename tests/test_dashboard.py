@@ -388,3 +388,30 @@ def test_marks_and_thinned_curves() -> None:
     assert 500 <= len(plain) <= 501 and plain[-1]["step"] == 10_000
     assert sum(1 for r in kept if "eval" in r) == 10
     assert thinned(rows[:100], 500) == rows[:100]
+
+
+def test_a_log_tail_names_the_starts_it_shows(runs_root: Path) -> None:
+    """The run page's log is the tail of ``hpctf logs`` (LogReader with a smaller bound): the
+    start whose header is in the tail keeps its number, counted from the log's beginning."""
+    from hpctf.core.run import journal
+    from hpctf.core.run.history import read_history
+    from hpctf.login.watching.logs import LogReader
+
+    run = made_run(runs_root, "two-starts")
+    run.logs.mkdir(exist_ok=True)
+    lines = []
+    for number, job in enumerate(("4242", "4243"), 1):
+        journal.record_started(run, job, "node1", "USR2")
+        lines.append(
+            f"12:00:0{number} rank 0: host node1 pid 1 (SLURMD_NODENAME node1) SLURM_PROCID 0\n"
+        )
+        lines += [f"start {number} step {n}\n" for n in range(2000 if number == 1 else 200)]
+        if number == 1:
+            journal.record_ended(run, job, 75, "preempted")
+    run.rank_log(0).write_text("".join(lines))
+    tail = "".join(LogReader(run, 0, None, shown_bytes=8 << 10).read(read_history(run), True))
+    said = tail.splitlines()
+    assert said[0].endswith("bytes: its last 8 KiB follow")
+    assert said[-1] == "start 2 step 199" and len(tail) < 9 << 10
+    (separator,) = [line for line in said if line.startswith("=====")]
+    assert separator.startswith("===== start 2: job 4243, rank 0")
