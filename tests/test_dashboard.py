@@ -270,11 +270,16 @@ def test_a_slurm_run_pending_shows_slurms_reason(
     in Slurm's words (squeue's %r) through the shared queue view."""
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     blocker = subprocess.run(
-        ["sbatch", "--parsable", "-N2", f"--output={tmp_path}/b.out", "--wrap", "sleep 300"],
+        ["sbatch", "--parsable", "-N2", "--exclusive", f"--output={tmp_path}/b.out",
+         "--wrap", "sleep 300"],
         env=env, capture_output=True, text=True, check=True, cwd=tmp_path,
     ).stdout.strip()  # fmt: skip
     job = None
     try:
+        deadline = time.monotonic() + 60  # both nodes taken before the run is submitted
+        while (slurm.job_info(blocker) or {}).get("JobState") != "RUNNING":
+            assert time.monotonic() < deadline, slurm.job_info(blocker)
+            time.sleep(0.5)
         proc = subprocess.run(
             [*HPCTF, "submit", str(DIGITS), "--site", "local-slurm", "--set", "resources.nodes=1"],
             env=env, capture_output=True, text=True, check=True, cwd=tmp_path,
@@ -291,9 +296,12 @@ def test_a_slurm_run_pending_shows_slurms_reason(
         thread.start()
         try:
             browser.open(server.url)
-            reason = browser.wait_for(
-                "(document.querySelector('#runs tr.run td.pending') || {}).textContent", 90
-            )
+            try:
+                reason = browser.wait_for(
+                    "(document.querySelector('#runs tr.run td.pending') || {}).textContent", 90
+                )
+            finally:
+                browser.screenshot(tmp_path / "pending.png")
             word = browser.text("#runs tr.run td.slurm")
             browser.screenshot(tmp_path / "pending.png")
         finally:
@@ -415,3 +423,28 @@ def test_a_log_tail_names_the_starts_it_shows(runs_root: Path) -> None:
     assert said[-1] == "start 2 step 199" and len(tail) < 9 << 10
     (separator,) = [line for line in said if line.startswith("=====")]
     assert separator.startswith("===== start 2: job 4243, rank 0")
+
+
+def test_a_pending_jobs_expected_start_is_shown(
+    fake_slurm: FakeSlurm, runs_root: Path, browser: Browser
+) -> None:
+    """Where Slurm gives a pending job's expected start (squeue's %S; the test cluster's
+    scheduler gives none), the runs page and the run's page say it beside the reason."""
+    from tests.fake_slurm import new_run, squeue_line
+
+    path = new_run(runs_root, fake_slurm)
+    fake_slurm.answer("squeue", squeue_line("4242", "PENDING", "Priority"))
+    server = Dashboard(answer, 0, {"root": str(runs_root)})
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
+    thread.start()
+    try:
+        browser.open(server.url)
+        shown = browser.wait_for("(document.querySelector('#runs td.pending') || {}).textContent")
+        browser.open(f"http://127.0.0.1:{server.port}/#/run?path={quote(str(path))}")
+        browser.wait_for("document.body.dataset.loaded === 'run'")
+        fact = browser.text("[data-fact=pending]")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert shown == fact == "Priority; may start 2026-12-01T04:29:39"
