@@ -448,3 +448,13 @@ def test_a_pending_jobs_expected_start_is_shown(
         server.server_close()
         thread.join()
     assert shown == fact == "Priority; may start 2026-12-01T04:29:39"
+
+
+def test_a_port_taken_is_one_line_exit_3(dashboard: Dashboard, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*HPCTF, "ui", "--root", str(tmp_path), "--port", str(dashboard.port)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith(f"Error: cannot listen on 127.0.0.1:{dashboard.port}: ")
+    assert "choose another --port" in proc.stderr and "Traceback" not in proc.stderr

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import click
 
+from hpctf.core.errors import EnvironmentProblem
 from hpctf.login.calls.models import Request, Result
-from hpctf.login.dashboard.server import Dashboard, Source
+from hpctf.login.dashboard.server import HOST, Dashboard, Source
 
 
 def source_for(site_name: str | None, env: Mapping[str, str]) -> tuple[Source, str]:
@@ -74,8 +75,14 @@ def ui(site_name: str | None, root: Path | None, port: int) -> None:
     site_name = site_name or os.environ.get("HPCTF_SITE")
     source, where = source_for(site_name, os.environ)
     defaults = {"site": site_name, "root": None if root is None else str(root)}
-    server = Dashboard(source, port, defaults)
-    click.echo(f"hpctf ui: {where}; open {server.url}", err=False)
+    try:
+        server = Dashboard(source, port, defaults)
+    except OSError as exc:  # the port taken, or no loopback interface
+        raise EnvironmentProblem(
+            f"cannot listen on {HOST}:{port}: {exc.strerror or exc}"
+            + ("; choose another --port, or 0 for any free one" if port else "")
+        ) from exc
+    click.echo(f"hpctf ui: {where}; open {server.url}")
     click.echo("hpctf ui: Ctrl-C stops it", err=True)
     try:
         server.serve_forever(poll_interval=0.5)
