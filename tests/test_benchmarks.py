@@ -387,6 +387,10 @@ def check_search(tiny: tuple[dict[str, Any], str]) -> None:
 
 def check_dashboard(tiny: tuple[dict[str, Any], str]) -> None:
     dashboard, sizes = tiny[0]["sections"]["dashboard"], tiny[0]["sizes"]
+    if "skipped" in dashboard:  # no chromium here: only where the full test command is not run
+        assert not os.environ.get("HPCTF_REQUIRE_SLURM") and not os.environ.get("CI"), dashboard
+        assert dashboard["met"] is None
+        return
     rounds = sizes["dashboard_rounds"]
     assert dashboard["run_count"] == sizes["dashboard_runs"] == dashboard["rows_shown"]
     assert len(dashboard["first_paint_s"]) == rounds and len(dashboard["refresh_s"]) == 3 * rounds
