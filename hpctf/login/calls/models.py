@@ -197,8 +197,9 @@ class SweepStarted(_Model):
 
 
 class RunsPage(_Model):
-    """The runs page: one ``status --json`` document per run (``hours`` and ``last_eval``
-    added), one row per sweep, and notes (Slurm did not answer, runs not read yet)."""
+    """The runs page: one row per run (the listing's part of its ``status --json`` document,
+    with its last evaluation, when it was created, how many starts, and its ``hours`` when
+    asked), one row per sweep, and notes (Slurm did not answer, runs not read yet)."""
 
     root: str
     runs: list[dict[str, Any]]
