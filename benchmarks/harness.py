@@ -25,12 +25,12 @@ REPO = HERE.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
 SECTIONS = (
     "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "first_step",
-    "stall", "soak", "remote", "search",
+    "stall", "soak", "remote", "search", "dashboard",
 )  # fmt: skip
 # Run order: login's `hpctf status` reads a finished run, and runtime leaves one behind.
 ORDER = (
-    "resolver", "runtime", "login", "remote", "listing", "sweep", "preemption", "crash",
-    "first_step", "stall", "soak", "search",
+    "resolver", "runtime", "login", "remote", "listing", "dashboard", "sweep", "preemption",
+    "crash", "first_step", "stall", "soak", "search",
 )  # fmt: skip
 GPU_SECTIONS = ("gpu_runtime", "gpu_stall")
 # Run beside the others with --tiny; first_step in the first lane, which was the shorter one:
@@ -100,6 +100,8 @@ class Sizes:
     search_depths: int
     search_nodes: int  # the test cluster's nodes (2 CPUs each)
     search_slots: int  # the grid's --max-running: as many at once as the search's parallel
+    dashboard_runs: int  # run directories under the runs root `hpctf ui` shows
+    dashboard_rounds: int  # first paints from no index (each followed by 3 refreshes)
 
 
 FULL = Sizes(
@@ -152,6 +154,8 @@ FULL = Sizes(
     search_depths=4,
     search_nodes=2,
     search_slots=4,
+    dashboard_runs=1_000,
+    dashboard_rounds=5,
 )
 # Every section once, each process as short as it can be and still report every figure: one
 # login round, the 4,000-node resolver row (the goal's), two timed windows per runtime side, a
@@ -200,6 +204,8 @@ TINY = replace(
     search_x_step=1.0,
     search_depths=2,  # a range needs low < high
     search_slots=2,
+    dashboard_runs=50,
+    dashboard_rounds=1,
 )
 # What rank 0's log says when each phase of a start is over (hpctf/compute/start/runtime.py,
 # joining.py, session.py).

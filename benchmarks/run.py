@@ -37,6 +37,9 @@ and noisy: absolute numbers move, ratios much less):
               many_runs.py: hpctf's writers) and `hpctf status SWEEP` of a 1,000-point
               sweep from a cold page cache, whole processes (goal: <= 2 s and <= 300 MB;
               <= 1 s for the sweep)
+  dashboard   `hpctf ui` over 1,000 run directories in headless chromium (tests/browser.py):
+              the runs page's first paint from no index (goal: <= 1 s) and a refresh (goal:
+              <= 0.5 s), beside `hpctf status` of the same runs root
   sweep       a 2,500-point `hpctf sweep --dry-run` against one `hpctf render`, whole
               processes, alternated (goal: <= 1 s of CPU); `hpctf sweep` of 1,000 points,
               each phase timed, to the cluster SLURM_CONF names (else a stand-in sbatch)
@@ -81,6 +84,7 @@ from typing import Any
 
 from bench_controller import ControllerBench
 from bench_crash import CrashBench
+from bench_dashboard import DashboardBench
 from bench_first_step import FirstStepBench
 from bench_gpu import GpuBench
 from bench_listing import ListingBench
@@ -116,6 +120,7 @@ FULL_ORDER = (*ORDER, "controller")
 class Bench(
     LoginBench,
     ListingBench,
+    DashboardBench,
     RemoteBench,
     SweepBench,
     ResolverBench,

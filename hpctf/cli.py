@@ -8,10 +8,10 @@ where errors are turned into what the user sees, by whose fault they are:
 
 Each room of a wing brings its commands: :mod:`hpctf.login.submitting` (init to resubmit),
 :mod:`hpctf.login.watching` (status, runs, logs, cancel, plot), :mod:`hpctf.login.sweeps`,
-:mod:`hpctf.login.doctor`; the batch script's hooks come from :mod:`hpctf.batch`, the
-compute-node ones from :mod:`hpctf.compute.worker_commands`. They are added when first asked for:
-a compute-node command imports only the compute wing's commands (see :data:`COMPUTE`), and
-``status`` and ``runs`` only their own module (see :data:`ALONE`).
+:mod:`hpctf.login.doctor`, :mod:`hpctf.login.dashboard` (ui); the batch script's hooks come from
+:mod:`hpctf.batch`, the compute-node ones from :mod:`hpctf.compute.worker_commands`. They are
+added when first asked for: a compute-node command imports only the compute wing's commands
+(see :data:`COMPUTE`), and ``status`` and ``runs`` only their own module (see :data:`ALONE`).
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def _add_commands(every: bool) -> None:
     if every:
         from hpctf.batch import job_commands as batch
         from hpctf.batch import search_agent
+        from hpctf.login.dashboard import ui_command
         from hpctf.login.doctor.doctor_commands import doctor
         from hpctf.login.remote import cluster_side
         from hpctf.login.submitting import submit_commands as submitting
@@ -104,6 +105,7 @@ def _add_commands(every: bool) -> None:
             logs.logs,
             cancel.cancel,
             plot.plot,
+            *ui_command.COMMANDS,
             *batch.COMMANDS,
             *search_agent.COMMANDS,
             *cluster_side.COMMANDS,

@@ -403,16 +403,16 @@ def submit_script(
     return proc, run_dir_from(proc.stdout)
 
 
-def made_run(root: Path, name: str) -> RunDir:
+def made_run(root: Path, name: str, sets: Sequence[str] = ()) -> RunDir:
     """A run directory under ``root`` as submit makes it (config, script, snapshot,
-    ``created``), with its job 4242 submitted."""
+    ``created``), with its job 4242 submitted; ``sets``: more ``--set`` values."""
     from hpctf.core.run import journal
     from hpctf.core.run.rundir import RunDir, create_run_dir, plan_run_dir
     from hpctf.login.resolving.loader import load_config
     from hpctf.login.submitting.render import render
 
     env = {**os.environ, "HPCTF_RUNS_ROOT": str(root)}
-    config = load_config(DIGITS, "local", ["train.steps=100"], env).config
+    config = load_config(DIGITS, "local", ["train.steps=100", *sets], env).config
     run = RunDir(plan_run_dir(config).path.with_name(name))
     create_run_dir(run, config, render(config, run.path))
     journal.record_submitted(run, "4242")

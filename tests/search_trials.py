@@ -1,8 +1,10 @@
 """A search's study and a trial linked from a run directory, for the tests of pruning
-(tests/test_pruned_runs.py without TensorFlow, tests/test_pruning_local.py with it)."""
+(tests/test_pruned_runs.py without TensorFlow, tests/test_pruning_local.py with it); a search's
+sweep directory as ``hpctf sweep`` makes it, and a trial's run ended as job-end ends it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -10,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from hpctf.core.run import journal
+from hpctf.core.run.rundir import RunDir
 from hpctf.core.search.trial_ref import TRIAL_FILE, TrialRef, trial_ref_text
 from hpctf.core.settings.search import Pruner, Search
+from hpctf.login.resolving.loader import load_config
+from hpctf.login.sweeps.search_start import SearchPlan, create_search
+from tests.conftest import DIGITS
 
 
 def search_of(kind: str) -> Search:
@@ -110,3 +117,36 @@ def start_trial(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr  # pruned is success-like
     return run_dir, proc.stdout + proc.stderr
+
+
+SPACE = {
+    "train.args.learning_rate": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
+    "train.args.hidden": {"type": "categorical", "choices": [8, 16, 32]},
+}
+
+
+def make_search(tmp_path: Path, trials: int = 4, sampler: str = "tpe") -> Path:
+    """A search's sweep directory as ``hpctf sweep`` makes it (study, base, script), without
+    submitting its array (tests/test_search_agent.py, tests/test_dashboard.py)."""
+    experiment = tmp_path / "experiment.yaml"
+    text = DIGITS.read_text()
+    text = text.replace("train:\n", "train:\n  python_path: [" + str(DIGITS.parent) + "]\n", 1)
+    objective = {"metric": "eval.loss", "direction": "minimize"}
+    search = {"parameters": SPACE, "objective": objective, "trials": trials, "parallel": 2,
+              "sampler": sampler}  # fmt: skip
+    experiment.write_text(text + "sweep: " + json.dumps(search) + "\n")
+    env = {"HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    config = load_config(experiment, "local-slurm", ["resources.nodes=1"], env).config
+    assert config.experiment.sweep is not None
+    plan = SearchPlan(config, config.experiment.sweep, trials, 2, "test")
+    return create_search(experiment, plan, []).path
+
+
+def end_run(run_dir: Path, handle: str, reason: str, loss: float | None = None) -> None:
+    """What job-start, the chief and job-end leave in a run that ended ``reason``."""
+    run = RunDir(run_dir)
+    journal.record_started(run, handle, nodes="node1", walltime_signal="USR2")
+    if loss is not None:
+        with run.metrics.open("a") as out:
+            out.write(json.dumps({"step": 10, "eval": {"loss": loss}}) + "\n")
+    journal.record_ended(run, handle, 0 if reason == "done" else 75, reason)

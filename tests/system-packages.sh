@@ -28,6 +28,7 @@ PACKAGES=(
     slurmdbd mariadb-server                 # accounting (sacct): HPCTF_SLURM_ACCOUNTING=1
     openssh-server openssh-client           # the SSH path's tests (tests/sshd.py): a real sshd
     debootstrap                             # the Slurm 24.11 root (tests/slurm/debian13-root.sh)
+    chromium                                # hpctf ui's pages in a real headless browser (tests/browser.py)
 )
 ME=tests/system-packages.sh
 LOCK_TIMEOUT=${HPCTF_APT_LOCK_TIMEOUT:-120}

@@ -27,7 +27,7 @@ from tests.conftest import REPO
 RUN = REPO / "benchmarks" / "run.py"
 SECTIONS = {
     "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "first_step",
-    "stall", "soak", "remote", "search",
+    "stall", "soak", "remote", "search", "dashboard",
 }  # fmt: skip
 PHASES = ["worker_up", "tensorflow_imported", "strategy", "restored", "first_step"]
 
@@ -85,6 +85,7 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
         "soak",
         "remote",  # status of 1,000 runs through a real sshd, against the login side
         "search",  # TPE + ASHA against the full grid, node-hours from sacct
+        *["dashboard"] * 2,  # hpctf ui's first paint and a refresh, in headless chromium
     ]
     assert all(isinstance(row["met"], bool | None) for row in table)
     assert "| benchmark | hpctf | against | result | goal | met |" in stdout
@@ -384,6 +385,28 @@ def check_search(tiny: tuple[dict[str, Any], str]) -> None:
     assert search["met"] == (search["ratio"] <= 1 / 3 and search["reached"])
 
 
+def check_dashboard(tiny: tuple[dict[str, Any], str]) -> None:
+    dashboard, sizes = tiny[0]["sections"]["dashboard"], tiny[0]["sizes"]
+    if "skipped" in dashboard:  # no chromium here: only where the full test command is not run
+        assert not os.environ.get("HPCTF_REQUIRE_SLURM") and not os.environ.get("CI"), dashboard
+        assert dashboard["met"] is None
+        return
+    rounds = sizes["dashboard_rounds"]
+    assert dashboard["run_count"] == sizes["dashboard_runs"] == dashboard["rows_shown"]
+    assert len(dashboard["first_paint_s"]) == rounds and len(dashboard["refresh_s"]) == 3 * rounds
+    assert positive(*dashboard["first_paint_s"], *dashboard["refresh_s"])
+    # The page's own clock is inside this side's wall clock around the navigation.
+    assert all(
+        p <= w + 0.05
+        for p, w in zip(dashboard["first_paint_s"], dashboard["first_paint_wall_s"], strict=True)
+    )
+    for row, goal in (("first_paint", 1.0), ("refresh", 0.5)):
+        found = dashboard[row]
+        assert close(found["ratio"], found["seconds"] / found["baseline_s"])
+        assert found["met"] == (found["seconds"] <= goal)
+    assert dashboard["met"] == (dashboard["first_paint"]["met"] and dashboard["refresh"]["met"])
+
+
 CHECKS = [
     check_run_reports_every_section,
     check_login_and_resolver,
@@ -397,6 +420,7 @@ CHECKS = [
     check_soak,
     check_remote,
     check_search,
+    check_dashboard,
 ]
 
 

@@ -51,7 +51,10 @@ def test_a_request_round_trips_and_names_its_command() -> None:
     call = Call(site={"site": {"name": "x"}}, request=LogsRequest(run_dir="/r", rank=1))
     again = Call.model_validate_json(call.model_dump_json())
     assert again == call and again.request.command == "logs"
-    assert set(RESULTS) == {"status", "cancel", "resubmit", "metrics", "logs", "sweep"}
+    assert set(RESULTS) == {
+        "status", "cancel", "resubmit", "metrics", "logs", "sweep",
+        "runs_page", "run_page", "sweep_page",  # hpctf ui's pages
+    }  # fmt: skip
     with pytest.raises(ValidationError):
         Call.model_validate({"site": {}, "request": {"command": "rm", "run_dir": "/"}})
     with pytest.raises(ValidationError):

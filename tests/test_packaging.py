@@ -38,6 +38,11 @@ def test_installed_wheel_finds_its_templates_and_sites(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "hpctf/templates/sbatch.sh.j2" in names
     assert "hpctf/site_configs/local-slurm.yaml" in names
+    # hpctf ui's page, served from the package (no CDN): its files and uPlot's license.
+    static = "hpctf/login/dashboard/static/"
+    for name in ("index.html", "app.js", "charts.js", "style.css", "uPlot.iife.min.js",
+                 "uPlot.min.css", "LICENSE-uPlot"):  # fmt: skip
+        assert static + name in names, name
     target = tmp_path / "site-packages"
     subprocess.run(
         [

@@ -30,49 +30,16 @@ from hpctf.core.search.study import (
 from hpctf.core.search.trial_config import with_params
 from hpctf.core.search.trial_ref import read_trial_ref
 from hpctf.core.settings.search import Pruner, Search
-from hpctf.login.resolving.loader import load_config
-from hpctf.login.sweeps.search_start import SearchPlan, create_search
 from tests.conftest import DIGITS
 from tests.fake_slurm import FakeSlurm, squeue_line
+from tests.search_trials import SPACE, end_run, make_search
 
 optuna = pytest.importorskip("optuna")
-
-SPACE = {
-    "train.args.learning_rate": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
-    "train.args.hidden": {"type": "categorical", "choices": [8, 16, 32]},
-}
-
-
-def make_search(tmp_path: Path, trials: int = 4, sampler: str = "tpe") -> Path:
-    """A search's sweep directory as ``hpctf sweep`` makes it (study, base, script), without
-    submitting its array."""
-    experiment = tmp_path / "experiment.yaml"
-    text = DIGITS.read_text()
-    text = text.replace("train:\n", "train:\n  python_path: [" + str(DIGITS.parent) + "]\n", 1)
-    objective = {"metric": "eval.loss", "direction": "minimize"}
-    search = {"parameters": SPACE, "objective": objective, "trials": trials, "parallel": 2,
-              "sampler": sampler}  # fmt: skip
-    experiment.write_text(text + "sweep: " + json.dumps(search) + "\n")
-    env = {"HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    config = load_config(experiment, "local-slurm", ["resources.nodes=1"], env).config
-    assert config.experiment.sweep is not None
-    plan = SearchPlan(config, config.experiment.sweep, trials, 2, "test")
-    return create_search(experiment, plan, []).path
 
 
 def said() -> tuple[list[str], object]:
     lines: list[str] = []
     return lines, lines.append
-
-
-def end_run(run_dir: Path, handle: str, reason: str, loss: float | None = None) -> None:
-    """What job-start, the chief and job-end leave in a run that ended ``reason``."""
-    run = RunDir(run_dir)
-    journal.record_started(run, handle, nodes="node1", walltime_signal="USR2")
-    if loss is not None:
-        with run.metrics.open("a") as out:
-            out.write(json.dumps({"step": 10, "eval": {"loss": loss}}) + "\n")
-    journal.record_ended(run, handle, 0 if reason == "done" else 75, reason)
 
 
 def test_each_task_takes_a_trial_of_its_own_with_its_run_directory(tmp_path: Path) -> None:

@@ -82,8 +82,45 @@ class SweepRequest(_Model):
     mode: Mode | None = None
 
 
+class RunsPageRequest(_Model):
+    """``hpctf ui``'s runs page: every run under a runs root (``root``, else the runs_root of
+    ``site``) as a listing shows it, with Slurm's word, why a job is pending and when it may
+    start; ``hours``: each run's node- and GPU-hours too (one sacct call)."""
+
+    command: Literal["runs_page"] = "runs_page"
+    root: str | None = None
+    site: str | None = None
+    hours: bool = False
+
+
+class RunPageRequest(_Model):
+    """``hpctf ui``'s page of one run: its document, curves, marks, config and the tail of
+    rank ``rank``'s log (its last ``log_bytes``)."""
+
+    command: Literal["run_page"] = "run_page"
+    run_dir: str
+    rank: int = Field(default=0, ge=0)
+    log_bytes: int = Field(default=64 << 10, ge=1024, le=4 << 20)
+    hours: bool = False
+
+
+class SweepPageRequest(_Model):
+    """``hpctf ui``'s page of a sweep or search: its points or trials, their curves."""
+
+    command: Literal["sweep_page"] = "sweep_page"
+    sweep_dir: str
+
+
 Request = (
-    StatusRequest | CancelRequest | ResubmitRequest | MetricsRequest | LogsRequest | SweepRequest
+    StatusRequest
+    | CancelRequest
+    | ResubmitRequest
+    | MetricsRequest
+    | LogsRequest
+    | SweepRequest
+    | RunsPageRequest
+    | RunPageRequest
+    | SweepPageRequest
 )
 
 
@@ -159,7 +196,58 @@ class SweepStarted(_Model):
     exit_status: int = 0
 
 
-Result = Statuses | Cancelled | Started | Metrics | Logs | SweepView
+class RunsPage(_Model):
+    """The runs page: one row per run (the listing's part of its ``status --json`` document,
+    with its last evaluation, when it was created, how many starts, and its ``hours`` when
+    asked), one row per sweep, and notes (Slurm did not answer, runs not read yet)."""
+
+    root: str
+    runs: list[dict[str, Any]]
+    sweeps: list[dict[str, Any]]
+    notes: list[str] = []
+    unread: int = 0
+
+
+class Mark(_Model):
+    """A vertical line on a run's curves: a restart (at the step it resumed from) or a prune."""
+
+    step: int
+    kind: Literal["restart", "pruned"]
+    text: str
+
+
+class RunPage(_Model):
+    """One run's page: its ``status RUN --json`` document, its metrics by step (thinned to at
+    most a few thousand rows; every evaluation kept), its marks, its resolved config with
+    secrets as ``***``, the ranks that have a log and the tail of the one asked for."""
+
+    document: dict[str, Any]
+    rows: list[dict[str, Any]]
+    marks: list[Mark]
+    config: dict[str, Any]
+    ranks: list[int]
+    rank: int
+    log: str
+
+
+class SweepPage(_Model):
+    """A sweep's page: its ``status SWEEP --json`` document (a search's: its trials, read
+    from the study with Optuna), each point's or trial's eval curve of ``metric``, and for a
+    search the objective per trial with the best so far."""
+
+    sweep_dir: str
+    search: bool
+    document: dict[str, Any]
+    metric: str | None = None
+    direction: str | None = None
+    curves: list[dict[str, Any]] = []
+    objective: list[tuple[int, float]] = []
+    best_so_far: list[tuple[int, float]] = []
+
+
+Result = (
+    Statuses | Cancelled | Started | Metrics | Logs | SweepView | RunsPage | RunPage | SweepPage
+)
 
 
 class Failure(_Model):

@@ -20,9 +20,15 @@ from hpctf.login.calls.models import (
     Request,
     ResubmitRequest,
     Result,
+    RunPage,
+    RunPageRequest,
+    RunsPage,
+    RunsPageRequest,
     Started,
     Statuses,
     StatusRequest,
+    SweepPage,
+    SweepPageRequest,
     SweepRequest,
     SweepView,
 )
@@ -130,6 +136,14 @@ def sweep(request: SweepRequest) -> SweepView:
 
 def answer(request: Request) -> Result:
     """Run ``request`` here."""
+    from hpctf.login.calls import pages
+
+    if isinstance(request, RunsPageRequest):
+        return pages.runs_page(request)
+    if isinstance(request, RunPageRequest):
+        return pages.run_page(request)
+    if isinstance(request, SweepPageRequest):
+        return pages.sweep_page(request)
     if isinstance(request, SweepRequest):
         return sweep(request)
     if isinstance(request, StatusRequest):
@@ -150,4 +164,7 @@ RESULTS: dict[str, type[Result]] = {
     "metrics": Metrics,
     "logs": Logs,
     "sweep": SweepView,
+    "runs_page": RunsPage,
+    "run_page": RunPage,
+    "sweep_page": SweepPage,
 }

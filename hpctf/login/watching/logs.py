@@ -50,8 +50,12 @@ class LogReader:
     """One rank's log across every start of its run, with a separator where each start
     begins (at the worker's first line), optionally only one job's part."""
 
-    def __init__(self, run: RunDir, rank: int, job: str | None) -> None:
+    def __init__(
+        self, run: RunDir, rank: int, job: str | None, shown_bytes: int | None = None
+    ) -> None:
         self.run = run
+        # The most of the log shown from its end on the first read (``hpctf ui``'s tail).
+        self.shown_bytes = SHOWN_BYTES if shown_bytes is None else shown_bytes
         self.rank = rank
         self.job = job
         self.position = 0
@@ -79,15 +83,20 @@ class LogReader:
                     f"bytes after {self.position:,} were read: reading it from its start\n"
                 )
                 self.position, self.pending = 0, b""
-            if self.position == 0 and size > SHOWN_BYTES:
+            if self.position == 0 and size > self.shown_bytes:
                 yield (
                     f"hpctf: {printable(str(path), keep_lines=False)} is {size:,} bytes: its "
-                    f"last {SHOWN_BYTES >> 20} MiB follow\n"
+                    f"last {_size_text(self.shown_bytes)} follow\n"
                 )
-                self.position = size - SHOWN_BYTES
+                self.position = size - self.shown_bytes
                 handle.seek(self.position)
                 handle.readline()  # from the first whole line on
                 self.position = handle.tell()
+                # The starts whose headers are in the part left out: the n-th header is the
+                # n-th start's, counted from the log's beginning.
+                shown = sum(1 for line in handle if WORKER_HEADER.match(line))
+                self.headers = max(len(starts) - shown, 0)
+                self.showing = self.job is None
             handle.seek(self.position)
             while chunk := handle.read(CHUNK_BYTES):
                 self.position += len(chunk)
@@ -115,6 +124,10 @@ class LogReader:
                     yield separator(number, start, self.rank)
             if self.showing:
                 yield line.decode("utf-8", errors="replace") + "\n"
+
+
+def _size_text(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
 
 # What one read of a log takes at a time: its memory, whatever the log's size.
