@@ -23,7 +23,7 @@ import pytest
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm
 from hpctf.login.calls.table import answer
-from hpctf.login.dashboard.server import COOKIE, Dashboard
+from hpctf.login.dashboard.server import Dashboard, cookie_name
 from tests.browser import Browser
 from tests.conftest import DIGITS, HPCTF, made_run, submitted
 from tests.fake_slurm import FakeSlurm
@@ -67,7 +67,7 @@ def get(
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     headers = {"Host": host or f"127.0.0.1:{server.port}"}
     if token is not None:
-        headers["Cookie"] = f"{COOKIE}={token}"
+        headers["Cookie"] = f"{cookie_name(server.port)}={token}"
     connection.request("GET", path, headers=headers)
     response = connection.getresponse()
     body = response.read()
@@ -83,7 +83,7 @@ def test_the_token_is_required_and_only_loopback_hosts_are_served(dashboard: Das
     # The printed URL: the token traded for a cookie, and sent on without it.
     status, headers, _ = get(dashboard, f"/?token={token}")
     assert status == 303 and headers["location"] == "/", headers
-    assert headers["set-cookie"].startswith(f"{COOKIE}={token};")
+    assert headers["set-cookie"].startswith(f"{cookie_name(dashboard.port)}={token};")
     assert "HttpOnly" in headers["set-cookie"] and "SameSite=Strict" in headers["set-cookie"]
     status, headers, body = get(dashboard, "/", token=token)
     assert status == 200 and b"app.js" in body
@@ -101,7 +101,8 @@ def test_the_token_is_required_and_only_loopback_hosts_are_served(dashboard: Das
             socket.create_connection((other, dashboard.port), timeout=2).close()
     # Read-only: no other method.
     connection = http.client.HTTPConnection("127.0.0.1", dashboard.port, timeout=10)
-    connection.request("POST", "/api/runs", headers={"Cookie": f"{COOKIE}={token}"})
+    cookie = f"{cookie_name(dashboard.port)}={token}"
+    connection.request("POST", "/api/runs", headers={"Cookie": cookie})
     assert connection.getresponse().status == 501
 
 
@@ -351,7 +352,7 @@ def test_the_ui_command_prints_its_url_and_serves(runs_root: Path, tmp_path: Pat
         port = int(url.split(":")[2].split("/")[0])
         token = url.split("token=", 1)[1]
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        connection.request("GET", "/api/runs", headers={"Cookie": f"{COOKIE}={token}"})
+        connection.request("GET", "/api/runs", headers={"Cookie": f"{cookie_name(port)}={token}"})
         page = json.loads(connection.getresponse().read())
         assert [d["run"] for d in page["runs"]] == ["listed"]
         assert page["root"] == str(runs_root.resolve())

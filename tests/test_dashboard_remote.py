@@ -16,11 +16,10 @@ from urllib.parse import quote
 import pytest
 import yaml
 
+from hpctf.login.dashboard.server import cookie_name
 from tests import sshd as harness
 from tests.browser import Browser
 from tests.conftest import HPCTF, made_run
-
-COOKIE = "hpctf_ui_token"
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +71,7 @@ def test_each_refresh_is_one_round_trip_through_the_one_connection(
         answers = []
         for page in pages:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            connection.request("GET", page, headers={"Cookie": f"{COOKIE}={token}"})
+            connection.request("GET", page, headers={"Cookie": f"{cookie_name(port)}={token}"})
             response = connection.getresponse()
             answers.append((response.status, json.loads(response.read())))
         assert [status for status, _ in answers] == [200] * len(pages), answers[-1]

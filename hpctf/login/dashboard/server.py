@@ -42,6 +42,14 @@ from hpctf.login.calls.models import (
 
 HOST = "127.0.0.1"
 COOKIE = "hpctf_ui_token"
+
+
+def cookie_name(port: int) -> str:
+    """The token's cookie for the dashboard on ``port``: a browser sends a host's cookies to
+    every port of it (RFC 6265, section 8.5), so two dashboards of one user on one host each
+    keep their own."""
+    return f"{COOKIE}_{port}"
+
 # The page's own files, by name: nothing else is served from the package.
 STATIC = {
     "index.html": "text/html; charset=utf-8",
@@ -110,7 +118,7 @@ class Handler(BaseHTTPRequestHandler):
         given = query.get("token")
         if given is not None and self._token_matches(given):
             # Traded for a cookie; the token leaves the address bar.
-            self._redirect(url.path, f"{COOKIE}={self.server.token}")
+            self._redirect(url.path, f"{cookie_name(self.server.port)}={self.server.token}")
             return
         if not self._token_matches(self._cookie()):
             self._send(401, b"unauthorized: open the URL hpctf ui printed\n", "text/plain")
@@ -135,7 +143,7 @@ class Handler(BaseHTTPRequestHandler):
             jar.load(self.headers.get("Cookie", ""))
         except cookies.CookieError:
             return None
-        morsel = jar.get(COOKIE)
+        morsel = jar.get(cookie_name(self.server.port))
         return None if morsel is None else morsel.value
 
     def _static(self, name: str) -> None:
