@@ -109,10 +109,14 @@ def run_dir(runs_root: Path, fake_sbatch: Path) -> Path:
     return path
 
 
-def _job_end(bin_dir: Path, run_dir: Path, down_nodes: str, step: int) -> tuple[int, str, Path]:
+def _job_end(
+    bin_dir: Path, run_dir: Path, down_nodes: str, step: int, dead: str = "none"
+) -> tuple[int, str, Path]:
     """job-end after srun ended with exit 3 (the survivors left), Slurm saying ``down_nodes``
-    are down, the job RUNNING for an hour more; its exit code, output and scontrol's calls."""
+    are down, the job RUNNING for an hour more, a probe step failing where it names node
+    ``dead``; its exit code, output and scontrol's calls."""
     fake_checkpoint(run_dir / "checkpoints", step)
+    fake_command(bin_dir, "srun", f'case "$*" in *--nodelist=*{dead}*) exit 1 ;; esac')
     lines = "; ".join(f"echo '{n}|{'down*' if n in down_nodes else 'mixed'}'"
                       for n in ("node1", "node2", "node3"))  # fmt: skip
     fake_command(bin_dir, "sinfo", lines)
@@ -140,11 +144,15 @@ def test_job_end_uses_a_spare_then_counts_the_same_node_once_then_requeues_with_
     assert [e["event"] for e in events[-4:]] == ["ended", "nodes_down", "requeued", "started"]
     assert events[-1]["nodes"] == "node1,node3" and events[-2]["in_place"] is True
 
-    # A crash on the nodes left, node2 still down: not a new loss, nor a refusal.
+    # A crash on the nodes left, node2 still down: not a new loss, nor a refusal; one probe
+    # step on the nodes left, which starts.
     code, output, _ = _job_end(bin_dir, run_dir, "node2", 200)
     assert code == RELAUNCH_EXIT, output
     assert "lost node" not in output and run.step_exclude.read_text() == "node2"
     assert [e["event"] for e in run.events()].count("nodes_down") == 1
+    probes = (bin_dir / "srun.calls").read_text().splitlines()
+    assert probes == ["--jobid=4242 --overlap --quiet --nodes=2 --ntasks=2 --ntasks-per-node=1 "
+                      "--nodelist=node1,node3 true"]  # fmt: skip
 
     # node3 lost too: no spare left, the job is requeued and kept off both.
     code, output, scontrol = _job_end(bin_dir, run_dir, "node2 node3", 300)
@@ -159,3 +167,22 @@ def test_job_end_uses_a_spare_then_counts_the_same_node_once_then_requeues_with_
     status = CliRunner().invoke(cli, ["status", str(run_dir)], env={"SLURM_JOB_ID": ""})
     assert "(exit 3, cause node_lost node2)" in status.output, status.output
     assert "(exit 3, cause node_lost node3)" in status.output, status.output
+
+
+def test_a_node_slurm_still_calls_well_where_no_step_starts_is_lost_all_the_same(
+    run_dir: Path, fake_sbatch: Path
+) -> None:
+    """srun ended at once (the lost node's slurmstepd reported its tasks' deaths first), and
+    Slurm has not noticed yet (SlurmdTimeout): the probe step on all the nodes fails, the one
+    per node finds which."""
+    bin_dir = fake_sbatch.parent / "fakebin"
+    assert CliRunner().invoke(cli, ["job-start", str(run_dir)], env=ENV).exit_code == 0
+    code, output, _ = _job_end(bin_dir, run_dir, "", 100, dead="node2")
+    assert code == RELAUNCH_EXIT, output
+    assert "lost node(s) node2 (no step starts there; Slurm has not said so yet)" in output
+    assert RunDir(run_dir).step_exclude.read_text() == "node2"
+    probes = sorted(p.split("--nodelist=")[1] for p in
+                    (bin_dir / "srun.calls").read_text().splitlines())  # fmt: skip
+    assert probes == ["node1 true", "node1,node2,node3 true", "node2 true", "node3 true"]
+    (down,) = [e for e in RunDir(run_dir).events() if e["event"] == journal.NODES_DOWN]
+    assert down["nodes"] == ["node2"] and down["signal"] == "probe"

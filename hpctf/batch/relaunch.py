@@ -2,15 +2,18 @@
 script runs srun again), instead of a requeue: after a crash or a stall on nodes Slurm calls
 well, and after a lost node while a spare is left (``resources.spare_nodes``).
 
-A lost node is Slurm's word, read once when srun has ended (:func:`note_lost_nodes`): a node
-of the allocation that Slurm says is down, drained or not responding. Not a probe step
-(``srun -w NODE true``) nor the failed rank's node from the journal: when a node's slurmd is
-gone, srun itself waits for Slurm to declare the node DOWN (SlurmdTimeout) before it ends,
-even once every other rank has left (measured on the test cluster: the survivors left within
-1 s of the kill; srun ended 78 s later, with SlurmdTimeout=60, in the same second Slurm set
-the node DOWN and dropped it from the ``--no-kill`` job). By the time job-end runs Slurm has
-said it; where srun ends sooner (a node's ranks died but its slurmd answers), a probe would
-pass too, and Slurm's word is the only one there is.
+A lost node is found once srun has ended (:func:`note_lost_nodes`), first from Slurm's word:
+a node of the allocation that Slurm says is down, drained or not responding. Mostly that is
+enough: while a node's slurmd is gone, srun waits for Slurm to declare the node DOWN
+(SlurmdTimeout) before it ends, even once every other rank has left (measured on the test
+cluster: the survivors left within 1 s of the loss; srun ended 78 s later with
+SlurmdTimeout=60, in the same second Slurm set the node DOWN and dropped it from the
+``--no-kill`` job). But not always: when the lost node's slurmstepd reported its tasks' deaths
+before it died, srun ends at once and Slurm still calls the node well (seen on Slurm 24.11).
+Then a probe step on the allocation's nodes (:mod:`hpctf.core.scheduler.node_probe`, about
+0.05 s when they are all there) finds it: a node where no step starts is lost. Not the
+survivors' ``peer_lost`` records: a rank that srun ended first records none, and a lost peer
+is as often a crashed process on a node that is well.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from hpctf.core.run import journal
 from hpctf.core.run.history import RunHistory, lost_in_allocation
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.safe_files import write_atomic
-from hpctf.core.scheduler import slurm
+from hpctf.core.scheduler import node_probe, slurm
 from hpctf.core.scheduler.hostnames import expand_nodelist
 from hpctf.core.settings.config import ResolvedConfig
 
@@ -40,8 +43,10 @@ RELAUNCH_REASONS = frozenset({"failed", "stalled"})
 # A relaunch keeps the job's time limit: with less than this left, a requeue (a new time
 # limit) serves the run better.
 RELAUNCH_MIN_LEFT_S = 300
-# The nodes_down record's "signal" when job-end, not the SIGTERM trap, found the nodes.
+# The nodes_down record's "signal" when job-end, not the SIGTERM trap, found the nodes: from
+# Slurm's word, or from a probe step.
 FOUND_AT_END = "srun ended"
+FOUND_BY_PROBE = "probe"
 
 
 def now(timespec: str = "seconds") -> str:
@@ -51,22 +56,28 @@ def now(timespec: str = "seconds") -> str:
 def note_lost_nodes(
     run: RunDir, history: RunHistory, job_id: str, nodes: str | None
 ) -> RunHistory:
-    """Record the nodes of this allocation (``nodes``: SLURM_JOB_NODELIST) that Slurm says are
-    lost and that no earlier start of the allocation lost (``nodes_down``, found when srun
-    ended). Returns ``history`` with the record, if any."""
+    """Record the nodes of this allocation (``nodes``: SLURM_JOB_NODELIST) that are lost and
+    that no earlier start of the allocation lost (``nodes_down``, found when srun ended): those
+    Slurm says are down, drained or not responding, else those where a probe step does not
+    start. Returns ``history`` with the record, if any."""
     if not nodes:
         return history
     known = set(lost_in_allocation(history.state.starts))
+    left = [node for node in expand_nodelist(nodes) if node not in known]
     try:
-        unusable = slurm.unusable_nodes(nodes)
+        lost = [node for node in slurm.unusable_nodes(nodes) if node not in known]
+        found, how = FOUND_AT_END, "Slurm: down or drained"
+        if not lost:
+            own_id = os.environ.get("SLURM_JOB_ID", job_id)  # an array task's own job
+            lost = node_probe.unreachable_nodes(own_id, left)
+            found, how = FOUND_BY_PROBE, "no step starts there; Slurm has not said so yet"
     except slurm.SlurmFailure as exc:
         click.echo(f"hpctf: cannot tell whether a node of job {job_id} was lost: {exc}", err=True)
         return history
-    lost = [node for node in unusable if node not in known]
     if not lost:
         return history
-    click.echo(f"hpctf: job {job_id} lost node(s) {','.join(lost)} (Slurm: down or drained)")
-    return history.plus(journal.record_nodes_down(run, job_id, lost, FOUND_AT_END))
+    click.echo(f"hpctf: job {job_id} lost node(s) {','.join(lost)} ({how})")
+    return history.plus(journal.record_nodes_down(run, job_id, lost, found))
 
 
 def relaunch_refusal(
