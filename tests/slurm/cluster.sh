@@ -240,22 +240,28 @@ kill_namespace() {
     rm -f "$file"
 }
 
-# lose_node NODE: SIGKILL, at once, every process of this cluster in NODE's UTS namespace
+# lose_node NODE: stop, then SIGKILL, every process of this cluster in NODE's UTS namespace
 # (its slurmd, the subreaper, slurmstepd and the job's tasks): the node is lost as a node
 # whose kernel panicked is, and Slurm notices only when its slurmd stops answering pings
-# (SlurmdTimeout).
+# (SlurmdTimeout). SIGSTOP first: killed in one go, a task could die before its slurmstepd
+# and be reported (srun then ends at once, as it never does for a node that is gone).
 lose_node() {
     local node=$1 file ns p pids=()
     [[ $node =~ ^node[0-9]+$ ]] || die "lose: not a node name: '$node'"
     file=$RUN/slurmd-$node.utsns
     [[ -s $file ]] || die "lose: $node has no namespace recorded ($file)"
     ns=$(<"$file")
+    # Slurm 24.11's slurmstepd runs with an environment of its own, without SLURM_CONF: in
+    # the namespace of a node whose slurmd lives, it is this cluster's.
     for p in /proc/[0-9]*; do
-        [[ $(readlink "$p/ns/uts" 2>/dev/null) == "$ns" ]] &&
-            tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF" &&
+        [[ $(readlink "$p/ns/uts" 2>/dev/null) == "$ns" ]] || continue
+        if [[ $(cat "$p/comm" 2>/dev/null) == slurmstepd ]] ||
+            tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF"; then
             pids+=("${p#/proc/}")
+        fi
     done
     ((${#pids[@]})) || die "lose: nothing of $node is running"
+    kill -STOP "${pids[@]}" 2>/dev/null || true
     kill -KILL "${pids[@]}" 2>/dev/null || true
     log "lost $node: killed ${#pids[@]} process(es)"
 }
