@@ -24,21 +24,22 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
 SECTIONS = (
-    "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "first_step",
-    "stall", "soak", "remote", "search", "dashboard",
+    "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "lost_node",
+    "first_step", "stall", "soak", "remote", "search", "dashboard",
 )  # fmt: skip
 # Run order: login's `hpctf status` reads a finished run, and runtime leaves one behind.
 ORDER = (
     "resolver", "runtime", "login", "remote", "listing", "dashboard", "sweep", "preemption",
-    "crash", "first_step", "stall", "soak", "search",
+    "crash", "lost_node", "first_step", "stall", "soak", "search",
 )  # fmt: skip
 GPU_SECTIONS = ("gpu_runtime", "gpu_stall")
 # Run beside the others with --tiny; first_step in the first lane, which was the shorter one:
 # 116 s against 122 s (+ first_step's 33 s) at load average 7.
 TINY_SECOND_LANE = ("preemption", "crash", "stall")
 # A third lane with --tiny: the search against its grid mostly waits on the Slurm test
-# cluster's scheduling and accounting, so it overlaps the two others well (CI time).
-TINY_THIRD_LANE = ("search",)
+# cluster's scheduling and accounting, so it overlaps the two others well (CI time); the lost
+# node mostly waits for Slurm to notice it (SlurmdTimeout).
+TINY_THIRD_LANE = ("search", "lost_node")
 GLOBAL_BATCH = 64  # the digits example's, given explicitly to both sides
 SOAK_BATCH = 2  # one example per replica: the step is the collectives, not the model
 

@@ -27,6 +27,11 @@ and noisy: absolute numbers move, ratios much less):
               not installed, unless HPCTF_REQUIRE_SLURM): seconds from the kill to the next
               first step, each phase, and the training lost against checkpoint.every_seconds 5
               (goal: <= 10 s back, <= 5 s lost)
+  lost_node   rank 1's node lost (its slurmd and processes killed) under a 2-node job with
+              resources.spare_nodes 1 on a 3-node test cluster (SlurmdTimeout 10): seconds
+              from the loss to the first step again in the same job, split into Slurm's own
+              detection (the node set DOWN) and hpctf's part after it (goal: <= 10 s after
+              Slurm's word, <= every_seconds 5 lost)
   first_step  seconds from a worker process's start to its first trained step, `hpctf
               worker` against plain_mwms.py (digits, 2 workers, alternated), and each
               phase's share (hpctf.compute.process.startup_clock) (goal: <= 1.05)
@@ -89,6 +94,7 @@ from bench_first_step import FirstStepBench
 from bench_gpu import GpuBench
 from bench_listing import ListingBench
 from bench_login import LoginBench
+from bench_lost_node import LostNodeBench
 from bench_preemption import PreemptionBench
 from bench_remote import RemoteBench
 from bench_resolver import ResolverBench
@@ -127,6 +133,7 @@ class Bench(
     RuntimeBench,
     PreemptionBench,
     CrashBench,
+    LostNodeBench,
     FirstStepBench,
     StallBench,
     SoakBench,

@@ -99,12 +99,14 @@ def slurm_cluster(
     accounting: bool = False,
     port: int | None = None,
     first_job_id: int | None = None,
+    slurmd_timeout: int | None = None,
 ) -> Iterator[SlurmCluster]:
     """Start a test cluster of ``nodes`` nodes named ``name`` (its state in
     /tmp/hpctf-bench-slurm-NAME-PID: munged, running as the munge user, cannot enter a 0700
     temporary directory of root's), yield it, and stop it and remove its state however the
     body ends. ``port`` and ``first_job_id`` default to a free block of ports and a job id
-    range drawn from it (TF's ports are drawn from job ids: two clusters must not share them)."""
+    range drawn from it (TF's ports are drawn from job ids: two clusters must not share them).
+    ``slurmd_timeout``: slurm.conf's SlurmdTimeout (cluster.sh's default 60 s otherwise)."""
     reason = slurm_missing()
     if reason:
         raise SlurmClusterError(reason)
@@ -118,6 +120,8 @@ def slurm_cluster(
         "HPCTF_SLURM_NODES": str(nodes),
         "HPCTF_SLURM_ACCOUNTING": "1" if accounting else "0",
     }
+    if slurmd_timeout is not None:
+        knobs["HPCTF_SLURM_SLURMD_TIMEOUT"] = str(slurmd_timeout)
     # Nothing of a cluster this process may itself run in, nor of another test cluster.
     inherited = {
         k: v

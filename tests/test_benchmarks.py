@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -26,8 +27,8 @@ from tests.conftest import REPO
 
 RUN = REPO / "benchmarks" / "run.py"
 SECTIONS = {
-    "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "first_step",
-    "stall", "soak", "remote", "search", "dashboard",
+    "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "lost_node",
+    "first_step", "stall", "soak", "remote", "search", "dashboard",
 }  # fmt: skip
 PHASES = ["worker_up", "tensorflow_imported", "strategy", "restored", "first_step"]
 
@@ -80,6 +81,7 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
         *["runtime"] * 2,  # against a loop of 10 steps per call (the goal's), the tutorial's
         *["preemption"] * 3,
         "crash",  # SIGKILL of a rank on the real Slurm test cluster (or skipped without Slurm)
+        "lost_node",  # a lost node with a spare on a 3-node test cluster (or skipped)
         *["first_step"] * 10,  # the ratio, then the phase table (9 rows)
         *["stall"] * 3,
         "soak",
@@ -217,6 +219,22 @@ def check_crash(tiny: tuple[dict[str, Any], str]) -> None:
     assert crash["met"] == (
         crash["kill_to_first_step_median_s"] <= crash["goal_back_s"]
         and crash["lost_max_s"] <= every
+    )
+
+
+def check_lost_node(tiny: tuple[dict[str, Any], str]) -> None:
+    lost = tiny[0]["sections"]["lost_node"]
+    if "skipped" in lost:  # no Slurm here: only where it is not required
+        assert not os.environ.get("HPCTF_REQUIRE_SLURM") and not os.environ.get("CI"), lost
+        assert lost["met"] is None
+        return
+    assert lost["same_job"] and re.fullmatch(r"node[23]", lost["node"]), lost
+    assert positive(lost["slurm_detection_s"], lost["down_to_first_step_s"], lost["lost_s"])
+    total = lost["slurm_detection_s"] + lost["down_to_first_step_s"]
+    assert abs(total - lost["loss_to_first_step_s"]) <= 0.02
+    assert lost["met"] == (
+        lost["down_to_first_step_s"] <= lost["goal_hpctf_s"]
+        and lost["lost_s"] <= lost["every_seconds"]
     )
 
 
@@ -413,6 +431,7 @@ CHECKS = [
     check_runtime,
     check_preemption_and_restart,
     check_crash,
+    check_lost_node,
     check_first_step,
     check_stall,
     check_sweep,

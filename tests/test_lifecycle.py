@@ -346,6 +346,7 @@ def test_status_json_for_scripts(runs_root: Path, fake_slurm: FakeSlurm) -> None
             "exit_code": None,
             "end_step": None,
             "nodes": "node[1-2]",
+            "lost_nodes": [],
             "user_code": None,
         }
     ]

@@ -12,12 +12,19 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from datetime import datetime, timezone
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import click
 
+from hpctf.batch.relaunch import (
+    RELAUNCH_REASONS,
+    note_lost_nodes,
+    now,
+    record_started,
+    relaunch_here,
+    relaunch_refusal,
+)
 from hpctf.core.errors import GAVE_UP_EXIT, NOT_STARTING_EXIT, RELAUNCH_EXIT, EnvironmentProblem
 from hpctf.core.run import journal, ownership, run_index
 from hpctf.core.run.history import (
@@ -26,17 +33,19 @@ from hpctf.core.run.history import (
     Budgets,
     EndReason,
     RunHistory,
+    Start,
     after_end,
     before_start,
+    lost_in_allocation,
     read_history,
     reason_from_slurm,
     record_end,
+    spare_refusal,
 )
 from hpctf.core.run.notifications import notify_end
 from hpctf.core.run.run_identity import check_not_a_copy
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm, slurm_queries
-from hpctf.core.scheduler.hostnames import expand_nodelist
 from hpctf.core.settings.config import ResolvedConfig
 
 _run_dir_argument = click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
@@ -73,7 +82,7 @@ def job_start(run_dir: Path) -> None:
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     nodes = os.environ.get("SLURM_JOB_NODELIST")
     # The job's own output is appended across its starts (--open-mode=append): mark each one.
-    click.echo(f"===== hpctf: job {job_id} start (restart {restart}) on {nodes} at {_now()} =====")
+    click.echo(f"===== hpctf: job {job_id} start (restart {restart}) on {nodes} at {now()} =====")
     try:
         owner = ownership.take(run.path, ownership.claim_of("job", job_id), ownership.alive)
     except slurm.SlurmFailure as exc:
@@ -91,7 +100,7 @@ def job_start(run_dir: Path) -> None:
     if not decision.go and not decision.gave_up:
         click.echo(f"hpctf: job {job_id} ends at once: {decision.why}")
         sys.exit(NOT_STARTING_EXIT)
-    history = history.plus(_record_started(run, job_id, nodes, config, restart))
+    history = history.plus(record_started(run, job_id, nodes, config, restart))
     if decision.gave_up:
         history = history.plus(journal.record_gave_up(run, job_id, decision.why))
         notify_end(run, config, job_id)
@@ -133,10 +142,6 @@ def close_unended(
     entry = journal.record_ended_by_slurm(run, last.job_id, exit_code, reason, ended.state)
     click.echo(f"hpctf: job {last.job_id}'s start ended {reason} (Slurm: {ended.state})")
     return history.plus(entry)
-
-
-def _now(timespec: str = "seconds") -> str:
-    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 @click.command("job-signal", hidden=True)
@@ -231,78 +236,31 @@ def job_end(run_dir: Path, exit_code: int) -> None:
         sys.exit(RELAUNCH_EXIT)
 
 
-# A crash or a stall leaves the job's nodes free and well (Slurm says so): its workers start
-# again in the same allocation, seconds after the crash, where a requeue waits for Slurm's
-# requeue to complete, the start time hpctf gives it (RELEASE_AFTER_S) and then Slurm's next
-# scheduling pass, which on an idle cluster is its periodic one (sched_interval, 60 s by
-# default; the backfill pass runs only after a change): measured on the test cluster, a
-# requeued job started 28 s after its start time. Anything else is requeued by Slurm.
-RELAUNCH_REASONS = frozenset({"failed", "stalled"})
-# A relaunch keeps the job's time limit: with less than this left, a requeue (a new time
-# limit) serves the run better.
-RELAUNCH_MIN_LEFT_S = 300
-
-
-def relaunch_refusal(
-    history: RunHistory, reason: str, job_id: str, nodes: str | None
-) -> str | None:
-    """Why the workers of a start that ended for ``reason`` must not start again in this
-    allocation (``nodes``: SLURM_JOB_NODELIST), or None when they may: a crash or a stall, on
-    nodes none of which failed under the run (the journal) nor is down or drained (Slurm),
-    in a job that Slurm is not ending (still RUNNING, a time limit not about to end it)."""
-    if reason not in RELAUNCH_REASONS:
-        return f"{reason} is not a crash or a stall"
-    if not nodes:
-        return "no SLURM_JOB_NODELIST"
-    failed = set(history.failed_nodes) & set(expand_nodelist(nodes))
-    if failed:
-        return f"node(s) {','.join(sorted(failed))} failed under the run"
-    try:
-        unusable = slurm.unusable_nodes(nodes)
-        if unusable:
-            return f"Slurm says node(s) {','.join(unusable)} cannot run jobs"
-        info = slurm.job_info(job_id) or {}
-    except slurm.SlurmFailure as exc:
-        return f"Slurm did not answer: {exc}"
-    if info.get("JobState") != "RUNNING":
-        return f"the job is {info.get('JobState', 'unknown to Slurm')}"
-    left = slurm.seconds_left(info)
-    if left is not None and left < RELAUNCH_MIN_LEFT_S:
-        return f"{left:.0f} s left of its time limit"
-    return None
-
-
-def relaunch_here(
-    run: RunDir, config: ResolvedConfig, history: RunHistory, job_id: str, why: str
-) -> RunHistory:
-    """Record the requeue of the start that ended (``in_place``: the same allocation, no
-    Slurm requeue) and the new start, as job-start would: the batch script then runs srun
-    again at once (job-end's RELAUNCH_EXIT). Returns ``history`` with both records."""
-    nodes = os.environ.get("SLURM_JOB_NODELIST")
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    history = history.plus(journal.record_requeued(run, job_id, why, in_place=True))
-    click.echo(f"hpctf: job {job_id} starts its workers again in this allocation: {why}")
-    # Milliseconds: the seconds from a crash to the next start are measured from this line.
-    click.echo(f"===== hpctf: job {job_id} start (restart {restart}, again in this allocation) "
-               f"on {nodes} at {_now('milliseconds')} =====")  # fmt: skip
-    return history.plus(_record_started(run, job_id, nodes, config, restart))
-
-
 def _after_end(
     run: RunDir, config: ResolvedConfig, history: RunHistory, job_id: str, reason: str
 ) -> tuple[RunHistory, bool]:
     """Requeue the job that ended (``history``: the run's, with its ``ended`` record) when the
-    run's budgets allow, in this allocation when :func:`relaunch_refusal` has nothing against
-    it, or record that the run gave up; returns ``history`` with the ``requeued`` record (and
-    the new start's), and whether the batch script starts the workers again itself. A run that
-    gave up has its row noted here, before _GaveUp."""
+    run's budgets allow, in this allocation when :func:`~hpctf.batch.relaunch.relaunch_refusal`
+    has nothing against it (with ``resources.spare_nodes``: the nodes Slurm says were lost
+    left out, while a spare is left for each), or record that the run gave up; returns
+    ``history`` with the ``requeued`` record (and the new start's), and whether the batch
+    script starts the workers again itself. A run that gave up has its row noted here, before
+    _GaveUp."""
+    nodes = os.environ.get("SLURM_JOB_NODELIST")
+    left_out: tuple[str, ...] = ()
+    if config.spare_nodes and reason in RELAUNCH_REASONS:  # srun ended: a node lost?
+        history = note_lost_nodes(run, history, job_id, nodes)
+        left_out = lost_in_allocation(history.state.starts)
     state = history.state
     signalled = state.last is not None and state.last.signalled
     decision = after_end(state, budgets(config))
     if decision.go:
-        refusal = relaunch_refusal(history, reason, job_id, os.environ.get("SLURM_JOB_NODELIST"))
+        refusal = spare_refusal(left_out, config.spare_nodes) or relaunch_refusal(
+            history, reason, job_id, nodes, left_out
+        )
         if refusal is None:
-            return relaunch_here(run, config, history, job_id, decision.why), True
+            why = _spare_words(state.last, left_out, config.spare_nodes) + decision.why
+            return relaunch_here(run, config, history, job_id, why, left_out), True
         if reason in RELAUNCH_REASONS:
             click.echo(f"hpctf: job {job_id} is requeued, not started again here: {refusal}")
         return _requeue(run, history, job_id, decision.why), False
@@ -321,6 +279,13 @@ def _after_end(
             message += f"; after a fix, resume with hpctf resubmit {run.path}"
         raise _GaveUp(message)
     return history, False
+
+
+def _spare_words(last: Start | None, left_out: Sequence[str], spare_nodes: int) -> str:
+    """What a restart after a lost node says of it: ``node2 lost: spare 1 of 1 used; ``."""
+    if last is None or not last.lost_nodes:
+        return ""
+    return f"{','.join(last.lost_nodes)} lost: spare {len(left_out)} of {spare_nodes} used; "
 
 
 def _requeue(run: RunDir, history: RunHistory, job_id: str, why: str) -> RunHistory:
@@ -351,18 +316,3 @@ def _requeue(run: RunDir, history: RunHistory, job_id: str, why: str) -> RunHist
 
 
 COMMANDS = (job_start, job_signal, job_end)
-
-
-def _record_started(
-    run: RunDir, job_id: str, nodes: str | None, config: ResolvedConfig, restart: int
-) -> dict[str, Any]:
-    """The ``started`` record of this job's start (a new job, or again in this allocation);
-    an array task's record also names its own Slurm job id."""
-    return journal.record_started(
-        run,
-        job_id,
-        nodes=nodes,
-        walltime_signal=config.site.preemption.signal,
-        slurm_job_id=os.environ["SLURM_JOB_ID"] if "_" in job_id else None,
-        restart_count=restart,
-    )

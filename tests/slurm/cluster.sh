@@ -4,6 +4,8 @@
 #   tests/slurm/cluster.sh start   # idempotent: returns quickly if healthy
 #   tests/slurm/cluster.sh stop    # kills only what this script started
 #   tests/slurm/cluster.sh status  # exit 0 if running and healthy
+#   tests/slurm/cluster.sh lose NODE  # SIGKILL the node's slurmd and everything it started
+#                                     # (a lost node); `start` brings the cluster back
 #   eval "$(tests/slurm/cluster.sh env)"   # export SLURM_CONF=...
 #
 # Needs root and Debian's slurm-wlm + munge (tests/system-packages.sh installs them if missing).
@@ -24,6 +26,8 @@
 #   HPCTF_SLURM_PORT       slurmctld port         (default 16817; slurmd i
 #                                                  listens on PORT+i)
 #   HPCTF_SLURM_TIMEOUT    seconds to wait for nodes idle (default 60)
+#   HPCTF_SLURM_SLURMD_TIMEOUT  slurm.conf's SlurmdTimeout (default 60): how long a node
+#                          whose slurmd is gone stays up in Slurm's view
 #   HPCTF_SLURM_FIRST_JOB_ID  first job id (default 1); give clusters that run
 #                          side by side different ones, so TF ports differ
 #   HPCTF_SLURM_ACCOUNTING 1: real accounting (default 0): a private MariaDB on
@@ -69,6 +73,7 @@ CPUS=${HPCTF_SLURM_CPUS:-2}
 GPUS=${HPCTF_SLURM_GPUS:-2}
 CTLD_PORT=${HPCTF_SLURM_PORT:-16817}
 TIMEOUT=${HPCTF_SLURM_TIMEOUT:-60}
+SLURMD_TIMEOUT=${HPCTF_SLURM_SLURMD_TIMEOUT:-60}
 FIRST_JOB_ID=${HPCTF_SLURM_FIRST_JOB_ID:-1}
 ACCOUNTING=${HPCTF_SLURM_ACCOUNTING:-0}
 SROOT=${HPCTF_SLURM_ROOT:-}
@@ -97,7 +102,7 @@ if [[ -n $SROOT ]]; then
     [[ -f $SROOT/.hpctf-root-complete ]] ||
         die "HPCTF_SLURM_ROOT=$SROOT is no root that tests/slurm/debian13-root.sh completed"
 fi
-for v in NODES CPUS GPUS CTLD_PORT TIMEOUT; do
+for v in NODES CPUS GPUS CTLD_PORT TIMEOUT SLURMD_TIMEOUT; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
 ((NODES >= 1 && NODES <= 254)) || die "HPCTF_SLURM_NODES must be 1..254"
@@ -233,6 +238,32 @@ kill_namespace() {
         ((${#pids[@]})) || break
     done
     rm -f "$file"
+}
+
+# lose_node NODE: stop, then SIGKILL, every process of this cluster in NODE's UTS namespace
+# (its slurmd, the subreaper, slurmstepd and the job's tasks): the node is lost as a node
+# whose kernel panicked is, and Slurm notices only when its slurmd stops answering pings
+# (SlurmdTimeout). SIGSTOP first: killed in one go, a task could die before its slurmstepd
+# and be reported (srun then ends at once, as it never does for a node that is gone).
+lose_node() {
+    local node=$1 file ns p pids=()
+    [[ $node =~ ^node[0-9]+$ ]] || die "lose: not a node name: '$node'"
+    file=$RUN/slurmd-$node.utsns
+    [[ -s $file ]] || die "lose: $node has no namespace recorded ($file)"
+    ns=$(<"$file")
+    # Slurm 24.11's slurmstepd runs with an environment of its own, without SLURM_CONF: in
+    # the namespace of a node whose slurmd lives, it is this cluster's.
+    for p in /proc/[0-9]*; do
+        [[ $(readlink "$p/ns/uts" 2>/dev/null) == "$ns" ]] || continue
+        if [[ $(cat "$p/comm" 2>/dev/null) == slurmstepd ]] ||
+            tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF"; then
+            pids+=("${p#/proc/}")
+        fi
+    done
+    ((${#pids[@]})) || die "lose: nothing of $node is running"
+    kill -STOP "${pids[@]}" 2>/dev/null || true
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+    log "lost $node: killed ${#pids[@]} process(es)"
 }
 
 # ---------------------------------------------------------------- munge
@@ -376,7 +407,7 @@ MinJobAge=30
 FirstJobId=$FIRST_JOB_ID
 InactiveLimit=0
 SlurmctldTimeout=30
-SlurmdTimeout=60
+SlurmdTimeout=$SLURMD_TIMEOUT
 MessageTimeout=10
 StateSaveLocation=$SPOOL/ctld
 SlurmctldPidFile=$RUN/slurmctld.pid
@@ -662,12 +693,13 @@ status)
         exit 1
     fi
     ;;
+lose) lose_node "${2:-}" ;;
 env)
     echo "export SLURM_CONF=$CONF"
     if [[ -n $SROOT ]]; then echo "export PATH=$DIR/bin:\$PATH"; fi
     ;;
 *)
-    echo "usage: $0 {start|stop|restart|status|env}" >&2
+    echo "usage: $0 {start|stop|restart|status|env|lose NODE}" >&2
     exit 2
     ;;
 esac

@@ -9,7 +9,8 @@ Layout (every later command works from this alone)::
                          atomically. One file per event (not one shared file rewritten by
                          read-modify-write) because the login node and the batch script both
                          record events, and flock is unreliable on parallel filesystems.
-      logs/              slurm-<jobid>.out and rank-<n>.log
+      logs/              slurm-<jobid>.out and rank-<n>.log; .step-exclude: the nodes lost in
+                         the running job's allocation, which its batch script's srun leaves out
       checkpoints/       the chief's checkpoints
       metrics.jsonl      one JSON object per logged step (chief only)
       DONE               written by the chief when training completes
@@ -48,6 +49,9 @@ if TYPE_CHECKING:  # the config's models (pydantic) are imported where a config 
 # write the directory controls): hpctf's own are a few KB.
 MAX_CONFIG_BYTES = 16 << 20
 MAX_ENTRY_BYTES = 1 << 20
+# Relative to the run directory: job-end writes it, the batch script reads it
+# (resources.spare_nodes).
+STEP_EXCLUDE = "logs/.step-exclude"
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,11 @@ class RunDir:
         TensorFlow (:mod:`hpctf.core.run.checkpoint_files`: the ``checkpoint`` state file is only a
         hint, and a damaged one must not read as "no checkpoint")."""
         return checkpoint_files.newest_step(self.checkpoints)
+
+    @property
+    def step_exclude(self) -> Path:
+        """The nodes (comma-separated) that the batch script's next srun leaves out."""
+        return self.path / STEP_EXCLUDE
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

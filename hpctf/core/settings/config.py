@@ -64,11 +64,19 @@ _DEFAULT = "the default of the experiment's `resources` key of the same name"
 class Resources(Strict):
     """What the job asks Slurm for, in Slurm's own names.
 
-    A site file may give a default for every key here except ``nodes`` and ``dependency``;
-    a key given in the experiment (even as ``null``) wins over the site's default.
+    A site file may give a default for every key here except ``nodes``, ``spare_nodes`` and
+    ``dependency``; a key given in the experiment (even as ``null``) wins over the site's
+    default.
     """
 
     nodes: int = Field(1, ge=1, le=100_000, description="--nodes: one or more workers on each")
+    spare_nodes: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="more nodes asked for (--no-kill) that train only when a node is lost: "
+        "the workers start again on the others in the same job, with no requeue",
+    )
     tasks_per_node: int = Field(
         1, ge=1, le=1024, description="workers per node (one per GPU, or one driving them all)"
     )
@@ -93,7 +101,9 @@ class Resources(Strict):
 
 
 # Resource keys a site file may give defaults for (the rest are per experiment).
-SITE_RESOURCE_KEYS = tuple(k for k in Resources.model_fields if k not in {"nodes", "dependency"})
+SITE_RESOURCE_KEYS = tuple(
+    k for k in Resources.model_fields if k not in {"nodes", "spare_nodes", "dependency"}
+)
 
 
 class Checkpoint(Strict):
@@ -365,3 +375,8 @@ class ResolvedConfig(Strict):
     @property
     def ntasks(self) -> int:
         return self.experiment.resources.nodes * self.experiment.resources.tasks_per_node
+
+    @property
+    def spare_nodes(self) -> int:
+        """Nodes the job holds beyond ``resources.nodes``, to lose without a requeue."""
+        return self.experiment.resources.spare_nodes

@@ -56,6 +56,18 @@ def _resource(name: str) -> Callable[[Config, Path], Any]:
     return value
 
 
+def _nodes(config: Config, run_dir: Path) -> Any:
+    """The nodes that train and the spares beside them (``resources.spare_nodes``)."""
+    resources = config.experiment.resources
+    return resources.nodes + resources.spare_nodes
+
+
+def _no_kill(config: Config, run_dir: Path) -> Any:
+    """With spares, a lost node must not end the job: Slurm drops the node from the
+    allocation, and the batch script starts the workers again on the nodes left."""
+    return None if config.experiment.resources.spare_nodes else ABSENT
+
+
 def _gpus(request: str) -> Callable[[Config, Path], Any]:
     def value(config: Config, run_dir: Path) -> Any:
         gpus = config.experiment.resources.gpus_per_node or 0
@@ -141,7 +153,14 @@ _CONTAINER_OPTIONS = (
 # In the order they are rendered; the options that are never rendered come last.
 OPTIONS: tuple[Option, ...] = (
     Option("job-name", ("name",), "set name", "J", lambda c, r: r.name),
-    Option("nodes", ("resources", "nodes"), "set resources.nodes", "N", _resource("nodes")),
+    Option("nodes", ("resources", "nodes"), "set resources.nodes", "N", _nodes),
+    Option(
+        "no-kill",
+        ("resources", "spare_nodes"),
+        "set resources.spare_nodes: hpctf asks for --no-kill with spare nodes",
+        "k",
+        _no_kill,
+    ),
     Option(
         "ntasks-per-node",
         ("resources", "tasks_per_node"),

@@ -112,6 +112,7 @@ def _start_document(start: Start) -> dict[str, Any]:
         "exit_code": start.exit_code,
         "end_step": start.end_step,
         "nodes": start.nodes,
+        "lost_nodes": list(start.lost_nodes),
         "user_code": start.user_code,
     }
 
@@ -318,6 +319,8 @@ def _end(start: Start, job: Mapping[str, str] | None, logged: int | None = None)
     end_step = start.end_step
     # The restart's cause where the reason alone does not say it (a crash or a lost peer).
     cause = f", cause {start.cause}" if start.cause in _CAUSES_TO_SAY else ""
+    if cause and start.lost_nodes:  # which node was lost
+        cause += f" {','.join(start.lost_nodes)}"
     if logged is not None and end_step is not None and logged > end_step and start.exit_code:
         saved = f"its last checkpoint step {end_step}" if end_step else "no checkpoint"
         return f"{start.reason} at step {logged} ({exit_words(start.exit_code)}; {saved}{cause})"

@@ -345,6 +345,14 @@ def _combination_problems(
     batch = experiment.train.global_batch_size
     if batch and (split := batch_split_problem(batch, expected_replicas(resources))):
         problems.append((("train", "global_batch_size"), split))
+    if resources.spare_nodes and not launcher_for(site).slurm:
+        problems.append(
+            (
+                ("resources", "spare_nodes"),
+                f"needs a Slurm site, which allocates the nodes; site {site.name} runs local "
+                "processes on this machine: leave it out there (or 0)",
+            )
+        )
     if experiment.train.restart_every_steps and not launcher_for(site).slurm:
         problems.append(
             (

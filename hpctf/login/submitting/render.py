@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 
 from hpctf.core.errors import UserError
+from hpctf.core.run.rundir import STEP_EXCLUDE
 from hpctf.core.secrets import plain_env, secret_env
 from hpctf.core.settings import sbatch_options
 from hpctf.core.settings.config import ResolvedConfig
@@ -67,6 +68,9 @@ def render(
             ShellCode(line.rstrip("\n")) for line in (*config.site.setup, *config.experiment.setup)
         ],
         "nodes": res.nodes,
+        "spare_nodes": res.spare_nodes,
+        "ntasks": config.ntasks,
+        "step_exclude": STEP_EXCLUDE,
         "tasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
         "container": container_launch(

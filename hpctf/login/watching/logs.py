@@ -36,10 +36,12 @@ def worker_starts(history: RunHistory) -> list[tuple[int, Start]]:
 
 def separator(number: int, start: Start, rank: int) -> str:
     # The journal's time is data its owner wrote: escaped (hpctf.core.printable).
+    # A start that lost a node (resources.spare_nodes) names it: the next start ran without it.
+    lost = f"; node(s) {','.join(start.lost_nodes)} lost" if start.lost_nodes else ""
     return (
         printable(
             f"===== start {number}: job {start.job_id}, rank {rank}, started "
-            f"{start.started_at}, from step {start.step} =====",
+            f"{start.started_at}, from step {start.step}{lost} =====",
             keep_lines=False,
         )
         + "\n"

@@ -6,7 +6,14 @@ start ended, :mod:`.runstate` folds the starts into the run's state,
 run's typed events and all of that, read once per command. No other module looks at an
 entry's event name (a test says so)."""
 
-from hpctf.core.run.history.decisions import Budgets, Decision, after_end, before_start
+from hpctf.core.run.history.decisions import (
+    Budgets,
+    Decision,
+    after_end,
+    before_start,
+    lost_in_allocation,
+    spare_refusal,
+)
 from hpctf.core.run.history.ends import (
     PLANNED_RESTART,
     PRUNED,
@@ -57,9 +64,11 @@ __all__ = [
     "as_seen",
     "before_start",
     "end_reason",
+    "lost_in_allocation",
     "made_in",
     "read_history",
     "reason_from_slurm",
     "record_end",
     "record_end_read",
+    "spare_refusal",
 ]

@@ -121,6 +121,30 @@ def _lost_twice(starts: Sequence[Start]) -> Decision | None:
     )
 
 
+def lost_in_allocation(starts: Sequence[Start]) -> tuple[str, ...]:
+    """The nodes lost under the last start's allocation, first lost first, each once: under
+    every start of its job with its Slurm restart count (hpctf's restarts in the same
+    allocation keep both; a requeue is a new allocation)."""
+    if not starts:
+        return ()
+    last = starts[-1]
+    same = (
+        s for s in starts if s.job_id == last.job_id and s.restart_count == last.restart_count
+    )
+    return tuple(dict.fromkeys(node for start in same for node in start.lost_nodes))
+
+
+def spare_refusal(lost: Sequence[str], spare_nodes: int) -> str | None:
+    """Why the workers cannot start again in this allocation once ``lost`` nodes are gone from
+    it (``resources.spare_nodes``: ``spare_nodes``), or None while a spare is left for each."""
+    if len(lost) <= spare_nodes:
+        return None
+    return (
+        f"no spare node left ({len(lost)} lost in this allocation: {','.join(lost)}; "
+        f"resources.spare_nodes {spare_nodes})"
+    )
+
+
 def before_start(state: RunState, budgets: Budgets) -> Decision:
     """Whether a new start may go on, from the state before it is recorded: not after the run
     gave up (unless resubmitted) or completed, and not past a budget, whoever requeued the job.

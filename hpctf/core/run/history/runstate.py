@@ -109,6 +109,11 @@ class Start:
     pruned: str | None = None
     # The line of the first rank that saw another stop answering (a lost peer).
     peer_lost: str | None = None
+    # The nodes found lost under it (``nodes_down``: Slurm said so when it ended), in order.
+    lost_nodes: tuple[str, ...] = ()
+    # Slurm's SLURM_RESTART_COUNT at the start: the starts of one allocation share it and
+    # their job id (hpctf's restarts in the same allocation; a requeue counts one more).
+    restart_count: int | None = None
     # When it started, when it recorded its end (None: it did not), its last record's time.
     started_at: str = ""
     ended_at: str | None = None
@@ -134,6 +139,8 @@ class Start:
             return RestartCause.USER_CODE
         if self.environment is not None:
             return RestartCause.ENVIRONMENT
+        if self.lost_nodes and reason in FAILURE_REASONS:
+            return RestartCause.NODE_LOST
         if reason == EndReason.FAILED and self.peer_lost is not None:
             return RestartCause.PEER_LOST
         return _CAUSES[reason]
@@ -182,7 +189,13 @@ class RunState:
         """The state ``dataclasses.asdict`` wrote (the run index's rows), typed again; a
         KeyError, TypeError or ValueError when ``data`` is not that."""
         starts = tuple(
-            Start(**{**s, "reason": None if s["reason"] is None else EndReason(s["reason"])})
+            Start(
+                **{
+                    **s,
+                    "reason": None if s["reason"] is None else EndReason(s["reason"]),
+                    "lost_nodes": tuple(s.get("lost_nodes", ())),
+                }
+            )
             for s in data["starts"]
         )
         return cls(
@@ -218,6 +231,7 @@ def starts_of(events: Sequence[Event | Mapping[str, Any]], close_last: bool = Fa
                     job_id=str(event.job_id),
                     step=event.step,
                     nodes=event.nodes,
+                    restart_count=event.restart_count,
                     started_at=event.time,
                     last_at=event.time,
                 )
@@ -263,6 +277,9 @@ def _with(start: Start, event: Event, first: bool) -> Start:
         )
     if isinstance(event, Signalled):
         return replace(start, signalled=True)
+    if isinstance(event, NodesDown):
+        lost = dict.fromkeys((*start.lost_nodes, *event.nodes))
+        return replace(start, lost_nodes=tuple(lost))
     if isinstance(event, Pruned) and start.pruned is None:
         return replace(start, pruned=pruning_words(event))
     if isinstance(event, GaveUp) and first and event.job_id == start.job_id:
