@@ -69,6 +69,7 @@ def render(
         "nodes": res.nodes,
         "tasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
+        "warm_standby": config.experiment.train.warm_standby,
         "container": container_launch(
             config, run_dir, code_store=code_store, array=array is not None
         ),
