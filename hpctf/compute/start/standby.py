@@ -60,6 +60,7 @@ GPU_VARIABLES = (
 WARM_AFTER_S = 60.0
 RETRY_AFTER_S = 30.0  # a child that died idle (its import failed) is tried again after this
 POLL_S = 0.5
+WARNINGS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
 _PR_SET_PDEATHSIG = 1
 _FIRST_STEP = re.compile(rb"rank \d+: first step \d+ after ")
 
@@ -103,21 +104,26 @@ class _Child:
 
 
 class Keeper:
-    """One task slot's keeper (:func:`keep`): its socket, its child, the worker it serves."""
+    """One task slot's keeper (:func:`keep`): its socket, its standby child (importing or
+    ready), and the worker a child became (with the connection of the task it serves)."""
 
     def __init__(self, run: RunDir, listener: socket.socket, env: Mapping[str, str]) -> None:
         self.run, self.listener, self.env = run, listener, dict(env)
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, "listen")
         self.child: _Child | None = None
-        self.serving: socket.socket | None = None  # the thin task's connection
+        self.worker: _Child | None = None
+        self.serving: socket.socket | None = None  # the worker's task's connection
         self.warm_at = time.monotonic() + WARM_AFTER_S
         self.first_steps = FirstSteps(run.rank_log(int(env.get("SLURM_PROCID", "0") or 0)))
         self.stopping = False
 
     def run_forever(self) -> None:
-        while not self.stopping:
-            if self.child is None and (time.monotonic() >= self.warm_at or self.first_steps.seen()):
+        # Stopped (SIGTERM: the job ends, is preempted or requeued), it still waits for a
+        # worker it serves: that worker got the same signal through its task and saves first.
+        while not self.stopping or self.worker is not None:
+            warm = time.monotonic() >= self.warm_at or self.first_steps.seen()
+            if self.child is None and not self.stopping and warm:
                 self._spawn()
             for key, _ in self.selector.select(POLL_S):
                 if key.fileobj in self.selector.get_map():  # not unregistered by the one before
@@ -125,11 +131,13 @@ class Keeper:
         self.close()
 
     def close(self) -> None:
-        """Kill the child (an idle standby, or a worker whose job is ending) and leave."""
-        if self.child is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self.child.pidfd, signal.SIGKILL)
-            self.child.process.wait()
+        """Kill what is left (an idle standby; a worker whose job is ending) and leave."""
+        for left in (self.child, self.worker):
+            if left is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(left.pidfd, signal.SIGKILL)
+                left.process.wait()
+                _release(left)
         self.listener.close()
 
     def _spawn(self) -> None:
@@ -143,28 +151,33 @@ class Keeper:
         log.info("standby %d importing TensorFlow", process.pid)
 
     def _on_child_says(self) -> None:
-        if self.child is None:
-            return
+        assert self.child is not None
         message, fds = wire.receive(self.child.pair)
         for fd in fds:
             os.close(fd)
         if message is not None and message.get("ready"):
             self.child.ready = True
             log.info("standby %d ready", self.child.process.pid)
-        elif message is None:
+        elif message is None:  # it is ending: its pidfd says when
             self.selector.unregister(self.child.pair)
 
     def _on_child_ended(self) -> None:
-        if self.child is None:
-            return
+        """An idle standby ended (its import failed, or a signal): another later."""
+        assert self.child is not None
         child, self.child = self.child, None
         code = child.process.wait()
-        for end in (child.pair, child.pidfd):
-            with contextlib.suppress(KeyError, ValueError):
-                self.selector.unregister(end)
-        child.pair.close()
-        os.close(child.pidfd)
-        remove_left_behind(Path(tempfile.gettempdir()))  # a killed worker's own tmp
+        self._forget(child)
+        log.warning("standby %d ended idle (%d)", child.process.pid, code)
+        self.warm_at = time.monotonic() + RETRY_AFTER_S
+        self.first_steps = FirstSteps(self.first_steps.path)
+
+    def _on_worker_ended(self) -> None:
+        """The worker ended: its exit status to its task, and its own tmp removed."""
+        assert self.worker is not None
+        worker, self.worker = self.worker, None
+        code = worker.process.wait()
+        self._forget(worker)
+        remove_left_behind(Path(tempfile.gettempdir()))  # a killed worker's own directory
         if self.serving is not None:
             with contextlib.suppress(OSError):
                 wire.send(self.serving, {"exit": code})
@@ -172,17 +185,16 @@ class Keeper:
                 self.selector.unregister(self.serving)
             self.serving.close()
             self.serving = None
-            log.info("worker %d ended (%d)", child.process.pid, code)
-            # The next child once this slot's next worker has trained a step.
-            self.first_steps = FirstSteps(self.first_steps.path)
-            self.warm_at = time.monotonic() + WARM_AFTER_S
-        else:
-            log.warning("standby %d ended idle (%d)", child.process.pid, code)
-            self.warm_at = time.monotonic() + RETRY_AFTER_S
-            self.first_steps = FirstSteps(self.first_steps.path)
+        log.info("worker %d ended (%d)", worker.process.pid, code)
+
+    def _forget(self, gone: _Child) -> None:
+        for end in (gone.pair, gone.pidfd):
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(end)
+        _release(gone)
 
     def _on_serving(self) -> None:
-        """The thin task's connection: readable only when it is gone (it sends nothing more)."""
+        """The task's connection: readable only when the task is gone (it sends no more)."""
         assert self.serving is not None
         with contextlib.suppress(wire.StandbyRefused, OSError):
             message, fds = wire.receive(self.serving)
@@ -192,10 +204,10 @@ class Keeper:
                 return
         # The task Slurm started is gone (killed): its worker must not outlive it.
         self.selector.unregister(self.serving)
-        if self.child is not None:
-            log.warning("the task of worker %d is gone: killing it", self.child.process.pid)
+        if self.worker is not None:
+            log.warning("the task of worker %d is gone: killing it", self.worker.process.pid)
             with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self.child.pidfd, signal.SIGKILL)
+                signal.pidfd_send_signal(self.worker.pidfd, signal.SIGKILL)
 
     def _on_listen(self) -> None:
         conn, _ = self.listener.accept()
@@ -220,15 +232,21 @@ class Keeper:
         finally:
             for fd in fds:
                 os.close(fd)
-        self.child.ready = False
+        worker, self.child = self.child, None
+        self.selector.unregister(worker.pair)
+        self.selector.modify(worker.pidfd, selectors.EVENT_READ, "worker_ended")
+        self.worker = worker
         conn.settimeout(None)
-        wire.send(conn, {"accepted": self.child.process.pid})
+        wire.send(conn, {"accepted": worker.process.pid})
         self.serving = conn
         self.selector.register(conn, selectors.EVENT_READ, "serving")
-        log.info("standby %d became the worker of task %d", self.child.process.pid, asker)
+        log.info("standby %d became the worker of task %d", worker.process.pid, asker)
+        # The next standby once this worker has trained its first step.
+        self.first_steps = FirstSteps(self.first_steps.path)
+        self.warm_at = time.monotonic() + WARM_AFTER_S
 
     def _check(self, message: dict[str, Any], fds: int) -> None:
-        if self.child is None or not self.child.ready or self.serving is not None:
+        if self.child is None or not self.child.ready or self.worker is not None:
             raise wire.StandbyRefused("no standby ready")
         handed = message.get("env")
         if fds != 3 or not isinstance(handed, dict) or not isinstance(message.get("cwd"), str):
@@ -237,6 +255,14 @@ class Keeper:
             raise wire.StandbyRefused(f"this standby is for {self.run.path}")
         if (why := gpu_mismatch(self.env, handed)) is not None:
             raise wire.StandbyRefused(why)
+
+
+def _release(gone: _Child) -> None:
+    """Close what the keeper held of a child that ended."""
+    gone.pair.close()
+    with contextlib.suppress(OSError):
+        os.close(gone.pidfd)
+    gone.pidfd = -1
 
 
 def keep(run_dir: Path, env: Mapping[str, str]) -> int:
@@ -267,6 +293,11 @@ def keep(run_dir: Path, env: Mapping[str, str]) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, stop)
+    # Slurm's --signal warning reaches every step of the job, this one too: it is the
+    # workers' business (their tasks relay it). Ignored here and, inherited, in the idle
+    # standby, which restores it when it becomes a worker.
+    for signum in WARNINGS:
+        signal.signal(signum, signal.SIG_IGN)
     try:
         keeper.run_forever()
     finally:
@@ -319,6 +350,8 @@ def become(message: Mapping[str, Any], fds: list[int]) -> None:
     (``fds``), environment, working directory, CPUs, and its start on the startup clock."""
     sys.stdout.flush()
     sys.stderr.flush()
+    for signum in WARNINGS:  # ignored while it waited (keep): a worker's from here on
+        signal.signal(signum, signal.SIG_DFL)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
