@@ -3,7 +3,8 @@ process of the run holds, sampled before each SIGKILL of the standby run's round
 leak across takeovers shows as growth from the first taken-over start to the last.
 
 Sampled from /proc: each keeper (``hpctf standby RUN_DIR``, no ``--child``; it lives for the
-whole allocation) its threads, RSS and open descriptors; rank 1's worker (the standby that took
+whole allocation) its threads, RSS and open descriptors; each idle standby the same (what a
+standby costs a node); rank 1's worker (the standby that took
 over) its threads and RSS; the processes whose command line names the run; the entries left in
 the workers' temporary directory (``hpctf-rank*``: a killed worker's own directory, removed by
 its keeper) and the standby sockets' folders.
@@ -12,6 +13,7 @@ its keeper) and the standby sockets' folders.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +60,21 @@ def sample(run_dir: Path, worker: int) -> dict[str, Any]:
         for p in Path("/proc").iterdir()
         if p.name.isdigit() and bytes(run_dir) in _argv(int(p.name))
     ]
-    keepers = sorted(
-        pid for pid in named if b"standby" in _argv(pid) and b"--child" not in _argv(pid)
-    )
+    # The keepers and standbys themselves, not the srun that started them (its argv names
+    # the same command).
+    pythons = [
+        pid
+        for pid in named
+        if b"standby" in _argv(pid) and not Path(os.fsdecode(_argv(pid)[0])).name.startswith("srun")
+    ]
+    keepers = sorted(pid for pid in pythons if b"--child" not in _argv(pid))
+    idle = [pid for pid in pythons if b"--child" in _argv(pid) and pid != worker]
     tmp = Path(_environ(worker).get("TMPDIR") or "/tmp")
     left = sorted(p.name for p in tmp.glob("hpctf-rank*")) if tmp.is_dir() else []
     return {
         "keepers": {pid: _holdings(pid) for pid in keepers},
         "worker": _holdings(worker),
+        "idle_standbys": [_holdings(pid) for pid in idle],
         "processes": len(named),
         "tmp_entries": len(left),
         "standby_folders": len(list(tmp.glob("hpctf-standby-*"))) if tmp.is_dir() else 0,
@@ -133,8 +142,10 @@ def summary(result: dict[str, Any]) -> str:
             f"{now['rss_mb']:.0f} MB fds {was['fds']}->{now['fds']}"
         )
     keepers = ", ".join(parts)
+    idle = [f"{s['rss_mb']:.0f} MB" for s in last["idle_standbys"]]
     return (
-        f"{result['takeovers']} takeovers: keepers {keepers}; rank 1's worker threads "
+        f"{result['takeovers']} takeovers: keepers {keepers}; idle standbys {', '.join(idle)}; "
+        f"rank 1's worker threads "
         f"{first['worker']['threads']}->{last['worker']['threads']}, RSS "
         f"{first['worker']['rss_mb']:.0f}->{last['worker']['rss_mb']:.0f} MB; processes "
         f"{first['processes']}->{last['processes']}, tmp entries "

@@ -122,13 +122,17 @@ class Keeper:
         # Stopped (SIGTERM: the job ends, is preempted or requeued), it still waits for a
         # worker it serves: that worker got the same signal through its task and saves first.
         while not self.stopping or self.worker is not None:
-            warm = time.monotonic() >= self.warm_at or self.first_steps.seen()
-            if self.child is None and not self.stopping and warm:
+            if self.child is None and not self.stopping and self._warm_time():
                 self._spawn()
             for key, _ in self.selector.select(POLL_S):
                 if key.fileobj in self.selector.get_map():  # not unregistered by the one before
                     getattr(self, f"_on_{key.data}")()
         self.close()
+
+    def _warm_time(self) -> bool:
+        """Whether the next standby may import now: the slot's worker trained its first step
+        (its rank log says so) or it is :data:`WARM_AFTER_S` since the last takeover."""
+        return time.monotonic() >= self.warm_at or self.first_steps.seen()
 
     def close(self) -> None:
         """Kill what is left (an idle standby; a worker whose job is ending) and leave."""
