@@ -101,6 +101,9 @@ def test_a_standby_takes_a_killed_ranks_place_and_dies_with_its_task(
         assert "standby takeover" in phases, second
         assert float(phases["tensorflow import"]) < 1.5, second  # the context's start only
 
+        # A save of this start first: a crash without progress would end the run (no restart).
+        resumed = int(re.findall(r"resumed from \S+ at step (\d+)", _text(rank0))[-1])
+        _until(lambda: checkpoint_steps(run_dir)[-1] > resumed, "a save", run_dir, deadline)
         # SIGKILL the thin task srun started for rank 1: its worker (the standby) goes too.
         _until(lambda: len(_thin_tasks(run_dir)) == 2, "two thin tasks", run_dir, deadline)
         os.kill(_thin_tasks(run_dir)[1], signal.SIGKILL)  # rank 1's, relaying to standby1
