@@ -20,17 +20,18 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpctf.compute.loop.agreement import WATCHED_SIGNALS
 from hpctf.compute.process import startup_clock
 from hpctf.compute.start import standby_socket as wire
 
-# What a task may be sent that the worker must get: Slurm's --signal warning (any of these),
-# srun's SIGTERM at a peer's death or a cancel, a Ctrl-C through srun.
+# What a task may be sent that the worker must get: the signals the workers watch (the
+# preemption warning, srun's SIGTERM at a peer's death or a cancel), any other --signal a site
+# may send, a Ctrl-C through srun.
 RELAYED = (
-    signal.SIGTERM,
+    *WATCHED_SIGNALS,
     signal.SIGINT,
     signal.SIGHUP,
     signal.SIGUSR1,
-    signal.SIGUSR2,
     signal.SIGQUIT,
     signal.SIGALRM,
 )
