@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,8 @@ def sample(run_dir: Path, worker: int) -> dict[str, Any]:
         if b"standby" in _argv(pid) and not Path(os.fsdecode(_argv(pid)[0])).name.startswith("srun")
     ]
     keepers = sorted(pid for pid in pythons if b"--child" not in _argv(pid))
-    idle = [pid for pid in pythons if b"--child" in _argv(pid) and pid != worker]
+    working = {int(pid) for log in (run_dir / "logs").glob("rank-*.log") for pid in _pids(log)}
+    idle = [pid for pid in pythons if b"--child" in _argv(pid) and pid not in working]
     tmp = Path(_environ(worker).get("TMPDIR") or "/tmp")
     left = sorted(p.name for p in tmp.glob("hpctf-rank*")) if tmp.is_dir() else []
     return {
@@ -79,6 +81,12 @@ def sample(run_dir: Path, worker: int) -> dict[str, Any]:
         "tmp_entries": len(left),
         "standby_folders": len(list(tmp.glob("hpctf-standby-*"))) if tmp.is_dir() else 0,
     }
+
+
+def _pids(rank_log: Path) -> list[str]:
+    """The pid of the rank's latest worker (its log's last ``host ... pid N`` line)."""
+    found = re.findall(r"rank \d+: host \S+ pid (\d+) ", rank_log.read_text(errors="replace"))
+    return found[-1:]
 
 
 def _environ(pid: int) -> dict[str, str]:
