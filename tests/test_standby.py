@@ -180,3 +180,31 @@ def test_a_standby_has_imported_tensorflow_without_starting_its_context() -> Non
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
     )
     assert proc.stdout.split() == ["False", "True"], proc.stderr
+
+
+def test_a_dead_keepers_socket_on_this_node_is_removed(tmp_path: Path) -> None:
+    """A keeper killed outright leaves its socket: the next keeper on the node removes it (and
+    its folder once empty), not a live one, another node's, a new one, nor its own folder."""
+    uid = os.getuid()
+    dead, live, mine = (tmp_path / f"hpctf-standby-{uid}-{job}" for job in (1, 2, 3))
+    for folder in (dead, live, mine):
+        wire.private_folder(folder, make=True)
+    sockets = []
+    for path in (dead / "node1-0.sock", dead / "node2-0.sock", live / "node1-0.sock"):
+        sockets.append(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+        sockets[-1].bind(str(path))
+        os.utime(path, (0, 0))  # made long ago
+    sockets[-1].listen(1)  # only the live one listens
+    young = mine / "node1-1.sock"
+    sockets.append(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+    sockets[-1].bind(str(young))
+    try:
+        removed = wire.remove_stale(tmp_path, "node1", keep=mine)
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert removed == [dead / "node1-0.sock"]  # node2's keeps its folder
+    assert (dead / "node2-0.sock").exists() and (live / "node1-0.sock").exists()
+    assert young.exists()
+    (dead / "node2-0.sock").unlink()
+    assert wire.remove_stale(tmp_path, "node2", keep=mine) == [dead]

@@ -279,6 +279,8 @@ def keep(run_dir: Path, env: Mapping[str, str]) -> int:
     if path is None:
         log.info("no standby: not a Slurm task, or no socket path short enough")
         return 0
+    # Sockets of this user's keepers killed outright on this node (their jobs ended).
+    wire.remove_stale(path.parent.parent, env.get("SLURMD_NODENAME", ""), keep=path.parent)
     try:
         wire.private_folder(path.parent, make=True)
     except wire.StandbyRefused as exc:

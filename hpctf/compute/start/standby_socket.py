@@ -11,18 +11,21 @@ refused. The standby's keeper is :mod:`.standby`, the new worker's side :mod:`.t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import stat
 import struct
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 MAX_MESSAGE = 1 << 20  # an environment of a few hundred variables is some 10 KB
 MAX_FDS = 8
+STALE_AFTER_S = 60.0  # a socket younger than this is never taken for a dead keeper's
 _UNIX_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
 
 
@@ -63,6 +66,42 @@ def private_folder(folder: Path, make: bool) -> None:
             f"{folder} is not a directory of this user's only (mode {info.st_mode & 0o777:o}, "
             f"owner uid {info.st_uid})"
         )
+
+
+def remove_stale(base: Path, node: str, keep: Path) -> list[Path]:
+    """Remove the sockets of this user's keepers on node ``node`` under ``base`` that nobody
+    listens on any more (a keeper killed outright: its job ended), then their folders once
+    empty; ``keep`` (this keeper's folder) is left alone. Returns what was removed. Only this
+    node's sockets are asked: on a temporary directory that several nodes share, another
+    node's socket cannot be reached from here and would look dead."""
+    removed = []
+    for folder in base.glob(f"hpctf-standby-{os.getuid()}-*"):
+        if folder == keep:
+            continue
+        try:
+            private_folder(folder, make=False)
+        except StandbyRefused:
+            continue
+        for path in folder.glob(f"{node}-*.sock"):
+            with contextlib.suppress(OSError):
+                if time.time() - path.lstat().st_mtime < STALE_AFTER_S:
+                    continue  # a keeper starting now binds before it listens
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                probe.connect(str(path))
+            except ConnectionRefusedError:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+            except OSError:
+                pass
+            finally:
+                probe.close()
+        try:
+            folder.rmdir()  # only once empty: other nodes' keepers may live in it
+            removed.append(folder)
+        except OSError:
+            pass
+    return removed
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
