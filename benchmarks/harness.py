@@ -73,6 +73,7 @@ class Sizes:
     preempt_after: int  # steps trained before the signal
     restart_rounds: int
     crash_rounds: int  # SIGKILLs of a rank of one Slurm job (within its failure budget, 3)
+    takeover_rounds: int  # the same with warm standbys (its failure budget raised to fit)
     first_step_rounds: int  # alternated pairs: hpctf worker and the plain script to step 1
     first_step_workers: int
     stall_steps: int
@@ -130,6 +131,7 @@ FULL = Sizes(
     preempt_after=200,
     restart_rounds=4,
     crash_rounds=3,
+    takeover_rounds=10,
     first_step_rounds=4,
     first_step_workers=2,
     stall_steps=1000,
@@ -182,6 +184,7 @@ TINY = replace(
     preempt_after=20,
     restart_rounds=1,
     crash_rounds=1,
+    takeover_rounds=1,
     first_step_rounds=1,
     first_step_workers=1,
     stall_steps=100,

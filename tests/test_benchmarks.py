@@ -80,7 +80,9 @@ def check_run_reports_every_section(tiny: tuple[dict[str, Any], str]) -> None:
         "resolver",
         *["runtime"] * 2,  # against a loop of 10 steps per call (the goal's), the tutorial's
         *["preemption"] * 3,
-        "crash",  # SIGKILL of a rank on the real Slurm test cluster (or skipped without Slurm)
+        # SIGKILL of a rank on the real Slurm test cluster: the baseline, the warm standby, the
+        # soak of its takeovers (or one row, skipped, without Slurm)
+        *["crash"] * (1 if "skipped" in results["sections"]["crash"] else 3),
         "lost_node",  # a lost node with a spare on a 3-node test cluster (or skipped)
         *["first_step"] * 10,  # the ratio, then the phase table (9 rows)
         *["stall"] * 3,
@@ -200,8 +202,27 @@ def check_crash(tiny: tuple[dict[str, Any], str]) -> None:
         assert not os.environ.get("HPCTF_REQUIRE_SLURM") and not os.environ.get("CI"), crash
         assert crash["met"] is None
         return
+    # The warm standby's run, its baseline's (train.warm_standby: false) in the same section.
+    baseline = crash["baseline"]
+    assert crash["warm_standby"] and not baseline["warm_standby"]
+    assert crash["ratio_to_baseline"] == round(
+        crash["kill_to_first_step_median_s"] / baseline["kill_to_first_step_median_s"], 3
+    )
+    for found in crash["rounds"]:  # each restart taken over: no TensorFlow import in it
+        assert found["worker_phases"].startswith("standby takeover "), found
+    for found in baseline["rounds"]:
+        assert "standby takeover" not in found["worker_phases"], found
+    sizes = results["sizes"]
+    _check_crash_rounds(baseline, sizes["crash_rounds"])
+    _check_crash_rounds(crash, sizes["takeover_rounds"])
+    soak = crash["takeover_soak"]  # sampled before each kill and after the last takeover
+    assert soak["takeovers"] == sizes["takeover_rounds"]
+    assert soak["flat"] is (None if soak["takeovers"] < 2 else soak["flat"])
+
+
+def _check_crash_rounds(crash: dict[str, Any], rounds: int) -> None:
     every = crash["every_seconds"]
-    assert len(crash["rounds"]) == results["sizes"]["crash_rounds"]
+    assert len(crash["rounds"]) == rounds
     for found in crash["rounds"]:
         # Resumed from the newest checkpoint before the kill, which came between two saves.
         assert 0 < found["restored_step"] <= found["trained_at_kill"]

@@ -104,7 +104,10 @@ def test_hostile_values_reach_the_job_literally(
 
     bin_dir = tmp_path / "bin"
     recorder(
-        bin_dir / "srun", 'printf "%s\\0" "$@" > "$RECORD/srun.argv"; env -0 > "$RECORD/srun.env"'
+        # A record per call: the standbys' srun (in the background, ended by the script's exit,
+        # maybe before it writes) must not overwrite the workers'.
+        bin_dir / "srun",
+        'call="$RECORD/srun${1%%=*}"; printf "%s\\0" "$@" > "$call.argv"; env -0 > "$call.env"',
     )
     recorder(bin_dir / "module", 'printf "%s\\0" "$@" >> "$RECORD/module.argv"')
     workdir = tmp_path / "cwd"
@@ -120,13 +123,13 @@ def test_hostile_values_reach_the_job_literally(
     )
     assert proc.returncode == 0, proc.stderr
 
-    job_env = dict(item.split("=", 1) for item in nul_list(record / "srun.env"))
+    job_env = dict(item.split("=", 1) for item in nul_list(record / "srun--kill-on-bad-exit.env"))
     assert job_env["HOSTILE_SITE"] == HOSTILE
     assert job_env["HOSTILE_EXP"] == HOSTILE
     assert job_env["HOSTILE_SET"] == HOSTILE
     assert job_env["DASH"] == "-n"
     python = str(venv / "bin" / "python")
-    argv = nul_list(record / "srun.argv")
+    argv = nul_list(record / "srun--kill-on-bad-exit.argv")
     assert argv[0] == "--kill-on-bad-exit=1"
     assert argv[-4:] == [python, "-m", "hpctf", "worker", str(run_dir)][-4:]
     assert argv[-5] == python

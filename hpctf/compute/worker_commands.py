@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -23,6 +24,36 @@ from hpctf.core.settings.config import Site
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 def worker(run_dir: Path) -> None:
     """Train one task of RUN_DIR (started by srun on every task)."""
+    from hpctf.compute.process.leaving import leave
+    from hpctf.compute.start.takeover import hand_over
+
+    # A warm standby on this task's slot becomes the worker (TensorFlow imported already):
+    # this process relays its signals and leaves as it did.
+    if (status := hand_over(run_dir, os.environ)) is not None:
+        leave(status)
+    _work(run_dir)
+
+
+@click.command(hidden=True)
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--child", "child_fd", type=int, default=None, hidden=True)
+def standby(run_dir: Path, child_fd: int | None) -> None:
+    """Keep a warm standby worker of RUN_DIR on this task slot (the batch script starts one
+    per slot, once per allocation): it takes the place of a restarted worker
+    (hpctf.compute.start.standby)."""
+    from hpctf.compute.process.leaving import leave
+    from hpctf.compute.start import standby as warm
+
+    if child_fd is None:
+        leave(warm.keep(run_dir, os.environ))
+    became = warm.wait_for_takeover(run_dir, child_fd)
+    if became is None:  # the keeper left
+        leave(0)
+    _work(became)
+
+
+def _work(run_dir: Path) -> NoReturn:
+    """The worker's life in this process, from its config to its exit."""
     from hpctf.compute.process.leaving import leave
     from hpctf.compute.start.runtime import run_worker
 
@@ -107,4 +138,4 @@ def preflight(doctor_dir: Path) -> None:
     sys.exit(run_preflight(doctor_dir, os.environ))
 
 
-COMMANDS = (worker, tfconfig, preflight)
+COMMANDS = (worker, standby, tfconfig, preflight)

@@ -292,3 +292,14 @@ def given_learning_rate(optimizer: Any) -> Any:
             "2.16 to 2.21), or scale the rate in your entry and set "
             "train.scale_learning_rate: false"
         ) from None
+
+
+def eager_context_started() -> bool:
+    """Whether TensorFlow's eager context has been made in this process: anything that asked
+    for it (``tf.config.list_physical_devices`` too, which starts CUDA's driver, reading
+    CUDA_VISIBLE_DEVICES) may have read the environment a warm standby sets only when it takes
+    over a task (:mod:`hpctf.compute.start.standby`). ``context._context`` is None until the
+    context is first asked for; without the name the answer is True (no takeover)."""
+    from tensorflow.python.eager import context
+
+    return getattr(context, "_context", True) is not None

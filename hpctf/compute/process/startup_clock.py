@@ -37,6 +37,7 @@ class FirstStep(TypedDict):
 
 _marks: list[tuple[str, float]] = []
 _stopped = False
+_started: float | None = None  # a warm standby's task: the start of the task it became
 
 _LINE_RE = re.compile(r"first step (\d+) after ([0-9.]+) s \(([0-9.]+) s CPU\): (.*)$", re.M)
 _PHASE_RE = re.compile(r"(.+) ([0-9.]+) s")
@@ -56,9 +57,27 @@ def process_age(stat: str, boot_seconds: float, ticks_per_second: float) -> floa
     return age if 0 <= age < 86_400 else None
 
 
+def restart(started: float, phase: str) -> None:
+    """Count from ``started`` (``time.time()``'s clock), not this process's start: a warm
+    standby (:mod:`hpctf.compute.start.standby`) that became a task counts from the task's
+    start, and the time until now is ``phase``."""
+    global _started
+    _marks.clear()
+    _started = started
+    mark(phase)
+
+
+def process_started() -> float:
+    """When this process started (``time.time()``'s clock), for :func:`restart`."""
+    return _process_started()
+
+
 def _process_started() -> float:
-    """This process's start on ``time.time()``'s clock; without /proc, the import of this
-    module (the interpreter's start and hpctf's import then count as nothing)."""
+    """This process's start on ``time.time()``'s clock (a standby's: its task's,
+    :func:`restart`); without /proc, the import of this module (the interpreter's start and
+    hpctf's import then count as nothing)."""
+    if _started is not None:
+        return _started
     now = time.time()
     try:
         with open("/proc/self/stat", encoding="ascii", errors="replace") as handle:

@@ -96,6 +96,14 @@ class Train(Strict):
     communication: Literal["auto", "nccl", "ring"] = Field(
         "auto", description="collective implementation; auto: NCCL when GPUs are visible, else RING"
     )
+    # A restart inside the allocation is mostly TensorFlow's import (about 3 of 5.6 s here):
+    # a process per task that made it already takes the new worker's place
+    # (hpctf.compute.start.standby). It costs that process's memory on every node.
+    warm_standby: bool = Field(
+        True,
+        description="a standby process per task (Slurm, no container) that has imported "
+        "TensorFlow takes the place of a worker started again after a crash, skipping the import",
+    )
     # Bounded failure: a dead, frozen or stuck rank ends the whole job within these bounds.
     heartbeat_timeout_seconds: int = Field(
         10,

@@ -73,6 +73,7 @@ def render(
         "step_exclude": STEP_EXCLUDE,
         "tasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
+        "warm_standby": config.experiment.train.warm_standby,
         "container": container_launch(
             config, run_dir, code_store=code_store, array=array is not None
         ),
