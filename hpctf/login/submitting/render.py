@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jinja2
 
@@ -67,16 +68,7 @@ def render(
         "setup": [
             ShellCode(line.rstrip("\n")) for line in (*config.site.setup, *config.experiment.setup)
         ],
-        "nodes": res.nodes,
-        "spare_nodes": res.spare_nodes,
-        "ntasks": config.ntasks,
-        "step_exclude": STEP_EXCLUDE,
-        "tasks_per_node": res.tasks_per_node,
-        "cpus_per_task": res.cpus_per_task,
-        "warm_standby": config.experiment.train.warm_standby,
-        "container": container_launch(
-            config, run_dir, code_store=code_store, array=array is not None
-        ),
+        **_launch(config, run_dir, array is not None, code_store),
     }
     if not config.site.template:
         return ENVIRONMENT.get_template(TEMPLATE).render(context)  # a failure: hpctf's bug
@@ -84,6 +76,23 @@ def render(
         return site_template(config.site.template).render(context)
     except jinja2.TemplateError as exc:
         raise UserError(f"template {config.site.template}: {exc}") from None
+
+
+def _launch(
+    config: ResolvedConfig, run_dir: Path, array: bool, code_store: Path | None
+) -> dict[str, Any]:
+    """What the launch block lays out: the workers' steps (and the standby's), the spares."""
+    res = config.experiment.resources
+    return {
+        "nodes": res.nodes,
+        "spare_nodes": res.spare_nodes,
+        "ntasks": config.ntasks,
+        "step_exclude": STEP_EXCLUDE,
+        "tasks_per_node": res.tasks_per_node,
+        "cpus_per_task": res.cpus_per_task,
+        "warm_standby": config.experiment.train.warm_standby,
+        "container": container_launch(config, run_dir, code_store=code_store, array=array),
+    }
 
 
 # --- render --explain ------------------------------------------------------------------------
