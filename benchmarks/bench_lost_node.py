@@ -93,11 +93,11 @@ class LostNodeBench(Harness):
             raise BenchError(f"lost_node: hpctf submit failed:\n{proc.stdout}\n{proc.stderr}")
         job_id, run_dir = job.group(1), Path(found.group(1))
         try:
-            return self._measure(cluster, job_id, run_dir)
+            return self._lost_node_times(cluster, job_id, run_dir)
         finally:
             subprocess.run(["scancel", job_id], env=cluster.env, capture_output=True, check=False)
 
-    def _measure(self, cluster: SlurmCluster, job_id: str, run_dir: Path) -> dict[str, Any]:
+    def _lost_node_times(self, cluster: SlurmCluster, job_id: str, run_dir: Path) -> dict[str, Any]:
         rank0, rank1 = (run_dir / "logs" / f"rank-{rank}.log" for rank in (0, 1))
 
         def text(path: Path) -> str:

@@ -10,6 +10,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -133,6 +134,19 @@ def require_tool(name: str) -> str:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(autouse=True)
+def signals_kept() -> Iterator[None]:
+    """A command run in pytest's own process may ignore or catch a signal for the rest of it
+    (search-next ignores SIGTERM, as it must under Slurm): restored after each test, so a
+    process a later test starts does not inherit SIGTERM ignored (and outlive terminate())."""
+    watched = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+    saved = {signum: signal.getsignal(signum) for signum in watched}
+    yield
+    for signum, handler in saved.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)

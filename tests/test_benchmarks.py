@@ -539,3 +539,21 @@ def test_refuses_cleanly(tmp_path: Path, args: list[str], message: str) -> None:
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_no_two_sections_define_the_same_method() -> None:
+    """Each section is a mixin of one Bench class (benchmarks/run.py): a method two sections
+    define is one section's only, and the other's calls reach it (a lost_node run once called
+    the dashboard's ``_measure``)."""
+    import ast
+
+    owners: dict[str, list[str]] = {}
+    for path in sorted((REPO / "benchmarks").glob("bench_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                        owners.setdefault(item.name, []).append(path.name)
+    shared = {name: files for name, files in owners.items() if len(files) > 1}
+    assert not shared, shared
+

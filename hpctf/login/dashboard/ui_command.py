@@ -10,6 +10,7 @@ one round trip per refresh of a page.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -84,6 +85,9 @@ def ui(site_name: str | None, root: Path | None, port: int) -> None:
         ) from exc
     click.echo(f"hpctf ui: {where}; open {server.url}")
     click.echo("hpctf ui: Ctrl-C stops it", err=True)
+    # SIGTERM (kill, a session's end) stops it as Ctrl-C does, even where it was started with
+    # SIGTERM ignored (inherited across exec).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
