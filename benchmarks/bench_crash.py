@@ -20,7 +20,7 @@ from typing import Any
 
 import bench_takeovers
 from harness import DIGITS, REPO, BenchError, Harness, median, metrics, say, tail, wait_until
-from slurm_cluster import SlurmCluster, slurm_cluster, slurm_missing, slurm_required
+from slurm_cluster import SlurmCluster, slurm_cluster, slurm_missing
 
 from hpctf.core.run.rundir import RunDir
 
@@ -53,18 +53,8 @@ class CrashBench(Harness):
     def crash(self) -> dict[str, Any]:
         missing = slurm_missing()
         if missing:
-            if slurm_required():
-                raise BenchError(f"crash: {missing} (HPCTF_REQUIRE_SLURM is set)")
-            say(f"crash: skipped: {missing}")
-            self.row(
-                benchmark="crash: SIGKILL of a rank, real Slurm (skipped)",
-                hpctf="-",
-                baseline=missing,
-                result="skipped",
-                goal=f"<= {GOAL_BACK_S:.0f} s back, lost <= every_seconds",
-                met=None,
-            )
-            return {"skipped": missing, "met": None}
+            goal = f"<= {GOAL_BACK_S:.0f} s back, lost <= every_seconds"
+            return self.skipped(missing, [("crash: SIGKILL of a rank, real Slurm (skipped)", goal)])
         work = self.folder("crash")
         with slurm_cluster("crash") as cluster:
             baseline = self._crashes(work / "baseline", cluster, standby=False)

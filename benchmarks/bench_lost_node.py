@@ -22,7 +22,6 @@ from slurm_cluster import (
     SlurmCluster,
     slurm_cluster,
     slurm_missing,
-    slurm_required,
 )
 
 EVERY_S = 5  # checkpoint.every_seconds
@@ -40,18 +39,8 @@ class LostNodeBench(Harness):
         goal = f"<= {GOAL_HPCTF_S:.0f} s + Slurm's detection, lost <= every_seconds"
         missing = slurm_missing()
         if missing:
-            if slurm_required():
-                raise BenchError(f"lost_node: {missing} (HPCTF_REQUIRE_SLURM is set)")
-            say(f"lost_node: skipped: {missing}")
-            self.row(
-                benchmark="lost_node: a lost node with a spare, real Slurm (skipped)",
-                hpctf="-",
-                baseline=missing,
-                result="skipped",
-                goal=goal,
-                met=None,
-            )
-            return {"skipped": missing, "met": None}
+            benchmark = "lost_node: a lost node with a spare, real Slurm (skipped)"
+            return self.skipped(missing, [(benchmark, goal)])
         work = self.folder("lost_node")
         with slurm_cluster("lost", nodes=3, slurmd_timeout=SLURMD_TIMEOUT_S) as cluster:
             found = self._lose(work, cluster)

@@ -433,3 +433,17 @@ class Harness:
 
     def row(self, **cells: Any) -> None:
         self.rows.append({"section": self.section, **cells})
+
+    def skipped(self, missing: str, rows: list[tuple[str, str]]) -> dict[str, Any]:
+        """A section that cannot run here (``missing`` says why): a BenchError where the
+        test command requires every part (HPCTF_REQUIRE_SLURM, CI), else each of its ``rows``
+        (benchmark, goal) marked skipped, and the section's result."""
+        from slurm_cluster import slurm_required
+
+        if slurm_required():
+            raise BenchError(f"{self.section}: {missing} (HPCTF_REQUIRE_SLURM is set)")
+        say(f"{self.section}: skipped: {missing}")
+        for benchmark, goal in rows:
+            self.row(benchmark=benchmark, hpctf="-", baseline=missing, result="skipped",
+                     goal=goal, met=None)  # fmt: skip
+        return {"skipped": missing, "met": None}
