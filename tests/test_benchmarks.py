@@ -167,9 +167,11 @@ def check_preemption_and_restart(tiny: tuple[dict[str, Any], str]) -> None:
         assert signalled["exit_codes"] == [75, 75]
         assert signalled["step_at_signal"] >= after
         # The ranks agree every 10 steps (train.preemption_check_every_steps), so the saved
-        # step is the next check; +1: the step in flight when the signal went out.
+        # step is the next check; +1: the step in flight when the signal went out. The step
+        # at the signal is the last one metrics.jsonl held just before the kill: it lags the
+        # training by the records' write and the steps run meanwhile (about 1.6 ms a step).
         gap = signalled["saved_step"] - signalled["step_at_signal"]
-        assert gap == signalled["steps_after_signal_before_save"] and 0 <= gap <= 11
+        assert gap == signalled["steps_after_signal_before_save"] and 0 <= gap <= 11 + 5
         assert signalled["saved_step"] % 10 == 0
         assert (
             signalled["steps_lost"] == 0 == signalled["last_step_trained"] - signalled["saved_step"]

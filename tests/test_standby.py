@@ -164,6 +164,30 @@ def test_first_steps_counts_only_lines_appended_after_the_watch(tmp_path: Path) 
     assert watch.seen()
 
 
+def test_a_standby_imports_once_its_worker_has_trained_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not at the first step: :data:`standby.TRAINED_FOR_S` after it (a start that ends soon
+    after its first step gains nothing from the import's CPU), or WARM_AFTER_S after none."""
+    now = [100.0]
+    monkeypatch.setattr(standby.time, "monotonic", lambda: now[0])
+    log = tmp_path / "rank-0.log"
+    log.write_text("")
+    keeper = standby.Keeper.__new__(standby.Keeper)
+    keeper.warm_at, keeper.first_steps = now[0] + standby.WARM_AFTER_S, standby.FirstSteps(log)
+    assert not keeper._warm_time()
+    log.write_text("10:00:00 rank 0: first step 1 after 3.00 s (1.00 s CPU): x 1.00 s\n")
+    assert not keeper._warm_time()  # seen: the clock starts
+    now[0] += standby.TRAINED_FOR_S - 0.5
+    assert not keeper._warm_time()
+    now[0] += 1.0
+    assert keeper._warm_time()
+    quiet = standby.Keeper.__new__(standby.Keeper)  # a worker that never logs a first step
+    quiet.warm_at, quiet.first_steps = now[0] + standby.WARM_AFTER_S, standby.FirstSteps(log)
+    now[0] += standby.WARM_AFTER_S
+    assert quiet._warm_time()
+
+
 @pytest.mark.tf
 def test_a_standby_has_imported_tensorflow_without_starting_its_context() -> None:
     """What the standby imports leaves TensorFlow's context unmade (TF_CONFIG and

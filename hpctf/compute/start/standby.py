@@ -56,7 +56,12 @@ GPU_VARIABLES = (
     "SLURM_STEP_GPUS",
     "SLURM_JOB_GPUS",
 )
-# A fresh child starts once the slot's worker has trained its first step, or this long after.
+# A fresh child starts once the slot's worker has trained this long past its first step, or
+# this long after the keeper's start or its last takeover. A start that ends soon after its
+# first step (a short run, a job at its end) gains nothing from a standby, whose import would
+# take the CPU its training and input pipeline use; a crash that soon loses little by a start
+# that imports TensorFlow itself.
+TRAINED_FOR_S = 10.0
 WARM_AFTER_S = 60.0
 RETRY_AFTER_S = 30.0  # a child that died idle (its import failed) is tried again after this
 POLL_S = 0.5
@@ -130,9 +135,13 @@ class Keeper:
         self.close()
 
     def _warm_time(self) -> bool:
-        """Whether the next standby may import now: the slot's worker trained its first step
-        (its rank log says so) or it is :data:`WARM_AFTER_S` since the last takeover."""
-        return time.monotonic() >= self.warm_at or self.first_steps.seen()
+        """Whether the next standby may import now: the slot's worker trained
+        :data:`TRAINED_FOR_S` past its first step (its rank log says when), or it is
+        :data:`WARM_AFTER_S` since the keeper's start or the last takeover."""
+        now = time.monotonic()
+        if self.first_steps.seen():
+            self.warm_at = min(self.warm_at, now + TRAINED_FOR_S)
+        return now >= self.warm_at
 
     def close(self) -> None:
         """Kill what is left (an idle standby; a worker whose job is ending) and leave."""
