@@ -16,9 +16,9 @@ from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm
 from tests.conftest import DIGITS, HPCTF, checkpoint_steps, submitted
 
-# Steps of the runs that are interrupted: long enough to interrupt after a checkpoint (about
-# 600 steps/s here on 2 workers), short enough to finish soon after the resume.
-LONG = 4000
+# Steps of the runs that are interrupted: long enough to interrupt after a checkpoint, short
+# enough to finish soon after the resume.
+LONG = 1500
 
 
 def submit(env: dict[str, str], *args: str) -> tuple[str, Path]:

@@ -144,14 +144,15 @@ def test_script_from_render_o_trains_when_sbatched_by_hand_once_however_often_sb
 
 
 def long_run(
-    env: dict[str, str], every_steps: int, wait_for_checkpoint: bool = True
+    env: dict[str, str], every_steps: int, wait_for_checkpoint: bool = True, *sets: str
 ) -> tuple[str, Path, float]:
-    """Submit LONG digits steps with a checkpoint every ``every_steps``; return the job id,
-    the run directory and a deadline, once the first checkpoint exists."""
+    """Submit LONG digits steps with a checkpoint every ``every_steps`` (and ``sets``);
+    return the job id, the run directory and a deadline, once the first checkpoint exists."""
     job_id, run_dir = submit_digits(
         env,
         f"train.steps={LONG}",
         f"checkpoint.every_steps={every_steps}",
+        *sets,
     )
     deadline = time.monotonic() + 400
     if wait_for_checkpoint:
@@ -164,7 +165,9 @@ def test_second_job_resumes_from_latest_checkpoint(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir, _ = long_run(env, 50)
+    # A step logged each (a host read each): slow enough that the cancel lands mid-run (the
+    # loop's 10-step calls ran LONG steps in about 2.5 s, before it did).
+    job_id, run_dir, _ = long_run(env, 50, True, "train.log_every_steps=1")
     subprocess.run([*HPCTF, "cancel", str(run_dir)], env=env, check=True, capture_output=True)
     assert wait_for_job(job_id)["JobState"] == "CANCELLED"
     assert not (run_dir / "DONE").exists()
