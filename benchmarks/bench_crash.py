@@ -87,12 +87,7 @@ class CrashBench(Harness):
             f"train.warm_standby={str(standby).lower()}",
         ):
             argv += ["--set", setting]
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, cwd=work)
-        job = re.search(r"^submitted job (\d+)$", proc.stdout, re.M)
-        found = re.search(r"^run directory: (\S+)$", proc.stdout, re.M)
-        if proc.returncode != 0 or not job or not found:
-            raise BenchError(f"crash: hpctf submit failed:\n{proc.stdout}\n{proc.stderr}")
-        job_id, run_dir = job.group(1), Path(found.group(1))
+        job_id, run_dir = self.submitted_job(argv, env, work)
         rounds = []
         try:
             for number in range(rounds_wanted):

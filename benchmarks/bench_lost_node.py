@@ -75,12 +75,7 @@ class LostNodeBench(Harness):
             "checkpoint.keep=100",
         ):
             argv += ["--set", setting]
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, cwd=work)
-        job = re.search(r"^submitted job (\d+)$", proc.stdout, re.M)
-        found = re.search(r"^run directory: (\S+)$", proc.stdout, re.M)
-        if proc.returncode != 0 or not job or not found:
-            raise BenchError(f"lost_node: hpctf submit failed:\n{proc.stdout}\n{proc.stderr}")
-        job_id, run_dir = job.group(1), Path(found.group(1))
+        job_id, run_dir = self.submitted_job(argv, env, work)
         try:
             return self._lost_node_times(cluster, job_id, run_dir)
         finally:

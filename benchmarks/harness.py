@@ -434,6 +434,18 @@ class Harness:
     def row(self, **cells: Any) -> None:
         self.rows.append({"section": self.section, **cells})
 
+    def submitted_job(
+        self, argv: list[str], env: dict[str, str], work: Path
+    ) -> tuple[str, Path]:
+        """Run ``hpctf submit`` (``argv``) for a Slurm site; the job id and run directory it
+        printed, or a BenchError naming this section."""
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, cwd=work)
+        job = re.search(r"^submitted job (\d+)$", proc.stdout, re.M)
+        found = re.search(r"^run directory: (\S+)$", proc.stdout, re.M)
+        if proc.returncode != 0 or not job or not found:
+            raise BenchError(f"{self.section}: hpctf submit failed:\n{proc.stdout}\n{proc.stderr}")
+        return job.group(1), Path(found.group(1))
+
     def skipped(self, missing: str, rows: list[tuple[str, str]]) -> dict[str, Any]:
         """A section that cannot run here (``missing`` says why): a BenchError where the
         test command requires every part (HPCTF_REQUIRE_SLURM, CI), else each of its ``rows``
