@@ -159,6 +159,37 @@ def test_resubmit_claims_the_run_and_hands_it_to_its_job(run_dir: Path, fake_sba
     assert f"Error: hpctf resubmit (pid 77 on login2) owns {run_dir}; wait for it" in again.output
 
 
+def test_a_job_a_live_resubmit_is_submitting_is_recorded_once_by_it(
+    run_dir: Path, fake_sbatch: Path
+) -> None:
+    """Two resubmits at one instant: the second reads the journal while the first's sbatch has
+    its job in Slurm's queue but not yet in the journal. The second must not take that job for
+    one a killed submit left (and write it in the journal a second time), before or after the
+    first hands its claim over to it."""
+    from hpctf.core.run.history import read_history
+    from hpctf.core.run.run_identity import slurm_comment
+    from hpctf.login.submitting.launchers import job_launcher
+
+    run = RunDir(run_dir)
+    run.record("started", job_id="4242", step=0)
+    run.record("ended", job_id="4242", reason="failed", exit_code=1, step=0)  # resubmittable
+    bin_dir = fake_sbatch.parent / "fakebin"
+    fake_command(bin_dir, "squeue", f"echo '4300|{slurm_comment(run_dir)}'")
+    launcher = job_launcher(run.load_config().site)
+    before = read_history(run)  # the second resubmit's read, before the first's record
+
+    first = claim_of("submit")  # the first resubmit, alive (this process), at its sbatch
+    assert ownership.take(run_dir, first, ownership.alive) is None
+    assert launcher.adopt_unrecorded(run, before) is before
+
+    journal.record_submitted(run, "4300")  # the first records its job, then hands over
+    ownership.hand_over(run_dir, first, "4300")
+    adopted = launcher.adopt_unrecorded(run, before)
+    assert [job.job_id for job in adopted.jobs] == ["4242", "4300"]
+    submitted = [e["job_id"] for e in run.events() if e["event"] == journal.SUBMITTED]
+    assert submitted == ["4242", "4300"]
+
+
 def test_a_start_that_died_with_its_node_is_closed_at_the_next_start_from_sacct(
     run_dir: Path, fake_sbatch: Path
 ) -> None:

@@ -181,11 +181,25 @@ class SlurmJobs(JobLauncher):
 
     def adopt_unrecorded(self, run: RunDir, history: RunHistory) -> RunHistory:
         """A submit killed while sbatch ran (a busy controller takes seconds) leaves a job in
-        Slurm that the journal never heard of: found by its comment, recorded, said."""
+        Slurm that the journal never heard of: found by its comment, recorded, said.
+
+        Not a job that a live ``hpctf resubmit`` is submitting: that one records its job
+        before it hands its claim on the run over to it, so with the claim read first, the
+        journal read after it holds the record (seen: two resubmits at one instant, the second
+        read the journal before the first's record and wrote the job in it a second time)."""
+        from hpctf.core.run import ownership
+        from hpctf.core.run.history import read_history
+
         if history.open_jobs:
             return history
-        known = {job.job_id for job in history.jobs}
         found = commented_jobs(slurm_comment(run.path))
+        if not set(found) - {job.job_id for job in history.jobs}:
+            return history
+        _, owner = ownership.current(run.path)
+        if owner is not None and owner.kind == "submit" and ownership.alive(owner):
+            return history
+        history = read_history(run)
+        known = {job.job_id for job in history.jobs}
         for job_id in (j for j in found if j not in known):
             history = history.plus(journal.record_submitted(run, job_id))
             click.echo(
