@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,11 @@ TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "scancel
 FIRST_PORT = 12017
 PORT_STRIDE = 400  # slurmctld PORT, slurmd PORT+1.., MariaDB PORT+300, slurmdbd PORT+301
 PORT_BLOCKS = 10
+# Blocks this process's clusters hold: the tiny run's lanes start theirs at the same moment, and
+# a block is only bound once cluster.sh's daemons are up (seen: two lanes drew one block, and
+# the second slurmd found its port taken).
+_BLOCKS_HELD: set[int] = set()
+_BLOCKS_LOCK = threading.Lock()
 
 
 class SlurmClusterError(RuntimeError):
@@ -75,16 +81,19 @@ def _free(port: int) -> bool:
     return True
 
 
-def _free_block(nodes: int, accounting: bool) -> int:
-    """The first block of ports whose slurmctld, slurmd and database ports are all free, from
-    one drawn by this process's id (so that two benchmark runs at once start apart)."""
+def _hold_free_block(nodes: int, accounting: bool) -> int:
+    """The first block of ports whose slurmctld, slurmd and database ports are all free and
+    that no other cluster of this process holds, from one drawn by this process's id (so that
+    two benchmark runs at once start apart); held until :func:`_release_block`."""
     first = os.getpid() % PORT_BLOCKS
-    for index in range(PORT_BLOCKS):
-        base = FIRST_PORT + PORT_STRIDE * ((first + index) % PORT_BLOCKS)
-        ports = [base + i for i in range(nodes + 1)]
-        ports += [base + 300, base + 301] if accounting else []
-        if all(_free(port) for port in ports):
-            return base
+    with _BLOCKS_LOCK:
+        for index in range(PORT_BLOCKS):
+            base = FIRST_PORT + PORT_STRIDE * ((first + index) % PORT_BLOCKS)
+            ports = [base + i for i in range(nodes + 1)]
+            ports += [base + 300, base + 301] if accounting else []
+            if base not in _BLOCKS_HELD and all(_free(port) for port in ports):
+                _BLOCKS_HELD.add(base)
+                return base
     raise SlurmClusterError(
         f"no free block of ports for a Slurm test cluster in {FIRST_PORT}-"
         f"{FIRST_PORT + PORT_STRIDE * PORT_BLOCKS}"
@@ -110,7 +119,8 @@ def slurm_cluster(
     reason = slurm_missing()
     if reason:
         raise SlurmClusterError(reason)
-    base = port if port is not None else _free_block(nodes, accounting)
+    held = port is None
+    base = port if port is not None else _hold_free_block(nodes, accounting)
     first = first_job_id if first_job_id is not None else 30_000_001 + (base % 100_000) * 100
     state = Path(f"/tmp/hpctf-bench-slurm-{name}-{os.getpid()}")
     knobs = {
@@ -149,3 +159,6 @@ def slurm_cluster(
     finally:
         subprocess.run([str(CLUSTER), "stop"], env=env, capture_output=True, check=False)
         shutil.rmtree(state, ignore_errors=True)
+        if held:
+            with _BLOCKS_LOCK:
+                _BLOCKS_HELD.discard(base)
