@@ -236,18 +236,25 @@ def test_second_job_resumes_from_latest_checkpoint(
     assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
 
 
+PLANNED_RUN_STEPS, PLANNED_RESTART_AT = 3000, 2000
+
+
 @pytest.mark.both_slurms
 def test_preempted_job_saves_requeues_itself_and_resumes(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
-    """Then a planned restart (train.restart_every_steps) at step 1,000: saved, requeued in
-    the same way, within no budget; no step trained twice."""
+    """Then a planned restart (train.restart_every_steps) at step 2,000: saved, requeued in
+    the same way, within no budget; no step trained twice.
+
+    The warning goes at step 100 and must land before the planned restart: 1,900 steps (about
+    3 s at the loop's speed here) leave room for a loaded machine's scancel (at 1,000 one
+    once came after it, and the warning went to a job that was pending its requeue)."""
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     job_id, run_dir = submit_digits(
         env,
-        f"train.steps={LONG}",
+        f"train.steps={PLANNED_RUN_STEPS}",
         "checkpoint.every_steps=1000",
-        "train.restart_every_steps=1000",
+        f"train.restart_every_steps={PLANNED_RESTART_AT}",
     )
     rank0 = run_dir / "logs" / "rank-0.log"
     deadline = time.monotonic() + 180
@@ -266,11 +273,14 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
 
     log = rank0.read_text()
     saved = int(log.split("preempted: saved step ")[1].split(";")[0])
-    assert 100 <= saved < 1000
+    assert 100 <= saved < PLANNED_RESTART_AT
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
-    assert "restart: saved step 1000; exiting 75 for a requeue" in log
-    assert f"resumed from {run_dir}/checkpoints/ckpt-1000 at step 1000" in log
-    assert json.loads((run_dir / "DONE").read_text())["step"] == LONG
+    assert f"restart: saved step {PLANNED_RESTART_AT}; exiting 75 for a requeue" in log
+    assert (
+        f"resumed from {run_dir}/checkpoints/ckpt-{PLANNED_RESTART_AT} "
+        f"at step {PLANNED_RESTART_AT}" in log
+    )
+    assert json.loads((run_dir / "DONE").read_text())["step"] == PLANNED_RUN_STEPS
     logged = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if "loss" in r]
     assert len(logged) == len(set(logged)) and logged == sorted(logged), logged
     # scontrol requeue signals the batch shell too: its trap records that, after the requeue.
@@ -294,8 +304,12 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     assert events[4]["reason"] == "timeout"  # USR2, the site's warning before the time limit
     assert events[3]["step"] == saved and events[-1]["exit_code"] == 0
     # Each start resumed at the step the one before it saved: none trained twice.
-    assert [e["step"] for e in events if e["event"] == "started"] == [0, saved, 1000]
-    assert (events[9]["reason"], events[9]["step"], events[9]["exit_code"]) == ("restart", 1000, 75)
+    assert [e["step"] for e in events if e["event"] == "started"] == [0, saved, PLANNED_RESTART_AT]
+    assert (events[9]["reason"], events[9]["step"], events[9]["exit_code"]) == (
+        "restart",
+        PLANNED_RESTART_AT,
+        75,
+    )
     assert events[10]["why"] == "restart 1 (train.restart_every_steps): no budget used"
     status = subprocess.run(
         [*HPCTF, "status", str(run_dir)], env=env, capture_output=True, text=True, check=True
@@ -304,7 +318,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(
     # The preemption used its budget (1 of the site's 3); the planned restart none.
     assert "requeues after preemption 1/" in status.stdout, status.stdout
     assert "after failures 0/" in status.stdout, status.stdout
-    assert "planned restarts 1 (every 1,000 steps)" in status.stdout, status.stdout
+    assert "planned restarts 1 (every 2,000 steps)" in status.stdout, status.stdout
     # The job's own output holds every start's lines (appended, not truncated at the restart).
     out = (run_dir / "logs" / f"slurm-{job_id}.out").read_text()
     assert re.findall(rf"^===== hpctf: job {job_id} start \(restart (\d)\)", out, re.M) == [
