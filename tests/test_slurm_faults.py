@@ -23,6 +23,7 @@ from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm
 from tests.conftest import (
     DIGITS,
+    ENTRIES_PATH,
     HPCTF,
     checkpoint_steps,
     losses,
@@ -160,13 +161,20 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
     """``time: 1`` (Slurm's minimum) with ``--signal=USR2@15``: Slurm checks time limits every
     30 s and sends the warning up to that much early (PERIODIC_TIMEOUT in slurmctld), so each
     start gets it 15 to 45 s after it began. The ranks save an agreed step, job-end requeues,
-    and the next start resumes there: three starts, no step trained twice."""
+    and the next start resumes there: three starts, no step trained twice.
+
+    Each step sleeps 10 ms (tests/entries.py's slow_steps): the starts last as long as Slurm
+    lets them whatever the step time, and a sleeping step leaves the test machine's CPUs to
+    the other tests (at full speed, two minutes of training on both ranks)."""
     site = tmp_path / "one-minute.yaml"
     site.write_text("name: one-minute\nextends: local-slurm\npreemption:\n  warning_seconds: 15\n")
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     job_id, run_dir = submit_digits(
         env,
         "resources.time=1",
+        "train.entry=entries:slow_steps",
+        f"train.python_path={json.dumps(ENTRIES_PATH)}",
+        "train.args={first_seconds: 0.01, then_seconds: 0.01, switch_after: 0}",
         "train.steps=1000000",
         "checkpoint.every_steps=100000",
         "train.log_every_steps=10",
