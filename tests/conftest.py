@@ -14,7 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,11 +38,16 @@ ENTRIES_PATH = [str(REPO / p) for p in ("tests", "examples/digits", "examples/cu
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tests first: those on the real Slurm cluster (requeues, walltimes, MinJobAge:
-    up to 140 s each) and the compatibility smoke, then those that start TensorFlow, then the
-    quick ones. pytest-xdist hands each worker a share in this order and lets the one that runs
-    dry take over the end of another's queue, so the last minutes are quick tests on both
-    workers rather than one long test on one while the other idles."""
+    """The long tests first on every pytest-xdist worker: those on the real Slurm cluster
+    (requeues, walltimes, MinJobAge: up to 140 s each, mostly waiting on the scheduler) and the
+    compatibility smoke, then those that start TensorFlow, then the quick ones.
+
+    ``--dist worksteal`` first hands worker i the i-th contiguous share of this order, and a
+    worker that runs dry steals the end of the longest queue. So each share is made here of its
+    own part of each group, the long ones dealt in turn: every worker starts on Slurm tests
+    (which overlap well, as they mostly wait), and what is stolen at the end is quick tests, so
+    both workers finish together (one share of all the Slurm tests left one worker on the last
+    long ones while the other idled: 22 % of the machine's CPU time unused)."""
 
     def weight(item: pytest.Item) -> int:
         if item.get_closest_marker("slurm") or item.get_closest_marker("compat"):
@@ -50,6 +55,49 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if item.get_closest_marker("tf") else 2
 
     items.sort(key=weight)  # stable: in file order within each group
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if workers > 1:
+        items[:] = _shares_for_worksteal(items, workers, weight)
+
+
+def _shares_for_worksteal(
+    items: list[pytest.Item], workers: int, weight: Callable[[pytest.Item], int]
+) -> list[pytest.Item]:
+    """``items`` (sorted by ``weight``) reordered so that each of the contiguous shares xdist's
+    worksteal hands out first (worker i: what is left over the workers left, rounded down)
+    holds its part of each weight but the last, filled up with the last. A module's tests of
+    one weight stay in one share: module-scoped fixtures (the tiny benchmark run, the sshd
+    laptop, the 3-node cluster) are made once per worker that runs them. Costliest modules
+    first, each to the share that holds the least cost of that weight yet: a test that runs
+    TensorFlow jobs on the Slurm cluster costs ten (tens of seconds), any other one."""
+
+    def cost(item: pytest.Item) -> int:
+        slurm_jobs = item.get_closest_marker("slurm") and item.get_closest_marker("tf")
+        return 10 if slurm_jobs else 1
+
+    sizes, left = [], len(items)
+    for i in range(workers):
+        sizes.append(left // (workers - i))
+        left -= sizes[-1]
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    last = max(map(weight, items), default=0)
+    for group in sorted({weight(item) for item in items} - {last}):
+        modules: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            if weight(item) == group:
+                modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+        held = [0] * workers
+        for tests in sorted(modules.values(), key=lambda t: sum(map(cost, t)), reverse=True):
+            least = held.index(min(held))
+            shares[least] += tests
+            held[least] += sum(map(cost, tests))
+    fill = iter([item for item in items if weight(item) == last])
+    for share, size in zip(shares, sizes, strict=True):
+        while len(share) < size:
+            share.append(next(fill))
+    # A share dealt more than its size (too few quick tests to fill the others): still every
+    # test once, the shares only less even.
+    return [item for share in shares for item in share] + list(fill)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

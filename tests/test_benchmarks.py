@@ -505,6 +505,8 @@ def test_soak_names_the_threads_that_grew(tmp_path: Path) -> None:
     assert sampler.growth(60) == {}  # one sample: no growth to tell
 
 
+@pytest.mark.slurm  # its crash, lost_node and search sections start test clusters of their own
+@pytest.mark.tf
 def test_tiny_run_of_every_section(tiny: tuple[dict[str, Any], str]) -> None:
     """Every check on one tiny run (about 100 s in two lanes). One test, not one per section:
     pytest-xdist gives each worker its own module fixture, and split across two workers the
