@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import click
 
 from hpctf.core.errors import PREEMPTED_EXIT, UserError
-from hpctf.core.run import journal
+from hpctf.core.run import journal, ownership
 from hpctf.core.run.run_identity import slurm_comment
 from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm
@@ -187,8 +187,7 @@ class SlurmJobs(JobLauncher):
         before it hands its claim on the run over to it, so with the claim read first, the
         journal read after it holds the record (seen: two resubmits at one instant, the second
         read the journal before the first's record and wrote the job in it a second time)."""
-        from hpctf.core.run import ownership
-        from hpctf.core.run.history import read_history
+        from hpctf.core.run.history import read_history  # pydantic's: here, as above
 
         if history.open_jobs:
             return history
