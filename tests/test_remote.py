@@ -78,7 +78,8 @@ class Remote:
 
 
 @pytest.fixture(scope="module")
-def remote(slurm_cluster: dict[str, str]) -> Iterator[Remote]:
+def remote(slurm2205_cluster: dict[str, str]) -> Iterator[Remote]:
+    slurm_cluster = slurm2205_cluster  # module-scoped: the 22.05 cluster itself, not a test's
     why = harness.usable()
     if why:
         pytest.skip(why)
