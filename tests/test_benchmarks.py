@@ -44,9 +44,13 @@ def close(value: float, expected: float) -> bool:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
-    """One tiny run for every check below: its JSON and its stdout."""
+    """One tiny run for every check below: its JSON and its stdout. It runs without the
+    session's SLURM_CONF: the 22.05 test cluster's, set in this process once a Slurm test of
+    the same xdist worker ran first, would send the sweep's submit to that cluster instead of
+    the stand-in sbatch a tiny run uses (seen in CI: the check below depends on test order)."""
     folder = tmp_path_factory.mktemp("bench")
     out = folder / "bench.json"
+    env = {name: value for name, value in os.environ.items() if name != "SLURM_CONF"}
     proc = subprocess.run(
         [sys.executable, str(RUN), "--tiny", "--json", str(out)],
         capture_output=True,
@@ -54,6 +58,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]
         timeout=600,
         check=False,
         cwd=folder,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(out.read_text()), proc.stdout
