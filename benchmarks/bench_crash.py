@@ -87,6 +87,7 @@ class CrashBench(Harness):
             f"train.warm_standby={str(standby).lower()}",
         ):
             argv += ["--set", setting]
+        argv += self.paced()
         job_id, run_dir = self.submitted_job(argv, env, work)
         rounds = []
         try:

@@ -75,6 +75,7 @@ class LostNodeBench(Harness):
             "checkpoint.keep=100",
         ):
             argv += ["--set", setting]
+        argv += self.paced()
         job_id, run_dir = self.submitted_job(argv, env, work)
         try:
             return self._lost_node_times(cluster, job_id, run_dir)

@@ -40,6 +40,7 @@ TINY_SECOND_LANE = ("preemption", "crash", "stall")
 # cluster's scheduling and accounting, so it overlaps the two others well (CI time); the lost
 # node mostly waits for Slurm to notice it (SlurmdTimeout).
 TINY_THIRD_LANE = ("search", "lost_node")
+ENTRIES = ("tests", "examples/digits", "examples/custom_loop")  # Sizes.paced_step_s's path
 GLOBAL_BATCH = 64  # the digits example's, given explicitly to both sides
 SOAK_BATCH = 2  # one example per replica: the step is the collectives, not the model
 
@@ -71,6 +72,12 @@ class Sizes:
     wide_log_every: int
     wide_rounds: int  # alternated pairs; 0: the row is left out
     preempt_after: int  # steps trained before the signal
+    # The real-Slurm sections whose training only waits for something to happen to it (a save,
+    # the standbys, Slurm noticing a lost node: crash, lost_node): None trains the digits
+    # example at full speed; a number paces each step, asleep that long (tests/entries.py's
+    # slow_steps in its place), so that a tiny run's two ranks leave the cores to its other
+    # lanes and to the tests beside it (at full speed they took both for a minute and a half).
+    paced_step_s: float | None
     restart_rounds: int
     crash_rounds: int  # SIGKILLs of a rank of one Slurm job (within its failure budget, 3)
     takeover_rounds: int  # the same with warm standbys (its failure budget raised to fit)
@@ -129,6 +136,7 @@ FULL = Sizes(
     wide_log_every=50,
     wide_rounds=5,
     preempt_after=200,
+    paced_step_s=None,
     restart_rounds=4,
     crash_rounds=3,
     takeover_rounds=10,
@@ -182,6 +190,7 @@ TINY = replace(
     runtime_rounds=1,
     wide_rounds=0,  # the digits row's code with other numbers
     preempt_after=20,
+    paced_step_s=0.01,
     restart_rounds=1,
     crash_rounds=1,
     takeover_rounds=1,
@@ -385,6 +394,20 @@ class Harness:
         env.update(HPCTF_RUNS_ROOT=str(runs_root), CUDA_VISIBLE_DEVICES=gpus)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         return env
+
+    def paced(self) -> list[str]:
+        """``--set`` arguments for a real-Slurm section's digits run: none, or the paced steps
+        of :attr:`Sizes.paced_step_s`."""
+        seconds = self.sizes.paced_step_s
+        if seconds is None:
+            return []
+        sets = [
+            "train.entry=entries:slow_steps",
+            # tests/entries.py and the examples it builds on (tests/conftest.py's ENTRIES_PATH)
+            f"train.python_path={json.dumps([str(REPO / p) for p in ENTRIES])}",
+            f"train.args={{first_seconds: {seconds}, then_seconds: {seconds}, switch_after: 0}}",
+        ]
+        return [arg for setting in sets for arg in ("--set", setting)]
 
     def folder(self, name: str) -> Path:
         path = self.work / name

@@ -37,6 +37,20 @@ SLURM_VERSIONS = ("22.05", "24.11")
 ENTRIES_PATH = [str(REPO / p) for p in ("tests", "examples/digits", "examples/custom_loop")]
 
 
+def paced(step_seconds: float = 0.01) -> list[str]:
+    """``KEY=VALUE`` settings that train tests/entries.py's ``slow_steps`` in place of an
+    experiment's model, every step asleep ``step_seconds``. For a test whose training only
+    waits for something to happen to it (a signal, a kill, a save, a standby, Slurm): at full
+    speed its ranks take both of the test machine's cores from the tests beside it for as long
+    as it waits, and a step of the digits model costs about as much CPU as a paced one."""
+    return [
+        "train.entry=entries:slow_steps",
+        f"train.python_path={json.dumps(ENTRIES_PATH)}",
+        f"train.args={{first_seconds: {step_seconds}, then_seconds: {step_seconds}, "
+        "switch_after: 0}",
+    ]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long tests first on every pytest-xdist worker: those on the real Slurm cluster
     (requeues, walltimes, MinJobAge: up to 140 s each, mostly waiting on the scheduler) and the

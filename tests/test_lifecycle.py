@@ -39,7 +39,7 @@ from hpctf.login.reading import progress
 from hpctf.login.reading.run_report import TABLE_COLUMNS
 from hpctf.login.reading.runs import RunRecord, epoch_seconds
 from hpctf.login.watching import plot
-from tests.conftest import DIGITS, HPCTF, submitted, wait_for_job, write
+from tests.conftest import DIGITS, HPCTF, paced, submitted, wait_for_job, write
 from tests.fake_slurm import FakeSlurm, new_run, sacct_line, squeue_line
 from tests.journal_records import write_events
 from tests.webhook_receiver import URL_SECRET, Receiver
@@ -1034,7 +1034,9 @@ def test_real_status_of_two_runs_one_squeue_call(
     short, short_dir = real_submit(env, "train.steps=100")
     info = wait_for_job(short)
     assert info["JobState"] == "COMPLETED", (short_dir / "logs" / "rank-0.log").read_text()
-    long, long_dir = real_submit(env, "train.steps=100000", "checkpoint.every_steps=1000")
+    long, long_dir = real_submit(
+        env, *paced(), "train.steps=100000", "checkpoint.every_steps=1000"
+    )  # trains until cancelled
     until(
         # A step's record, not the file: each start writes its resumed_from marker first.
         lambda: '"loss"' in _text(long_dir / "metrics.jsonl"),

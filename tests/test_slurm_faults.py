@@ -23,10 +23,10 @@ from hpctf.core.run.rundir import RunDir
 from hpctf.core.scheduler import slurm
 from tests.conftest import (
     DIGITS,
-    ENTRIES_PATH,
     HPCTF,
     checkpoint_steps,
     losses,
+    paced,
     require_tool,
     submitted,
     wait_for_job,
@@ -163,18 +163,16 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
     start gets it 15 to 45 s after it began. The ranks save an agreed step, job-end requeues,
     and the next start resumes there: three starts, no step trained twice.
 
-    Each step sleeps 10 ms (tests/entries.py's slow_steps): the starts last as long as Slurm
-    lets them whatever the step time, and a sleeping step leaves the test machine's CPUs to
-    the other tests (at full speed, two minutes of training on both ranks)."""
+    Each step sleeps 10 ms (tests.conftest.paced): the starts last as long as Slurm lets them
+    whatever the step time, and a sleeping step leaves the test machine's CPUs to the other
+    tests (at full speed, two minutes of training on both ranks)."""
     site = tmp_path / "one-minute.yaml"
     site.write_text("name: one-minute\nextends: local-slurm\npreemption:\n  warning_seconds: 15\n")
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     job_id, run_dir = submit_digits(
         env,
         "resources.time=1",
-        "train.entry=entries:slow_steps",
-        f"train.python_path={json.dumps(ENTRIES_PATH)}",
-        "train.args={first_seconds: 0.01, then_seconds: 0.01, switch_after: 0}",
+        *paced(0.01),
         "train.steps=1000000",
         "checkpoint.every_steps=100000",
         "train.log_every_steps=10",

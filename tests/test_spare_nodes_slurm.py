@@ -22,13 +22,24 @@ import pytest
 from hpctf.core.run import journal
 from hpctf.core.run.metrics_history import metric_records
 from hpctf.core.run.rundir import RunDir
-from tests.conftest import CLUSTER, HPCTF, checkpoint_steps, start_cluster, xdist_cluster
+from tests.conftest import (
+    CLUSTER,
+    HPCTF,
+    checkpoint_steps,
+    paced,
+    start_cluster,
+    xdist_cluster,
+)
 from tests.slurm_jobs import logs_of, report_fault, submit_digits, wait_for_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 
 EVERY_S = 3  # checkpoint.every_seconds
-STEPS = 8000  # ~20 s of training here: a loss after the first save leaves most of it
+# Paced (tests.conftest.paced, 10 ms asleep a step, about 70 steps a second here): about 20 s
+# of training, most of it left after a loss that follows the first save; its ranks leave the
+# CPUs to the other tests while they train and while Slurm notices the loss (8,000 digits steps
+# at full speed took both cores for as long).
+STEPS = 1500
 SLURMD_TIMEOUT_S = 10
 
 
@@ -98,6 +109,7 @@ def _submit(cluster: dict[str, str], tmp_path: Path, spares: int) -> tuple[str, 
     env = {**cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs"), "CUDA_VISIBLE_DEVICES": ""}
     return submit_digits(
         env,
+        *paced(),
         f"resources.spare_nodes={spares}",
         f"train.steps={STEPS}",
         f"checkpoint.every_seconds={EVERY_S}",

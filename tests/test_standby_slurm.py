@@ -17,7 +17,7 @@ import pytest
 
 from hpctf.core.run.metrics_history import metric_records
 from hpctf.core.run.rundir import RunDir
-from tests.conftest import checkpoint_steps
+from tests.conftest import checkpoint_steps, paced
 from tests.slurm_jobs import logs_of, submit_digits, wait_for_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
@@ -65,6 +65,7 @@ def test_a_standby_takes_a_killed_ranks_place_and_dies_with_its_task(
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     job_id, run_dir = submit_digits(
         env,
+        *paced(),  # it trains until the kills: 10 ms asleep a step
         "train.steps=1000000",
         "train.log_every_steps=1",
         "checkpoint.every_seconds=2",
