@@ -49,19 +49,24 @@ def _long_run(tmp_path: Path, site: str) -> tuple[subprocess.Popen[bytes], Path,
         cwd=tmp_path,
     )  # fmt: skip
     assert launcher.stdout is not None
-    # Warnings may come first: the paced entry's python_path (tests/) holds this file, and with
-    # it MARKER, which hpctf finds in the code snapshot and names.
-    said = ""
-    while not (found := re.search(r"run directory: (\S+)", said)):
-        line = launcher.stdout.readline().decode()
-        assert line, said
-        said += line
-    run_dir = Path(found.group(1))
-    rank_0 = run_dir / "logs" / "rank-0.log"
-    deadline = time.monotonic() + 120
-    while not (rank_0.exists() and " step " in rank_0.read_text()):
-        assert time.monotonic() < deadline and launcher.poll() is None, "no training"
-        time.sleep(0.2)
+    try:
+        # Warnings may come first: the paced entry's python_path (tests/) holds this file, and
+        # with it MARKER, which hpctf finds in the code snapshot and names.
+        said = ""
+        while not (found := re.search(r"run directory: (\S+)", said)):
+            line = launcher.stdout.readline().decode()
+            assert line, said
+            said += line
+        run_dir = Path(found.group(1))
+        rank_0 = run_dir / "logs" / "rank-0.log"
+        deadline = time.monotonic() + 120
+        while not (rank_0.exists() and " step " in rank_0.read_text()):
+            assert time.monotonic() < deadline and launcher.poll() is None, "no training"
+            time.sleep(0.2)
+    except BaseException:  # no run left training for the tests after this one
+        launcher.kill()  # its workers follow their launcher (tests/test_local.py)
+        launcher.wait()
+        raise
     workers = re.search(r"workers (\S+)", rank_0.read_text()).group(1)  # type: ignore[union-attr]
     return launcher, run_dir, [int(address.rsplit(":", 1)[1]) for address in workers.split(",")]
 
