@@ -76,7 +76,8 @@ class Sizes:
     # the standbys, Slurm noticing a lost node: crash, lost_node): None trains the digits
     # example at full speed; a number paces each step, asleep that long (tests/entries.py's
     # slow_steps in its place), so that a tiny run's two ranks leave the cores to its other
-    # lanes and to the tests beside it (at full speed they took both for a minute and a half).
+    # lanes and to the tests beside it (at full speed they took both for a minute and a half;
+    # 10 ms asleep still kept them a third busy: a logged step costs about 3.5 ms a rank).
     paced_step_s: float | None
     restart_rounds: int
     crash_rounds: int  # SIGKILLs of a rank of one Slurm job (within its failure budget, 3)
@@ -190,7 +191,7 @@ TINY = replace(
     runtime_rounds=1,
     wide_rounds=0,  # the digits row's code with other numbers
     preempt_after=20,
-    paced_step_s=0.01,
+    paced_step_s=0.05,
     restart_rounds=1,
     crash_rounds=1,
     takeover_rounds=1,

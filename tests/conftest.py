@@ -37,12 +37,13 @@ SLURM_VERSIONS = ("22.05", "24.11")
 ENTRIES_PATH = [str(REPO / p) for p in ("tests", "examples/digits", "examples/custom_loop")]
 
 
-def paced(step_seconds: float = 0.01) -> list[str]:
+def paced(step_seconds: float = 0.05) -> list[str]:
     """``KEY=VALUE`` settings that train tests/entries.py's ``slow_steps`` in place of an
     experiment's model, every step asleep ``step_seconds``. For a test whose training only
     waits for something to happen to it (a signal, a kill, a save, a standby, Slurm): at full
     speed its ranks take both of the test machine's cores from the tests beside it for as long
-    as it waits, and a step of the digits model costs about as much CPU as a paced one."""
+    as it waits, and a step of the digits model costs about as much CPU as a paced one (about
+    3.5 ms a rank here: 10 ms asleep still kept a core a third busy for two ranks)."""
     return [
         "train.entry=entries:slow_steps",
         f"train.python_path={json.dumps(ENTRIES_PATH)}",

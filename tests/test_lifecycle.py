@@ -1031,11 +1031,13 @@ def test_real_status_of_two_runs_one_squeue_call(
     counted_squeue: tuple[dict[str, str], Path],
 ) -> None:
     env, calls = counted_squeue
-    short, short_dir = real_submit(env, "train.steps=100")
+    # One node each: these tests are about status, logs and cancel (a start of TensorFlow on
+    # the shared test machine per rank); the forgotten job's test keeps two (its node list).
+    short, short_dir = real_submit(env, "resources.nodes=1", "train.steps=100")
     info = wait_for_job(short)
     assert info["JobState"] == "COMPLETED", (short_dir / "logs" / "rank-0.log").read_text()
     long, long_dir = real_submit(
-        env, *paced(), "train.steps=100000", "checkpoint.every_steps=1000"
+        env, "resources.nodes=1", *paced(), "train.steps=100000", "checkpoint.every_steps=1000"
     )  # trains until cancelled
     until(
         # A step's record, not the file: each start writes its resumed_from marker first.
@@ -1092,7 +1094,9 @@ def test_real_logs_follow_a_run_across_a_requeue_until_it_ends(
     counted_squeue: tuple[dict[str, str], Path],
 ) -> None:
     env, _ = counted_squeue
-    job, path = real_submit(env, "train.steps=3000", "checkpoint.every_steps=100")
+    job, path = real_submit(
+        env, "resources.nodes=1", "train.steps=3000", "checkpoint.every_steps=100"
+    )
     follower = subprocess.Popen(
         [*HPCTF, "logs", str(path), "-f"], env=env, stdout=subprocess.PIPE, text=True
     )
@@ -1173,6 +1177,7 @@ def test_real_status_follows_a_run_through_pending_running_a_requeue_and_complet
     receiver = Receiver()
     job, path = real_submit(
         env,
+        "resources.nodes=1",
         "train.steps=3000",
         "checkpoint.every_steps=100",
         f"notify.webhook={receiver.url}",

@@ -29,6 +29,7 @@ from tests.conftest import (
     REPO,
     checkpoint_steps,
     line_of,
+    paced,
     submitted,
     wait_for_job,
 )
@@ -443,12 +444,17 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     same allocation (its nodes are well), its new workers up seconds after the kill, where a
     Slurm requeue waits for the release and a scheduling pass (measured: 8-38 s). With
     checkpoint.every_seconds 5, at most 5 s of training is lost (plus a second of slack for a
-    loaded machine); the seconds from the kill to the next first step are measured."""
+    loaded machine); the seconds from the kill to the next first step are measured.
+
+    Paced (30 ms asleep a step, about 30 steps a second): 600 steps last about 20 s, the kill
+    comes about 8 s in, and the ranks leave the CPUs to the tests beside this one."""
     every = 5
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
+    steps = 600
     job_id, run_dir = submit_digits(
         env,
-        f"train.steps={LONG * 3}",
+        *paced(0.03),
+        f"train.steps={steps}",
         f"checkpoint.every_seconds={every}",
         "checkpoint.every_steps=null",  # the example's 100
         "checkpoint.keep=50",
@@ -495,7 +501,7 @@ def test_a_killed_rank_after_a_checkpoint_requeues_and_resumes(
     assert [e["restart_count"] for e in starts] == [0, 0]
     saved = int(ends[0]["step"])  # type: ignore[call-overload]
     assert saved == restored
-    assert json.loads((run_dir / "DONE").read_text())["step"] == LONG * 3
+    assert json.loads((run_dir / "DONE").read_text())["step"] == steps
     log = rank0.read_text()
     assert f"resumed from {run_dir}/checkpoints/ckpt-{saved} at step {saved}" in log
     # The survivor blamed the environment and named the dead rank (unless srun, ending the

@@ -163,7 +163,7 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
     start gets it 15 to 45 s after it began. The ranks save an agreed step, job-end requeues,
     and the next start resumes there: three starts, no step trained twice.
 
-    Each step sleeps 10 ms (tests.conftest.paced): the starts last as long as Slurm lets them
+    Each step sleeps 50 ms (tests.conftest.paced): the starts last as long as Slurm lets them
     whatever the step time, and a sleeping step leaves the test machine's CPUs to the other
     tests (at full speed, two minutes of training on both ranks)."""
     site = tmp_path / "one-minute.yaml"
@@ -172,7 +172,7 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
     job_id, run_dir = submit_digits(
         env,
         "resources.time=1",
-        *paced(0.01),
+        *paced(),
         "train.steps=1000000",
         "checkpoint.every_steps=100000",
         "train.log_every_steps=10",

@@ -35,11 +35,11 @@ from tests.slurm_jobs import logs_of, report_fault, submit_digits, wait_for_log
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 
 EVERY_S = 3  # checkpoint.every_seconds
-# Paced (tests.conftest.paced, 10 ms asleep a step, about 70 steps a second here): about 20 s
+# Paced (tests.conftest.paced, 30 ms asleep a step, about 30 steps a second here): about 20 s
 # of training, most of it left after a loss that follows the first save; its ranks leave the
 # CPUs to the other tests while they train and while Slurm notices the loss (8,000 digits steps
 # at full speed took both cores for as long).
-STEPS = 1500
+PACE_S, STEPS = 0.03, 600
 SLURMD_TIMEOUT_S = 10
 
 
@@ -109,7 +109,7 @@ def _submit(cluster: dict[str, str], tmp_path: Path, spares: int) -> tuple[str, 
     env = {**cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs"), "CUDA_VISIBLE_DEVICES": ""}
     return submit_digits(
         env,
-        *paced(),
+        *paced(PACE_S),
         f"resources.spare_nodes={spares}",
         f"train.steps={STEPS}",
         f"checkpoint.every_seconds={EVERY_S}",

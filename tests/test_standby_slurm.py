@@ -65,7 +65,7 @@ def test_a_standby_takes_a_killed_ranks_place_and_dies_with_its_task(
     env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
     job_id, run_dir = submit_digits(
         env,
-        *paced(),  # it trains until the kills: 10 ms asleep a step
+        *paced(0.03),  # it trains until the kills
         "train.steps=1000000",
         "train.log_every_steps=1",
         "checkpoint.every_seconds=2",
