@@ -22,6 +22,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(REPO))  # tests/paced.py: the paced run's settings, the tests' own
+from tests.paced import paced  # noqa: E402
+
 DIGITS = REPO / "examples" / "digits" / "experiment.yaml"
 SECTIONS = (
     "login", "listing", "sweep", "resolver", "runtime", "preemption", "crash", "lost_node",
@@ -40,7 +43,6 @@ TINY_SECOND_LANE = ("preemption", "crash", "stall")
 # cluster's scheduling and accounting, so it overlaps the two others well (CI time); the lost
 # node mostly waits for Slurm to notice it (SlurmdTimeout).
 TINY_THIRD_LANE = ("search", "lost_node")
-ENTRIES = ("tests", "examples/digits", "examples/custom_loop")  # Sizes.paced_step_s's path
 GLOBAL_BATCH = 64  # the digits example's, given explicitly to both sides
 SOAK_BATCH = 2  # one example per replica: the step is the collectives, not the model
 
@@ -402,12 +404,7 @@ class Harness:
         seconds = self.sizes.paced_step_s
         if seconds is None:
             return []
-        sets = [
-            "train.entry=entries:slow_steps",
-            # tests/entries.py and the examples it builds on (tests/conftest.py's ENTRIES_PATH)
-            f"train.python_path={json.dumps([str(REPO / p) for p in ENTRIES])}",
-            f"train.args={{first_seconds: {seconds}, then_seconds: {seconds}, switch_after: 0}}",
-        ]
+        sets = paced(seconds)
         return [arg for setting in sets for arg in ("--set", setting)]
 
     def folder(self, name: str) -> Path:

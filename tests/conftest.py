@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from hpctf.core.scheduler import slurm, slurm_queries
+from tests.paced import ENTRIES_PATH as ENTRIES_PATH  # the tests import both from here
+from tests.paced import paced as paced
 
 if TYPE_CHECKING:
     from hpctf.core.run.rundir import RunDir
@@ -33,25 +35,6 @@ CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 SLURM2411_ROOT = REPO / "tests" / "slurm" / "debian13-root.sh"
 # What a test marked both_slurms runs on: its slurm_cluster is each of these in turn.
 SLURM_VERSIONS = ("22.05", "24.11")
-# train.python_path for tests/entries.py: it and the examples it builds on.
-ENTRIES_PATH = [str(REPO / p) for p in ("tests", "examples/digits", "examples/custom_loop")]
-
-
-def paced(step_seconds: float = 0.05) -> list[str]:
-    """``KEY=VALUE`` settings that train tests/entries.py's ``slow_steps`` in place of an
-    experiment's model, every step asleep ``step_seconds``. For a test whose training only
-    waits for something to happen to it (a signal, a kill, a save, a standby, Slurm): at full
-    speed its ranks take both of the test machine's cores from the tests beside it for as long
-    as it waits, and a step of the digits model costs about as much CPU as a paced one (about
-    3.5 ms a rank here: 10 ms asleep still kept a core a third busy for two ranks)."""
-    return [
-        "train.entry=entries:slow_steps",
-        f"train.python_path={json.dumps(ENTRIES_PATH)}",
-        f"train.args={{first_seconds: {step_seconds}, then_seconds: {step_seconds}, "
-        "switch_after: 0}",
-    ]
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long tests first on every pytest-xdist worker: those on the real Slurm cluster
     (requeues, walltimes, MinJobAge: up to 140 s each, mostly waiting on the scheduler) and the
