@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -359,16 +360,30 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
         yield request.getfixturevalue("slurm2205_cluster")
         return
     cluster = request.getfixturevalue("slurm2411_cluster")
-    saved = {name: os.environ.get(name) for name in ("SLURM_CONF", "PATH", "HPCTF_ROOT_VENV_AT")}
-    os.environ.update({name: cluster[name] for name in saved})
-    try:
+    with pointed_at(cluster):
         yield cluster
-    finally:
-        for name, value in saved.items():
+
+
+@contextmanager
+def pointed_at(cluster: dict[str, str]) -> Iterator[None]:
+    """This process's own Slurm calls (hpctf's functions a test calls, such as
+    :func:`wait_for_job`) go to ``cluster`` while inside: its SLURM_CONF, its PATH (a root's
+    clients first) and its HPCTF_ROOT_VENV_AT, or none. For a test that drives both Slurms."""
+    names = ("SLURM_CONF", "PATH", "HPCTF_ROOT_VENV_AT")
+    saved = {name: os.environ.get(name) for name in names}
+
+    def point(values: dict[str, str | None]) -> None:
+        for name, value in values.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+    point({name: cluster.get(name) for name in names})
+    try:
+        yield
+    finally:
+        point(saved)
 
 
 def wait_for_job(job_id: str, timeout: float = 300) -> dict[str, str]:

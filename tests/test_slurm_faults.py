@@ -24,9 +24,11 @@ from hpctf.core.scheduler import slurm
 from tests.conftest import (
     DIGITS,
     HPCTF,
+    SLURM_VERSIONS,
     checkpoint_steps,
     losses,
     paced,
+    pointed_at,
     require_tool,
     submitted,
     wait_for_job,
@@ -154,22 +156,39 @@ def test_a_preemption_with_a_grace_time_saves_and_is_requeued_by_hpctf(
 # --- walltime continuation at Slurm's one-minute minimum -------------------------------------
 
 
-@pytest.mark.both_slurms
-def test_one_minute_jobs_continue_the_run_across_three_starts(
-    slurm_cluster: dict[str, str], tmp_path: Path
+def test_one_minute_jobs_continue_the_run_across_three_starts_on_both_slurms(
+    slurm2205_cluster: dict[str, str], slurm2411_cluster: dict[str, str], tmp_path: Path
 ) -> None:
     """``time: 1`` (Slurm's minimum) with ``--signal=USR2@15``: Slurm checks time limits every
     30 s and sends the warning up to that much early (PERIODIC_TIMEOUT in slurmctld), so each
     start gets it 15 to 45 s after it began. The ranks save an agreed step, job-end requeues,
     and the next start resumes there: three starts, no step trained twice.
 
-    Each step sleeps 50 ms (tests.conftest.paced): the starts last as long as Slurm lets them
-    whatever the step time, and a sleeping step leaves the test machine's CPUs to the other
-    tests (at full speed, two minutes of training on both ranks)."""
-    site = tmp_path / "one-minute.yaml"
+    On Slurm 22.05 and 24.11 at once (#45 asks for the walltime chain on both): each chain
+    mostly waits for its scheduler, a start a minute, so the two overlap; one after the other
+    they held a test worker for three and a half minutes. Each step sleeps 50 ms
+    (tests.conftest.paced): the starts last as long as Slurm lets them whatever the step time,
+    and a sleeping step leaves the test machine's CPUs to the other tests."""
+    clusters = dict(zip(SLURM_VERSIONS, (slurm2205_cluster, slurm2411_cluster), strict=True))
+    chains = {}
+    try:
+        for version, cluster in clusters.items():
+            chains[version] = _start_one_minute_chain(cluster, tmp_path / version)
+        deadline = time.monotonic() + 400
+        for version, (job_id, run_dir) in chains.items():
+            with pointed_at(clusters[version]):
+                _check_one_minute_chain(clusters[version], job_id, run_dir, deadline)
+    finally:  # a chain left behind by a failure would go on starting every minute
+        for version, (job_id, _) in chains.items():
+            subprocess.run(["scancel", job_id], env=clusters[version], check=False)
+
+
+def _start_one_minute_chain(cluster: dict[str, str], where: Path) -> tuple[str, Path]:
+    site = where / "one-minute.yaml"
+    site.parent.mkdir(parents=True)
     site.write_text("name: one-minute\nextends: local-slurm\npreemption:\n  warning_seconds: 15\n")
-    env = {**slurm_cluster, "HPCTF_RUNS_ROOT": str(tmp_path / "runs")}
-    job_id, run_dir = submit_digits(
+    env = {**cluster, "HPCTF_RUNS_ROOT": str(where / "runs")}
+    return submit_digits(
         env,
         "resources.time=1",
         *paced(),
@@ -178,7 +197,13 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
         "train.log_every_steps=10",
         site=str(site),
     )
-    deadline = time.monotonic() + 400
+
+
+def _check_one_minute_chain(
+    cluster: dict[str, str], job_id: str, run_dir: Path, deadline: float
+) -> None:
+    """Three starts of ``job_id``, the first two ended by the walltime warning; then cancelled.
+    Inside :func:`tests.conftest.pointed_at` its cluster."""
     for requeue in (1, 2):
         wait_for_event(run_dir, "requeued", deadline, count=requeue)
     wait_for_event(run_dir, "started", deadline, count=3)
@@ -187,6 +212,7 @@ def test_one_minute_jobs_continue_the_run_across_three_starts(
     while max(losses(run_dir), default=0) <= third:  # until the third start trains on
         assert time.monotonic() < deadline, logs_of(run_dir)
         time.sleep(0.5)
+    env = {**cluster, "HPCTF_RUNS_ROOT": str(run_dir.parent)}
     subprocess.run([*HPCTF, "cancel", str(run_dir)], env=env, check=True, capture_output=True)
     wait_for_job(job_id)
     events = RunDir(run_dir).events()
