@@ -4,11 +4,14 @@ mid-run (its slurmd and everything it started SIGKILLed: tests/slurm/cluster.sh 
 checkpoint, with no requeue; with none, the same loss falls back to Slurm's requeue, the node
 left out of the next start. Both name the node and the cause in the journal and in status.
 
-On a cluster of their own: three nodes, and a SlurmdTimeout of 10 s (the session's cluster has
-two nodes and 60 s), stopped after the module, so no other test meets a lost node."""
+Both on clusters of their own, at once: three nodes each, and a SlurmdTimeout of 10 s (the
+session's cluster has two nodes and 60 s), stopped after the module, so no other test meets a
+lost node. Each run mostly waits (paced steps, then Slurm noticing the loss): one after the
+other they held a test worker for two and a half minutes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -44,15 +47,25 @@ SLURMD_TIMEOUT_S = 10
 
 
 @pytest.fixture(scope="module")
-def three_nodes(checkout_for_others: Path) -> Iterator[dict[str, str]]:
-    """A 3-node test cluster beside the session's: its own state dir, ports (the session
-    cluster's + 150: below the 24.11 cluster's + 200) and job ids (+ 40,000), each xdist
-    worker's moved as for the session's."""
-    port = int(os.environ.get("HPCTF_SLURM_PORT", "16817")) + 150
-    first_job = int(os.environ.get("HPCTF_SLURM_FIRST_JOB_ID", "1")) + 40_000
+def three_node_clusters(checkout_for_others: Path) -> Iterator[tuple[dict[str, str], ...]]:
+    """Two 3-node test clusters beside the session's: each its own state dir, ports (the
+    session cluster's + 150 and + 170: below the 24.11 cluster's + 200) and job ids (+ 40,000
+    and + 45,000), each xdist worker's moved as for the session's."""
+    with contextlib.ExitStack() as stack:
+        clusters = tuple(
+            stack.enter_context(_three_nodes(checkout_for_others, number)) for number in (0, 1)
+        )
+        yield clusters
+
+
+@contextlib.contextmanager
+def _three_nodes(checkout: Path, number: int) -> Iterator[dict[str, str]]:
+    port = int(os.environ.get("HPCTF_SLURM_PORT", "16817")) + 150 + 20 * number
+    first_job = int(os.environ.get("HPCTF_SLURM_FIRST_JOB_ID", "1")) + 40_000 + 5_000 * number
     env = {
         **os.environ,
-        "HPCTF_SLURM_DIR": os.environ.get("HPCTF_SLURM_DIR", "/tmp/hpctf-slurm") + "-3nodes",
+        "HPCTF_SLURM_DIR": os.environ.get("HPCTF_SLURM_DIR", "/tmp/hpctf-slurm")
+        + f"-3nodes{'-b' * number}",
         "HPCTF_SLURM_PORT": str(port),
         "HPCTF_SLURM_FIRST_JOB_ID": str(first_job),
         "HPCTF_SLURM_NODES": "3",
@@ -60,16 +73,7 @@ def three_nodes(checkout_for_others: Path) -> Iterator[dict[str, str]]:
     }
     env.pop("HPCTF_SLURM_ROOT", None)
     env.update(xdist_cluster(env, os.environ.get("PYTEST_XDIST_WORKER", "")))
-    saved = os.environ.get("SLURM_CONF")
-    for cluster in start_cluster(env, checkout_for_others):
-        os.environ["SLURM_CONF"] = cluster["SLURM_CONF"]  # hpctf's Slurm calls from pytest
-        try:
-            yield cluster
-        finally:
-            if saved is None:
-                os.environ.pop("SLURM_CONF", None)
-            else:
-                os.environ["SLURM_CONF"] = saved
+    yield from start_cluster(env, checkout)
 
 
 def _lose_rank_1_node(cluster: dict[str, str], run_dir: Path) -> tuple[str, float]:
@@ -118,11 +122,35 @@ def _submit(cluster: dict[str, str], tmp_path: Path, spares: int) -> tuple[str, 
     )
 
 
-def test_a_lost_node_with_a_spare_trains_again_in_the_same_job_on_the_nodes_left(
-    three_nodes: dict[str, str], tmp_path: Path
+def test_a_lost_node_with_a_spare_trains_on_in_the_same_job_and_without_one_is_requeued(
+    three_node_clusters: tuple[dict[str, str], ...], tmp_path: Path
 ) -> None:
-    job_id, run_dir = _submit(three_nodes, tmp_path, spares=1)
-    node, lost_at = _lose_rank_1_node(three_nodes, run_dir)
+    """The same loss twice at once, each run on a cluster of its own: with a spare node, and
+    with none."""
+    spare, requeue = three_node_clusters
+    with_spare = _submit(spare, tmp_path / "spare", spares=1)
+    without = _submit(requeue, tmp_path / "requeue", spares=0)
+    assert "--no-kill" not in (without[1] / "job.sbatch").read_text()
+    try:
+        # The spare's loss between two saves (it measures the training lost), then the other's
+        # while it still trains.
+        spare_loss = _lose_rank_1_node(spare, with_spare[1])
+        requeue_loss = _lose_rank_1_node(requeue, without[1])
+        _with_a_spare_trains_again_in_the_same_job_on_the_nodes_left(
+            spare, *with_spare, *spare_loss
+        )
+        _without_a_spare_falls_back_to_a_requeue_without_the_node(
+            requeue, *without, requeue_loss[0]
+        )
+    finally:
+        # Both clusters, their lost nodes with them, stop after this module's only test.
+        for cluster, (job_id, _) in ((spare, with_spare), (requeue, without)):
+            subprocess.run(["scancel", job_id], env=cluster, check=False)
+
+
+def _with_a_spare_trains_again_in_the_same_job_on_the_nodes_left(
+    cluster: dict[str, str], job_id: str, run_dir: Path, node: str, lost_at: float
+) -> None:
     _wait_done(run_dir, 180)
     events = RunDir(run_dir).events()
     starts = [e for e in events if e["event"] == journal.STARTED]
@@ -142,7 +170,7 @@ def test_a_lost_node_with_a_spare_trains_again_in_the_same_job_on_the_nodes_left
     lost_s = lost_at - (run_dir / "checkpoints" / f"ckpt-{restored}.index").stat().st_mtime
     assert lost_s <= EVERY_S + 1.0, f"{lost_s:.2f} s of training lost"
     _every_step_once(run_dir)
-    status = _status(three_nodes, run_dir)
+    status = _status(cluster, run_dir)
     assert f"(exit 3, cause node_lost {node})" in status, status
     assert "after failures 1/3" in status, status
     # Kill to the first step again, of which Slurm's own detection (the node set DOWN).
@@ -155,16 +183,11 @@ def test_a_lost_node_with_a_spare_trains_again_in_the_same_job_on_the_nodes_left
         job_end_at=ended["time"],
         first_step_again_at=first,
     )
-    # The lost node back, for the next test (cluster.sh start restarts an unhealthy cluster).
-    subprocess.run([str(CLUSTER), "start"], env=three_nodes, check=True, capture_output=True)
 
 
-def test_a_lost_node_without_a_spare_falls_back_to_a_requeue_without_the_node(
-    three_nodes: dict[str, str], tmp_path: Path
+def _without_a_spare_falls_back_to_a_requeue_without_the_node(
+    cluster: dict[str, str], job_id: str, run_dir: Path, node: str
 ) -> None:
-    job_id, run_dir = _submit(three_nodes, tmp_path, spares=0)
-    assert "--no-kill" not in (run_dir / "job.sbatch").read_text()
-    node, _ = _lose_rank_1_node(three_nodes, run_dir)
     _wait_done(run_dir, 240)
     events = RunDir(run_dir).events()
     starts = [e for e in events if e["event"] == journal.STARTED]
@@ -172,7 +195,7 @@ def test_a_lost_node_without_a_spare_falls_back_to_a_requeue_without_the_node(
     assert node not in str(starts[1]["nodes"])
     assert [e["nodes"] for e in events if e["event"] == journal.EXCLUDED] == [[node]]
     _every_step_once(run_dir)
-    status = _status(three_nodes, run_dir)
+    status = _status(cluster, run_dir)
     assert f"cause node_lost {node})" in status, status
     assert json.loads((run_dir / "DONE").read_text())["step"] == STEPS
     report_fault("test_a_lost_node_without_a_spare_falls_back_to_a_requeue_without_the_node",
