@@ -128,10 +128,13 @@ def test_a_lost_node_with_a_spare_trains_on_in_the_same_job_and_without_one_is_r
     """The same loss twice at once, each run on a cluster of its own: with a spare node, and
     with none."""
     spare, requeue = three_node_clusters
-    with_spare = _submit(spare, tmp_path / "spare", spares=1)
-    without = _submit(requeue, tmp_path / "requeue", spares=0)
-    assert "--no-kill" not in (without[1] / "job.sbatch").read_text()
+    submitted: list[tuple[dict[str, str], str]] = []
     try:
+        with_spare = _submit(spare, tmp_path / "spare", spares=1)
+        submitted.append((spare, with_spare[0]))
+        without = _submit(requeue, tmp_path / "requeue", spares=0)
+        submitted.append((requeue, without[0]))
+        assert "--no-kill" not in (without[1] / "job.sbatch").read_text()
         # The spare's loss between two saves (it measures the training lost), then the other's
         # while it still trains.
         spare_loss = _lose_rank_1_node(spare, with_spare[1])
@@ -144,7 +147,7 @@ def test_a_lost_node_with_a_spare_trains_on_in_the_same_job_and_without_one_is_r
         )
     finally:
         # Both clusters, their lost nodes with them, stop after this module's only test.
-        for cluster, (job_id, _) in ((spare, with_spare), (requeue, without)):
+        for cluster, job_id in submitted:
             subprocess.run(["scancel", job_id], env=cluster, check=False)
 
 
